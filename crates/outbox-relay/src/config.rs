@@ -1,0 +1,194 @@
+//! Relay settings. Every field has a default, named in its doc; `validate` checks them without
+//! I/O and names the offending field.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{retry::RetryPolicy, routing::RoutingConfig};
+
+/// What happens to an aggregate's later events when its head event is dead-lettered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDead {
+    /// Later events wait until an operator replays or skips the dead one (default; keeps G4).
+    #[default]
+    Park,
+    /// Later events go on; the dead one stays in the table for inspection.
+    Skip,
+}
+
+/// Relay configuration (`[relay]` in the config file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// This instance's id in the lease table. Default: `{hostname}-{pid}-{random}`.
+    pub relay_id: Option<String>,
+    /// Schema holding the outbox (default `outbox`).
+    pub schema: String,
+    /// Events table in that schema (default `events`).
+    pub table: String,
+    /// Smallest batch the adaptive claim shrinks to (default 50).
+    pub min_batch_size: i64,
+    /// Largest batch the adaptive claim grows to (default 1000). The batch doubles while claims
+    /// come back full and halves when they come back less than a quarter full.
+    pub max_batch_size: i64,
+    /// Batches in flight at once (default 4): the next claim runs while earlier batches publish.
+    pub max_inflight_batches: usize,
+    /// Aggregates published concurrently within one batch (default 256).
+    pub lane_concurrency: usize,
+    /// Longest wait for one broker acknowledgement (default 30s); then the attempt counts as a
+    /// transient failure (the message may have been delivered: the retry is a duplicate).
+    #[serde(with = "humantime_serde")]
+    pub publish_timeout: Duration,
+    /// Fallback poll when no notification arrives (default 1s). Busy relays never wait.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Lease duration (default 10s). A crashed relay's partitions are taken over after this.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// Heartbeat and rebalance period (default 2s); must be under a third of `lease_ttl`.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// How often the lag and backlog gauges are sampled (default 5s).
+    #[serde(with = "humantime_serde")]
+    pub stats_interval: Duration,
+    /// `/readyz` fails when this relay's partitions have pending events and nothing was
+    /// published for this long (default 60s).
+    #[serde(with = "humantime_serde")]
+    pub stall_timeout: Duration,
+    /// Largest payload published (default: the broker's own limit). Larger rows are
+    /// dead-lettered without being loaded into memory.
+    pub max_payload_bytes: Option<usize>,
+    /// What a dead head event does to its aggregate (default `park`).
+    pub on_dead: OnDead,
+    /// Retry and dead-letter policy.
+    pub retry: RetryPolicy,
+    /// Destination routing.
+    pub routing: RoutingConfig,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            relay_id: None,
+            schema: "outbox".into(),
+            table: "events".into(),
+            min_batch_size: 50,
+            max_batch_size: 1000,
+            max_inflight_batches: 4,
+            lane_concurrency: 256,
+            publish_timeout: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            lease_ttl: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(2),
+            stats_interval: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(60),
+            max_payload_bytes: None,
+            on_dead: OnDead::Park,
+            retry: RetryPolicy::default(),
+            routing: RoutingConfig::default(),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks every field without I/O.
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        self.check().map_err(crate::Error::Config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        outbox::Tables::new(&self.schema, &self.table).map_err(|e| e.to_string())?;
+        if let Some(id) = &self.relay_id {
+            if id.trim().is_empty() || id.len() > 200 || id.chars().any(char::is_control) {
+                return Err("relay_id: must be 1-200 printable characters".into());
+            }
+        }
+        if self.min_batch_size < 1 {
+            return Err("min_batch_size: must be 1 or more".into());
+        }
+        if self.max_batch_size < self.min_batch_size || self.max_batch_size > 100_000 {
+            return Err("max_batch_size: must be between min_batch_size and 100000".into());
+        }
+        if self.max_inflight_batches == 0 {
+            return Err("max_inflight_batches: must be 1 or more".into());
+        }
+        if self.lane_concurrency == 0 {
+            return Err("lane_concurrency: must be 1 or more".into());
+        }
+        for (name, value) in [
+            ("poll_interval", self.poll_interval),
+            ("publish_timeout", self.publish_timeout),
+            ("lease_ttl", self.lease_ttl),
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("stats_interval", self.stats_interval),
+            ("stall_timeout", self.stall_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{name}: must be more than 0"));
+            }
+        }
+        if self.heartbeat_interval * 3 > self.lease_ttl {
+            return Err("heartbeat_interval: must be at most a third of lease_ttl".into());
+        }
+        if self.max_payload_bytes == Some(0) {
+            return Err("max_payload_bytes: must be more than 0".into());
+        }
+        self.retry.validate()?;
+        self.routing.validate()
+    }
+
+    /// The outbox tables these settings point at.
+    pub fn tables(&self) -> outbox::Tables {
+        outbox::Tables::new(&self.schema, &self.table).expect("validated")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        RelayConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: Vec<(RelayConfig, &str)> = vec![
+            (
+                RelayConfig {
+                    schema: "Bad-Name".into(),
+                    ..Default::default()
+                },
+                "schema",
+            ),
+            (
+                RelayConfig {
+                    max_batch_size: 10,
+                    ..Default::default()
+                },
+                "max_batch_size",
+            ),
+            (
+                RelayConfig {
+                    heartbeat_interval: Duration::from_secs(5),
+                    ..Default::default()
+                },
+                "heartbeat_interval",
+            ),
+            (
+                RelayConfig {
+                    poll_interval: Duration::ZERO,
+                    ..Default::default()
+                },
+                "poll_interval",
+            ),
+        ];
+        for (config, field) in cases {
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err} should name {field}");
+        }
+    }
+}

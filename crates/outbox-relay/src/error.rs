@@ -1,0 +1,27 @@
+/// Errors that stop the relay from starting or running. Publishing failures are not here: they
+/// are [`crate::PublishError`]s, recorded on the event, never fatal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is invalid; the message names the field.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The database refused or could not be reached.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// The outbox schema is missing or from another version.
+    #[error(transparent)]
+    Outbox(#[from] outbox::Error),
+    /// The broker could not be set up (connection, stream or exchange creation).
+    #[error("broker set-up failed: {0}")]
+    Broker(String),
+    /// The metrics/health listener could not start.
+    #[error("cannot listen on {addr}")]
+    Listen {
+        /// The address that was asked for.
+        addr: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+}

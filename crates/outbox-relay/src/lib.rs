@@ -1,0 +1,45 @@
+//! # outbox-relay
+//!
+//! Publishes committed outbox rows to a broker: at least once, in order per aggregate, with any
+//! number of relay instances at once.
+//!
+//! ```text
+//!  outbox table ──► claim ──► dispatcher ──► publisher ──► broker
+//!  (pending rows    (leased     (ordered lanes,   (one per broker,   ack
+//!   of my partitions) partitions) retry, DLQ)       confirms)         │
+//!        ▲                                                             │
+//!        └───────── completer (mark published / failed, fenced) ◄──────┘
+//! ```
+//!
+//! * **Partitions and leases** ([`lease`]): `partition = hash(aggregate key) mod P`. Instances
+//!   claim partitions through the `leases` table with heartbeats, expiry and a fencing epoch;
+//!   every state change is conditional on the epoch still being held. Live instances rebalance.
+//! * **Claim by state** ([`store`]): a claim reads the *pending* rows of the partitions it owns,
+//!   whatever their id. There is no high-water mark, so a transaction that commits late is
+//!   published when it becomes visible.
+//! * **Ordered lanes** ([`dispatcher`]): within a batch, aggregates are published concurrently,
+//!   the events of one aggregate one after another, each only after the previous one's ack.
+//! * **Failures** ([`publisher::FailureClass`]): transient errors retry with backoff and never
+//!   dead-letter; permanent ones dead-letter after the configured attempts and park the aggregate.
+//!
+//! The entry point is [`Relay`].
+
+pub mod config;
+pub mod dispatcher;
+mod error;
+pub mod http;
+pub mod lease;
+pub mod message;
+pub mod publisher;
+pub mod publishers;
+mod relay;
+pub mod retry;
+pub mod routing;
+pub mod store;
+pub mod telemetry;
+
+pub use config::RelayConfig;
+pub use error::Error;
+pub use message::Message;
+pub use publisher::{FailureClass, PublishError, Publisher};
+pub use relay::{Relay, RelayHandle};

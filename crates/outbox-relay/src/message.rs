@@ -1,0 +1,119 @@
+//! The message a publisher sends: one outbox row, decoded and routed.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use chrono::{DateTime, SecondsFormat, Utc};
+use uuid::Uuid;
+
+/// Header names the relay sets on every message. User headers with the same name are replaced.
+pub mod header {
+    /// The event id (UUID): the consumer's idempotency key.
+    pub const EVENT_ID: &str = "event-id";
+    /// The event type (`OrderPlaced`).
+    pub const EVENT_TYPE: &str = "event-type";
+    /// The payload's schema version, for upcasting.
+    pub const SCHEMA_VERSION: &str = "schema-version";
+    /// The aggregate type (first half of the ordering key).
+    pub const AGGREGATE_TYPE: &str = "aggregate-type";
+    /// The aggregate id (second half of the ordering key; the partition key).
+    pub const AGGREGATE_ID: &str = "aggregate-id";
+    /// The aggregate version, when the writer gave one.
+    pub const AGGREGATE_VERSION: &str = "aggregate-version";
+    /// When the event was written (RFC 3339, UTC).
+    pub const OCCURRED_AT: &str = "occurred-at";
+    /// The payload's content type.
+    pub const CONTENT_TYPE: &str = "content-type";
+}
+
+/// One event on its way to the broker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    /// Internal row id in the outbox table.
+    pub id: i64,
+    /// The event id: sent as the broker's message id and dedupe key.
+    pub event_id: Uuid,
+    /// Ordering key, first half.
+    pub aggregate_type: String,
+    /// Ordering key, second half; the broker partition key.
+    pub aggregate_id: String,
+    /// The writer's per-aggregate sequence, if any.
+    pub aggregate_version: Option<i64>,
+    /// The event type.
+    pub event_type: String,
+    /// The payload's schema version.
+    pub schema_version: i32,
+    /// Where to publish: topic, subject or routing key, already resolved by the router.
+    pub destination: String,
+    /// The payload bytes, unchanged from the row.
+    pub payload: Bytes,
+    /// The payload's content type.
+    pub content_type: String,
+    /// The writer's headers (trace context, correlation id, …).
+    pub headers: BTreeMap<String, String>,
+    /// When the event was written.
+    pub occurred_at: DateTime<Utc>,
+    /// Publish attempts made before this one.
+    pub attempts: i32,
+}
+
+impl Message {
+    /// All headers to put on the broker message: the writer's, then the relay's standard ones
+    /// (which win on a name clash).
+    pub fn broker_headers(&self) -> Vec<(String, String)> {
+        let mut out: BTreeMap<String, String> = self.headers.clone();
+        out.insert(header::EVENT_ID.into(), self.event_id.to_string());
+        out.insert(header::EVENT_TYPE.into(), self.event_type.clone());
+        out.insert(
+            header::SCHEMA_VERSION.into(),
+            self.schema_version.to_string(),
+        );
+        out.insert(header::AGGREGATE_TYPE.into(), self.aggregate_type.clone());
+        out.insert(header::AGGREGATE_ID.into(), self.aggregate_id.clone());
+        if let Some(v) = self.aggregate_version {
+            out.insert(header::AGGREGATE_VERSION.into(), v.to_string());
+        }
+        out.insert(
+            header::OCCURRED_AT.into(),
+            self.occurred_at
+                .to_rfc3339_opts(SecondsFormat::Micros, true),
+        );
+        out.insert(header::CONTENT_TYPE.into(), self.content_type.clone());
+        out.into_iter().collect()
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn sample(id: i64, aggregate_id: &str) -> Message {
+    Message {
+        id,
+        event_id: Uuid::now_v7(),
+        aggregate_type: "order".into(),
+        aggregate_id: aggregate_id.into(),
+        aggregate_version: Some(id),
+        event_type: "OrderPlaced".into(),
+        schema_version: 2,
+        destination: "order.OrderPlaced".into(),
+        payload: Bytes::from_static(b"{}"),
+        content_type: "application/json".into(),
+        headers: BTreeMap::from([
+            ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
+            ("event-id".to_owned(), "forged".to_owned()),
+        ]),
+        occurred_at: Utc::now(),
+        attempts: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn standard_headers_win_over_user_headers() {
+        let m = super::sample(7, "a1");
+        let headers: std::collections::HashMap<_, _> = m.broker_headers().into_iter().collect();
+        assert_eq!(headers["event-id"], m.event_id.to_string());
+        assert_eq!(headers["traceparent"], "00-abc-def-01");
+        assert_eq!(headers["schema-version"], "2");
+        assert_eq!(headers["aggregate-version"], "7");
+    }
+}

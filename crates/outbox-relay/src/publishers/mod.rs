@@ -1,0 +1,6 @@
+//! One folder per broker, each behind its cargo feature.
+
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;

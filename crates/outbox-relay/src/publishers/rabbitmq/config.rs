@@ -1,0 +1,93 @@
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// RabbitMQ settings (`[rabbitmq]` in the config file).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RabbitMqConfig {
+    /// Broker URL (`amqp://user:pass@host:5672/vhost`); usually given as `--broker-url`.
+    pub url: String,
+    /// Exchange events are published to (default `outbox`); the destination is the routing key.
+    pub exchange: String,
+    /// Declare the exchange as a durable topic exchange at start-up (default true).
+    pub declare_exchange: bool,
+    /// Largest message accepted (default 16 MiB, RabbitMQ 4's default `max_message_size`).
+    pub max_payload_bytes: usize,
+    /// Give up connecting after this long; the next publish tries again (default 5s).
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for RabbitMqConfig {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            exchange: "outbox".into(),
+            declare_exchange: true,
+            max_payload_bytes: 16 * 1024 * 1024,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RabbitMqConfig {
+    /// Checks the values; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
+            return Err("rabbitmq.url: must start with amqp:// or amqps://".into());
+        }
+        if self.exchange.len() > 255 || self.exchange.chars().any(char::is_control) {
+            return Err("rabbitmq.exchange: must be at most 255 printable bytes".into());
+        }
+        if self.max_payload_bytes == 0 {
+            return Err("rabbitmq.max_payload_bytes: must be more than 0".into());
+        }
+        if self.connect_timeout.is_zero() {
+            return Err("rabbitmq.connect_timeout: must be more than 0".into());
+        }
+        Ok(())
+    }
+
+    /// The URL with its password hidden, for logs.
+    pub fn redacted_url(&self) -> String {
+        redact(&self.url)
+    }
+}
+
+/// Replaces the password in `scheme://user:password@host` with `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hides_the_password() {
+        assert_eq!(
+            redact("amqp://guest:s3cret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact("amqp://host"), "amqp://host");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let c = RabbitMqConfig {
+            url: "nats://x".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().starts_with("rabbitmq.url"));
+    }
+}

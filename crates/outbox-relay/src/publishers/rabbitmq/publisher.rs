@@ -1,0 +1,170 @@
+use futures::future::BoxFuture;
+use lapin::{
+    options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions},
+    publisher_confirm::Confirmation,
+    types::{AMQPValue, FieldTable, LongString, ShortString},
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
+};
+use tokio::sync::RwLock;
+
+use super::RabbitMqConfig;
+use crate::{Error, Message, PublishError, Publisher};
+
+/// Publishes to a RabbitMQ exchange with publisher confirms. Reconnects lazily after a
+/// connection loss; publishes in the meantime fail as transient.
+pub struct RabbitMqPublisher {
+    config: RabbitMqConfig,
+    channel: RwLock<Option<(Connection, Channel)>>,
+}
+
+impl RabbitMqPublisher {
+    /// Connects, enables confirms and declares the exchange. A broker that is down at start-up
+    /// is not fatal: the relay starts and retries on each publish.
+    pub async fn connect(config: RabbitMqConfig) -> Result<Self, Error> {
+        config.validate().map_err(Error::Config)?;
+        let publisher = Self {
+            config,
+            channel: RwLock::new(None),
+        };
+        if let Err(e) = publisher.channel().await {
+            tracing::warn!(error = %e, url = %publisher.config.redacted_url(),
+                "rabbitmq not reachable yet; will retry on publish");
+        }
+        Ok(publisher)
+    }
+
+    async fn channel(&self) -> Result<Channel, PublishError> {
+        if let Some((conn, ch)) = self.channel.read().await.as_ref() {
+            if conn.status().connected() && ch.status().connected() {
+                return Ok(ch.clone());
+            }
+        }
+        let mut slot = self.channel.write().await;
+        if let Some((conn, ch)) = slot.as_ref() {
+            if conn.status().connected() && ch.status().connected() {
+                return Ok(ch.clone());
+            }
+        }
+        let (conn, ch) = tokio::time::timeout(self.config.connect_timeout, self.open())
+            .await
+            .map_err(|_| {
+                PublishError::transient(format!(
+                    "rabbitmq: no connection to {} within {:?}",
+                    self.config.redacted_url(),
+                    self.config.connect_timeout
+                ))
+            })??;
+        *slot = Some((conn, ch.clone()));
+        Ok(ch)
+    }
+
+    async fn open(&self) -> Result<(Connection, Channel), PublishError> {
+        let transient = |e: lapin::Error| PublishError::transient(format!("rabbitmq: {e}"));
+        let conn = Connection::connect(
+            &self.config.url,
+            ConnectionProperties::default().with_connection_name("outbox-relay".into()),
+        )
+        .await
+        .map_err(transient)?;
+        let ch = conn.create_channel().await.map_err(transient)?;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(transient)?;
+        if self.config.declare_exchange && !self.config.exchange.is_empty() {
+            ch.exchange_declare(
+                &self.config.exchange,
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(transient)?;
+        }
+        tracing::info!(url = %self.config.redacted_url(), exchange = %self.config.exchange,
+            "connected to rabbitmq");
+        Ok((conn, ch))
+    }
+
+    fn properties(message: &Message) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        for (name, value) in message.broker_headers() {
+            headers.insert(
+                ShortString::from(name),
+                AMQPValue::LongString(LongString::from(value)),
+            );
+        }
+        BasicProperties::default()
+            .with_message_id(ShortString::from(message.event_id.to_string()))
+            .with_content_type(ShortString::from(message.content_type.clone()))
+            .with_type(ShortString::from(message.event_type.clone()))
+            .with_delivery_mode(2)
+            .with_timestamp(message.occurred_at.timestamp().max(0) as u64)
+            .with_app_id(ShortString::from("outbox"))
+            .with_headers(headers)
+    }
+}
+
+/// Classifies a confirmation: the one place RabbitMQ outcomes become retry decisions.
+fn classify(confirmation: Confirmation, exchange: &str, key: &str) -> Result<(), PublishError> {
+    match confirmation {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+            Err(PublishError::permanent(format!(
+                "rabbitmq: unroutable: exchange {exchange:?} has no queue bound for routing key \
+                 {key:?} ({} {})",
+                returned.reply_code, returned.reply_text
+            )))
+        }
+        Confirmation::Nack(None) => Err(PublishError::transient(
+            "rabbitmq: broker nacked the message (could not persist it)",
+        )),
+        Confirmation::NotRequested => Err(PublishError::transient(
+            "rabbitmq: channel is not in confirm mode",
+        )),
+    }
+}
+
+impl Publisher for RabbitMqPublisher {
+    fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
+        Box::pin(async move {
+            let channel = self.channel().await?;
+            let transient = |e: lapin::Error| PublishError::transient(format!("rabbitmq: {e}"));
+            let confirm = channel
+                .basic_publish(
+                    &self.config.exchange,
+                    &message.destination,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &message.payload,
+                    Self::properties(message),
+                )
+                .await
+                .map_err(transient)?;
+            let confirmation = confirm.await.map_err(transient)?;
+            classify(confirmation, &self.config.exchange, &message.destination)
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn max_payload_bytes(&self) -> usize {
+        self.config.max_payload_bytes
+    }
+
+    fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
+        if destination.len() > 255 {
+            return Err(PublishError::permanent(format!(
+                "routing key is {} bytes, over AMQP's 255",
+                destination.len()
+            )));
+        }
+        Ok(())
+    }
+}

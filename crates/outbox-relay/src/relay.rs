@@ -1,0 +1,570 @@
+//! The relay loop: claim, dispatch, complete; with a pipeline of batches in flight over
+//! disjoint partitions.
+
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::{stream::FuturesUnordered, StreamExt};
+use sqlx::{postgres::PgListener, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    config::{OnDead, RelayConfig},
+    dispatcher::{self, Item, Outcome},
+    http::Health,
+    lease::{self, LeaseSettings, Leases},
+    store::{ClaimedRow, Failure, Fence, PgStore},
+    telemetry::{DestinationLabel, FailureLabels, Metrics},
+    Error, FailureClass, Publisher,
+};
+
+/// A configured relay, ready to [`run`](Relay::run).
+pub struct Relay {
+    shared: Arc<Shared>,
+}
+
+/// What the relay loop and its batch tasks share.
+struct Shared {
+    store: PgStore,
+    publisher: Arc<dyn Publisher>,
+    config: RelayConfig,
+    relay_id: String,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    leases: Arc<Leases>,
+}
+
+/// A relay running in the background.
+pub struct RelayHandle {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+impl RelayHandle {
+    /// Asks the relay to stop (finish in-flight batches, release leases) and waits for it.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        self.task.await.expect("relay task panicked")
+    }
+
+    /// Stops the relay abruptly, as a crash would: nothing is finished or released.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+impl Relay {
+    /// Validates the configuration and opens the outbox (which must have been migrated).
+    pub async fn new(
+        pool: PgPool,
+        publisher: Arc<dyn Publisher>,
+        config: RelayConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let store = PgStore::open(pool, &config.tables()).await?;
+        let relay_id = config.relay_id.clone().unwrap_or_else(default_relay_id);
+        let health = Arc::new(Health::new(config.stall_timeout));
+        Ok(Self {
+            shared: Arc::new(Shared {
+                store,
+                publisher,
+                config,
+                relay_id,
+                metrics: Arc::new(Metrics::new()),
+                health,
+                leases: Arc::new(Leases::default()),
+            }),
+        })
+    }
+
+    /// This relay's id in the lease table.
+    pub fn relay_id(&self) -> &str {
+        &self.shared.relay_id
+    }
+
+    /// The relay's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// The relay's readiness markers.
+    pub fn health(&self) -> Arc<Health> {
+        self.shared.health.clone()
+    }
+
+    /// Runs in a background task until [`RelayHandle::shutdown`].
+    pub fn spawn(self) -> RelayHandle {
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move { self.run(token).await });
+        RelayHandle { shutdown, task }
+    }
+
+    /// Runs until `shutdown` is cancelled, then finishes the batches in flight, releases its
+    /// leases and returns.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let this = self.shared;
+        let background = CancellationToken::new();
+        let _stop_background = background.clone().drop_guard();
+        tracing::info!(relay_id = %this.relay_id, publisher = this.publisher.name(),
+            partitions = this.store.partitions(), "relay starting");
+        tokio::spawn(lease::run(
+            this.store.clone(),
+            this.leases.clone(),
+            LeaseSettings {
+                relay_id: this.relay_id.clone(),
+                hostname: hostname(),
+                ttl: this.config.lease_ttl,
+                heartbeat: this.config.heartbeat_interval,
+            },
+            this.metrics.clone(),
+            background.clone(),
+        ));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(listen(
+            this.store.pool().clone(),
+            this.config.tables().channel(),
+            wake.clone(),
+            background.clone(),
+        ));
+        tokio::spawn(sample_stats(
+            this.store.clone(),
+            this.metrics.clone(),
+            this.health.clone(),
+            this.config.stats_interval,
+            background.clone(),
+        ));
+        let result = this.main_loop(&wake, &shutdown).await;
+        let leases = this.leases.take_all();
+        if let Err(error) = this.store.release(&this.relay_id, &leases).await {
+            tracing::warn!(%error, "could not release leases; they expire by themselves");
+        }
+        let _ = this.store.deregister(&this.relay_id).await;
+        this.metrics.partitions_owned.set(0);
+        tracing::info!(relay_id = %this.relay_id, "relay stopped");
+        result
+    }
+
+}
+
+impl Shared {
+    async fn main_loop(
+        self: &Arc<Self>,
+        wake: &tokio::sync::Notify,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Error> {
+        let max_payload = self
+            .config
+            .max_payload_bytes
+            .unwrap_or(usize::MAX)
+            .min(self.publisher.max_payload_bytes());
+        let mut inflight = FuturesUnordered::new();
+        let mut busy: HashSet<i32> = HashSet::new();
+        let mut batch_size = self.config.min_batch_size;
+        let mut rotation = 0usize;
+        let mut more = true;
+        let mut paused_until = Instant::now();
+        let mut circuit = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+        let mut db_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            let releasable = self.leases.take_releasable(&busy);
+            if !releasable.is_empty() {
+                tracing::info!(partitions = ?releasable.iter().map(|f| f.0).collect::<Vec<_>>(),
+                    "releasing partitions for rebalancing");
+                if let Err(error) = self.store.release(&self.relay_id, &releasable).await {
+                    tracing::warn!(%error, "release failed; the leases will expire instead");
+                }
+            }
+            let stopping = shutdown.is_cancelled();
+            if stopping && inflight.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if !stopping
+                && more
+                && now >= paused_until
+                && inflight.len() < self.config.max_inflight_batches
+            {
+                let mut free: Vec<Fence> = self
+                    .leases
+                    .usable()
+                    .into_iter()
+                    .filter(|(p, _)| !busy.contains(p))
+                    .collect();
+                if free.is_empty() {
+                    more = false;
+                    continue;
+                }
+                rotation = rotation.wrapping_add(1);
+                let shift = rotation % free.len();
+                free.rotate_left(shift);
+                let partitions: Vec<i32> = free.iter().map(|f| f.0).collect();
+                match self.store.claim(&partitions, batch_size, max_payload).await {
+                    Ok(rows) => {
+                        db_backoff.reset();
+                        self.health.database_ok();
+                        let full = rows.len() as i64 >= batch_size;
+                        batch_size = adapt(batch_size, rows.len(), &self.config);
+                        more = full;
+                        if rows.is_empty() {
+                            continue;
+                        }
+                        self.health.saw_work();
+                        self.metrics.batch_size.observe(rows.len() as f64);
+                        let taken: HashSet<i32> = rows.iter().map(|r| r.partition).collect();
+                        busy.extend(&taken);
+                        let fences: Vec<Fence> =
+                            free.into_iter().filter(|(p, _)| taken.contains(p)).collect();
+                        inflight.push(tokio::spawn(self.clone().process(rows, fences)));
+                    }
+                    Err(error) => {
+                        self.metrics.database_errors.inc();
+                        let delay = db_backoff.next();
+                        tracing::warn!(%error, ?delay, "claim failed; retrying");
+                        paused_until = Instant::now() + delay;
+                    }
+                }
+                continue;
+            }
+            let pause = paused_until.saturating_duration_since(now);
+            let idle = if more {
+                pause
+            } else {
+                self.config.poll_interval
+            };
+            tokio::select! {
+                Some(done) = inflight.next(), if !inflight.is_empty() => {
+                    let done: BatchDone = done.expect("batch task panicked");
+                    for p in &done.partitions {
+                        busy.remove(p);
+                    }
+                    more = true;
+                    if done.published > 0 || done.dead > 0 {
+                        self.health.progressed();
+                    }
+                    if done.transient > 0 && done.published == 0 {
+                        let delay = circuit.next();
+                        tracing::warn!(?delay, "broker failing; pausing the publisher");
+                        paused_until = Instant::now() + delay;
+                    } else if done.published > 0 {
+                        circuit.reset();
+                    }
+                }
+                () = wake.notified(), if !stopping => more = true,
+                () = self.leases.changed(), if !stopping => more = true,
+                () = tokio::time::sleep(idle), if !stopping => more = true,
+                () = shutdown.cancelled(), if !stopping => {
+                    tracing::info!(inflight = inflight.len(), "shutting down: finishing batches in flight");
+                }
+            }
+        }
+    }
+
+    /// Publishes one claimed batch and records the outcomes.
+    async fn process(self: Arc<Self>, rows: Vec<ClaimedRow>, fences: Vec<Fence>) -> BatchDone {
+        let partitions: Vec<i32> = fences.iter().map(|f| f.0).collect();
+        let epoch_of = |p: i32| fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
+        let max_payload = self
+            .config
+            .max_payload_bytes
+            .unwrap_or(usize::MAX)
+            .min(self.publisher.max_payload_bytes());
+        let items: Vec<Item> = rows
+            .into_iter()
+            .map(|row| {
+                let message = row.decode(&self.config.routing, max_payload);
+                let destination = message.as_ref().map_or_else(
+                    |_| "(undecodable)".to_owned(),
+                    |m| m.destination.clone(),
+                );
+                Item {
+                    id: row.id,
+                    partition: row.partition,
+                    epoch: epoch_of(row.partition),
+                    attempts: row.attempts,
+                    key: (row.aggregate_type, row.aggregate_id),
+                    destination,
+                    message: message.map_err(|e| {
+                        tracing::warn!(event_id = %row.event_id, error = %e, "malformed outbox row");
+                        e
+                    }),
+                }
+            })
+            .collect();
+        let results = dispatcher::dispatch(
+            items,
+            self.publisher.clone(),
+            self.leases.clone(),
+            self.config.lane_concurrency,
+            self.config.publish_timeout,
+        )
+        .await;
+        let mut done = BatchDone {
+            partitions,
+            ..Default::default()
+        };
+        let mut published = Vec::new();
+        let mut failures = Vec::new();
+        let policy = &self.config.retry;
+        for (item, outcome) in &results {
+            match outcome {
+                Outcome::Published(at) => {
+                    published.push(item.id);
+                    if let Ok(m) = &item.message {
+                        let latency = chrono::Utc::now() - m.occurred_at
+                            - chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
+                        self.metrics
+                            .latency
+                            .observe(latency.num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
+                    }
+                    self.metrics
+                        .published
+                        .get_or_create(&DestinationLabel {
+                            destination: self.metrics.destination_label(&item.destination),
+                        })
+                        .inc();
+                }
+                Outcome::Failed(error) => {
+                    let attempts = item.attempts + 1;
+                    let dead = policy.is_dead(attempts, error.class);
+                    let class = match error.class {
+                        FailureClass::Transient => {
+                            done.transient += 1;
+                            "transient"
+                        }
+                        FailureClass::Permanent => "permanent",
+                    };
+                    let label = self.metrics.destination_label(&item.destination);
+                    self.metrics
+                        .failed
+                        .get_or_create(&FailureLabels {
+                            destination: label.clone(),
+                            class: class.into(),
+                        })
+                        .inc();
+                    if dead {
+                        done.dead += 1;
+                        self.metrics
+                            .dead_lettered
+                            .get_or_create(&DestinationLabel { destination: label })
+                            .inc();
+                        tracing::error!(id = item.id, aggregate_type = %item.key.0,
+                            aggregate_id = %item.key.1, attempts, %error, "event dead-lettered");
+                    } else {
+                        tracing::debug!(id = item.id, attempts, %error, "publish failed; will retry");
+                    }
+                    failures.push(Failure {
+                        id: item.id,
+                        error: error.to_string(),
+                        backoff: policy.backoff(attempts, error.class),
+                        dead,
+                    });
+                }
+                Outcome::Skipped => {}
+            }
+        }
+        done.published = published.len();
+        let park = self.config.on_dead == OnDead::Park;
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        // Record the outcomes; retry while the leases last. If they lapse, the successor
+        // publishes the unmarked events again (duplicates, never losses).
+        loop {
+            let marked = async {
+                let mut n = 0;
+                if !published.is_empty() {
+                    n += self
+                        .store
+                        .mark_published(&self.relay_id, &fences, &published)
+                        .await?;
+                }
+                if !failures.is_empty() {
+                    n += self
+                        .store
+                        .mark_failed(&self.relay_id, &fences, &failures, park)
+                        .await?;
+                }
+                Ok::<i64, sqlx::Error>(n)
+            }
+            .await;
+            match marked {
+                Ok(n) => {
+                    self.health.database_ok();
+                    let expected = (published.len() + failures.len()) as i64;
+                    if n < expected {
+                        self.metrics.fenced_out.inc_by((expected - n) as u64);
+                        tracing::warn!(
+                            lost = expected - n,
+                            "outcomes not recorded: partition lease lost to another relay"
+                        );
+                    }
+                    break;
+                }
+                Err(error) => {
+                    self.metrics.database_errors.inc();
+                    let alive = fences.iter().any(|(p, e)| self.leases.is_valid(*p, *e));
+                    if !alive {
+                        tracing::warn!(%error, "could not record outcomes and the leases lapsed");
+                        break;
+                    }
+                    let delay = backoff.next();
+                    tracing::warn!(%error, ?delay, "could not record outcomes; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+        done
+    }
+}
+
+#[derive(Debug, Default)]
+struct BatchDone {
+    partitions: Vec<i32>,
+    published: usize,
+    dead: usize,
+    transient: usize,
+}
+
+/// Doubles the batch while claims come back full; halves it when they come back under a
+/// quarter full.
+fn adapt(current: i64, got: usize, config: &RelayConfig) -> i64 {
+    let got = got as i64;
+    let next = if got >= current {
+        current * 2
+    } else if got < current / 4 {
+        current / 2
+    } else {
+        current
+    };
+    next.clamp(config.min_batch_size, config.max_batch_size)
+}
+
+/// Exponential backoff with jitter for the relay's own retries (database, circuit breaker).
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            current: initial,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.current;
+        self.current = (self.current * 2).min(self.max);
+        let half = d / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+
+    fn reset(&mut self) {
+        self.current = self.initial;
+    }
+}
+
+/// Wakes the relay on NOTIFY; reconnects with backoff when the connection drops. Missed
+/// notifications only delay work until the fallback poll.
+async fn listen(
+    pool: PgPool,
+    channel: String,
+    wake: Arc<tokio::sync::Notify>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    loop {
+        let attempt = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(&channel).await?;
+            loop {
+                listener.recv().await?;
+                wake.notify_one();
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = attempt => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "notification listener disconnected");
+                }
+            }
+        }
+        // Wake once: notifications may have been missed while disconnected.
+        wake.notify_one();
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(backoff.next()) => {}
+        }
+    }
+}
+
+/// Samples the backlog gauges (G7).
+async fn sample_stats(
+    store: PgStore,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match store.backlog().await {
+            Ok(b) => {
+                health.database_ok();
+                metrics.pending.set(b.pending);
+                metrics.dead.set(b.dead);
+                metrics
+                    .oldest_pending_age
+                    .set(b.oldest_age.map_or(0.0, |a| a.as_secs_f64()));
+            }
+            Err(error) => {
+                metrics.database_errors.inc();
+                tracing::warn!(%error, "could not sample the backlog");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn default_relay_id() -> String {
+    format!(
+        "{}-{}-{:04x}",
+        hostname(),
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_size_adapts_to_the_backlog() {
+        let c = RelayConfig::default();
+        assert_eq!(adapt(50, 50, &c), 100);
+        assert_eq!(adapt(800, 800, &c), 1000);
+        assert_eq!(adapt(1000, 100, &c), 500);
+        assert_eq!(adapt(100, 60, &c), 100);
+        assert_eq!(adapt(50, 0, &c), 50);
+    }
+}

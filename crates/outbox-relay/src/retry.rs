@@ -1,0 +1,116 @@
+//! Retry policy: exponential backoff with jitter, and when a failure becomes a dead letter.
+
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::FailureClass;
+
+/// When and how often failed events are retried (`[retry]` in the config file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Delay after the first failure (default 200ms); doubles with each further attempt.
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    /// Longest delay after a permanent failure (default 60s).
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+    /// Longest delay after a transient failure (default 5s): a broker that comes back is used
+    /// again quickly.
+    #[serde(with = "humantime_serde")]
+    pub max_transient_backoff: Duration,
+    /// Attempts after which a permanently failing event is dead-lettered (default 5). Transient
+    /// failures never dead-letter an event.
+    pub max_attempts: i32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(60),
+            max_transient_backoff: Duration::from_secs(5),
+            max_attempts: 5,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Checks the values; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_attempts < 1 {
+            return Err("retry.max_attempts: must be 1 or more".into());
+        }
+        if self.initial_backoff.is_zero() {
+            return Err("retry.initial_backoff: must be more than 0".into());
+        }
+        if self.max_backoff < self.initial_backoff {
+            return Err("retry.max_backoff: must not be less than retry.initial_backoff".into());
+        }
+        if self.max_transient_backoff < self.initial_backoff {
+            return Err(
+                "retry.max_transient_backoff: must not be less than retry.initial_backoff".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether an event that has now failed `attempts` times (this one included) is dead.
+    pub fn is_dead(&self, attempts: i32, class: FailureClass) -> bool {
+        class == FailureClass::Permanent && attempts >= self.max_attempts
+    }
+
+    /// Delay before the next attempt of an event that has failed `attempts` times: exponential,
+    /// capped, with "equal jitter" (between half and all of the computed delay) so that relays
+    /// and aggregates that failed together do not retry in lockstep.
+    pub fn backoff(&self, attempts: i32, class: FailureClass) -> Duration {
+        let cap = match class {
+            FailureClass::Transient => self.max_transient_backoff,
+            FailureClass::Permanent => self.max_backoff,
+        };
+        let exponent = attempts.clamp(1, 31) as u32 - 1;
+        let full = self
+            .initial_backoff
+            .checked_mul(2u32.saturating_pow(exponent))
+            .unwrap_or(cap)
+            .min(cap);
+        let half = full / 2;
+        half + rand::rng().random_range(Duration::ZERO..=half)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_jitter_and_caps() {
+        let p = RetryPolicy::default();
+        for attempts in 1..40 {
+            let d = p.backoff(attempts, FailureClass::Permanent);
+            let full = (Duration::from_millis(200) * 2u32.pow((attempts - 1).min(20) as u32))
+                .min(p.max_backoff);
+            assert!(d >= full / 2 && d <= full, "attempt {attempts}: {d:?} vs {full:?}");
+        }
+        assert!(p.backoff(30, FailureClass::Transient) <= p.max_transient_backoff);
+    }
+
+    #[test]
+    fn only_permanent_failures_dead_letter() {
+        let p = RetryPolicy::default();
+        assert!(!p.is_dead(4, FailureClass::Permanent));
+        assert!(p.is_dead(5, FailureClass::Permanent));
+        assert!(!p.is_dead(1_000, FailureClass::Transient));
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let p = RetryPolicy {
+            max_attempts: 0,
+            ..Default::default()
+        };
+        assert!(p.validate().unwrap_err().starts_with("retry.max_attempts"));
+    }
+}

@@ -1,0 +1,146 @@
+//! Where each event goes: the row's own `destination`, else the first matching rule, else the
+//! default template.
+
+use serde::{Deserialize, Serialize};
+
+/// Placeholders a destination template may use.
+const PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type", "schema_version"];
+
+/// Routing configuration (`[routing]` in the config file).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// Template used when no rule matches. Default `{aggregate_type}.{event_type}`: a NATS
+    /// subject, RabbitMQ routing key or topic name. Placeholders: `{aggregate_type}`,
+    /// `{event_type}`, `{schema_version}`.
+    pub default: String,
+    /// Rules tried in order; the first whose filters all match wins.
+    pub rules: Vec<RouteRule>,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            default: "{aggregate_type}.{event_type}".into(),
+            rules: Vec::new(),
+        }
+    }
+}
+
+/// One routing rule (`[[routing.rules]]`). A rule with no filter matches everything.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRule {
+    /// Match this event type exactly.
+    pub event_type: Option<String>,
+    /// Match this aggregate type exactly.
+    pub aggregate_type: Option<String>,
+    /// Destination template for matching events.
+    pub destination: String,
+}
+
+impl RoutingConfig {
+    /// Checks every template; the error names the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        check_template("routing.default", &self.default)?;
+        for (i, rule) in self.rules.iter().enumerate() {
+            check_template(&format!("routing.rules[{i}].destination"), &rule.destination)?;
+        }
+        Ok(())
+    }
+
+    /// The destination of an event: its own override, else the first matching rule, else the
+    /// default.
+    pub fn route(
+        &self,
+        own: Option<&str>,
+        aggregate_type: &str,
+        event_type: &str,
+        schema_version: i32,
+    ) -> String {
+        if let Some(own) = own {
+            return own.to_owned();
+        }
+        let template = self
+            .rules
+            .iter()
+            .find(|r| {
+                r.event_type.as_deref().is_none_or(|t| t == event_type)
+                    && r.aggregate_type.as_deref().is_none_or(|t| t == aggregate_type)
+            })
+            .map_or(self.default.as_str(), |r| r.destination.as_str());
+        template
+            .replace("{aggregate_type}", aggregate_type)
+            .replace("{event_type}", event_type)
+            .replace("{schema_version}", &schema_version.to_string())
+    }
+}
+
+fn check_template(field: &str, template: &str) -> Result<(), String> {
+    if template.trim().is_empty() {
+        return Err(format!("{field}: must not be empty"));
+    }
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        let after = &rest[start + 1..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("{field}: unclosed '{{' in {template:?}"))?;
+        let name = &after[..end];
+        if !PLACEHOLDERS.contains(&name) {
+            return Err(format!(
+                "{field}: unknown placeholder {{{name}}} in {template:?} (known: {})",
+                PLACEHOLDERS.join(", ")
+            ));
+        }
+        rest = &after[end + 1..];
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_destination_then_rules_then_default() {
+        let routing = RoutingConfig {
+            rules: vec![
+                RouteRule {
+                    event_type: Some("OrderPaid".into()),
+                    aggregate_type: None,
+                    destination: "payments.v{schema_version}".into(),
+                },
+                RouteRule {
+                    event_type: None,
+                    aggregate_type: Some("user".into()),
+                    destination: "users".into(),
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(routing.route(Some("x.y"), "order", "OrderPaid", 1), "x.y");
+        assert_eq!(routing.route(None, "order", "OrderPaid", 3), "payments.v3");
+        assert_eq!(routing.route(None, "user", "Renamed", 1), "users");
+        assert_eq!(routing.route(None, "order", "Placed", 1), "order.Placed");
+    }
+
+    #[test]
+    fn rejects_unknown_placeholders_naming_the_field() {
+        let routing = RoutingConfig {
+            rules: vec![RouteRule {
+                event_type: None,
+                aggregate_type: None,
+                destination: "x.{aggregate_id}".into(),
+            }],
+            ..Default::default()
+        };
+        let err = routing.validate().unwrap_err();
+        assert!(err.starts_with("routing.rules[0].destination: unknown placeholder {aggregate_id}"));
+        let bad = RoutingConfig {
+            default: "a.{event_type".into(),
+            rules: vec![],
+        };
+        assert!(bad.validate().unwrap_err().contains("unclosed"));
+    }
+}

@@ -1,0 +1,341 @@
+//! PostgreSQL access for the relay. Internal seam: the SQL lives in `sql/*.sql`, rendered once
+//! with the validated schema and table names; every value is a bind parameter.
+
+mod rows;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox::Tables;
+use sqlx::{PgPool, Row};
+
+pub use rows::{ClaimedRow, Failure};
+
+use crate::Error;
+
+/// A lease held by this relay: partition and the epoch it was acquired with.
+pub type Fence = (i32, i64);
+
+/// Statements, rendered for one outbox.
+#[derive(Debug)]
+struct Sql {
+    claim: String,
+    mark_published: String,
+    mark_failed: String,
+    register: String,
+    live_relays: String,
+    forget_dead_relays: String,
+    deregister: String,
+    renew: String,
+    acquire: String,
+    release: String,
+    backlog: String,
+    partitions: String,
+}
+
+impl Sql {
+    fn new(tables: &Tables) -> Self {
+        let fence = include_str!("sql/fence.sql")
+            .lines()
+            .filter(|l| !l.starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n    ");
+        let render = |text: &str| tables.render(&text.replace("{fence}", &fence));
+        let leases = include_str!("sql/leases.sql");
+        let stats = include_str!("sql/stats.sql");
+        Self {
+            claim: render(include_str!("sql/claim.sql")),
+            mark_published: render(include_str!("sql/mark_published.sql")),
+            mark_failed: render(include_str!("sql/mark_failed.sql")),
+            register: render(named(leases, "register")),
+            live_relays: render(named(leases, "live_relays")),
+            forget_dead_relays: render(named(leases, "forget_dead_relays")),
+            deregister: render(named(leases, "deregister")),
+            renew: render(named(leases, "renew")),
+            acquire: render(named(leases, "acquire")),
+            release: render(named(leases, "release")),
+            backlog: render(named(stats, "backlog")),
+            partitions: render(named(stats, "partitions")),
+        }
+    }
+}
+
+/// The statement that follows `-- name: {name}` in a file of named statements.
+fn named<'a>(file: &'a str, name: &str) -> &'a str {
+    let marker = format!("-- name: {name}\n");
+    let start = file.find(&marker).expect("statement exists") + marker.len();
+    let rest = &file[start..];
+    let end = rest.find("-- name: ").unwrap_or(rest.len());
+    rest[..end].trim().trim_end_matches(';')
+}
+
+/// Backlog figures for the lag gauges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Backlog {
+    /// Events waiting to be published.
+    pub pending: i64,
+    /// Age of the oldest of them, by the database clock.
+    pub oldest_age: Option<Duration>,
+    /// Dead-lettered events.
+    pub dead: i64,
+}
+
+/// One partition as `outbox status` shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PartitionStatus {
+    /// Partition number.
+    pub partition: i32,
+    /// Relay holding the lease, if any.
+    pub owner: Option<String>,
+    /// Fencing epoch (takeovers so far).
+    pub epoch: i64,
+    /// Whether the lease is unexpired.
+    pub live: bool,
+    /// Pending events in the partition.
+    pub pending: i64,
+    /// Age of its oldest pending event, in seconds.
+    pub oldest_age_seconds: Option<f64>,
+}
+
+/// The relay's handle on the outbox tables.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+    partitions: i32,
+    sql: std::sync::Arc<Sql>,
+}
+
+impl PgStore {
+    /// Opens the outbox at `tables`, checking that it was migrated.
+    pub async fn open(pool: PgPool, tables: &Tables) -> Result<Self, Error> {
+        let partitions: Option<i32> = sqlx::query_scalar(&tables.render(
+            "SELECT partitions FROM {schema}.meta",
+        ))
+        .fetch_optional(&pool)
+        .await
+        .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+            Some(code) if code == "42P01" || code == "3F000" => {
+                Error::Outbox(outbox::Error::Schema(outbox::SchemaError::Missing))
+            }
+            _ => Error::Database(e),
+        })?;
+        let partitions = partitions
+            .ok_or(Error::Outbox(outbox::Error::Schema(outbox::SchemaError::Missing)))?;
+        Ok(Self {
+            pool,
+            partitions,
+            sql: std::sync::Arc::new(Sql::new(tables)),
+        })
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The partition count fixed at migration.
+    pub fn partitions(&self) -> i32 {
+        self.partitions
+    }
+
+    /// Records this relay as alive and returns the ids of all live relays, sorted.
+    pub async fn heartbeat(
+        &self,
+        relay_id: &str,
+        hostname: &str,
+        ttl: Duration,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query(&self.sql.register)
+            .bind(relay_id)
+            .bind(hostname)
+            .execute(&self.pool)
+            .await?;
+        sqlx::query(&self.sql.forget_dead_relays)
+            .bind(ttl.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        sqlx::query_scalar(&self.sql.live_relays)
+            .bind(ttl.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Removes this relay from the live set (clean shutdown).
+    pub async fn deregister(&self, relay_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.deregister)
+            .bind(relay_id)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+    }
+
+    /// Extends the given leases; returns the partitions still held.
+    pub async fn renew(
+        &self,
+        relay_id: &str,
+        held: &[Fence],
+        ttl: Duration,
+    ) -> Result<Vec<i32>, sqlx::Error> {
+        let (parts, epochs) = split(held);
+        sqlx::query_scalar(&self.sql.renew)
+            .bind(parts)
+            .bind(epochs)
+            .bind(relay_id)
+            .bind(ttl.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Takes up to `n` free or expired partitions, bumping their epoch.
+    pub async fn acquire(
+        &self,
+        relay_id: &str,
+        n: i64,
+        ttl: Duration,
+    ) -> Result<Vec<Fence>, sqlx::Error> {
+        let rows = sqlx::query(&self.sql.acquire)
+            .bind(n)
+            .bind(relay_id)
+            .bind(ttl.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// Gives leases back so another relay can take them at once.
+    pub async fn release(&self, relay_id: &str, leases: &[Fence]) -> Result<(), sqlx::Error> {
+        let (parts, epochs) = split(leases);
+        sqlx::query(&self.sql.release)
+            .bind(parts)
+            .bind(epochs)
+            .bind(relay_id)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+    }
+
+    /// Reads up to `limit` pending rows from `partitions` (visited in that order).
+    pub async fn claim(
+        &self,
+        partitions: &[i32],
+        limit: i64,
+        max_payload_bytes: usize,
+    ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+        sqlx::query_as(&self.sql.claim)
+            .bind(partitions)
+            .bind(limit)
+            .bind(i32::try_from(max_payload_bytes).unwrap_or(i32::MAX))
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Marks acknowledged events published, if this relay still holds their leases. Returns
+    /// how many rows were marked.
+    pub async fn mark_published(
+        &self,
+        relay_id: &str,
+        fences: &[Fence],
+        ids: &[i64],
+    ) -> Result<i64, sqlx::Error> {
+        let (parts, epochs) = split(fences);
+        sqlx::query_scalar(&self.sql.mark_published)
+            .bind(ids)
+            .bind(parts)
+            .bind(epochs)
+            .bind(relay_id)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Records failed attempts (retry or dead letter), if this relay still holds their leases.
+    pub async fn mark_failed(
+        &self,
+        relay_id: &str,
+        fences: &[Fence],
+        failures: &[Failure],
+        park_on_dead: bool,
+    ) -> Result<i64, sqlx::Error> {
+        let (parts, epochs) = split(fences);
+        let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
+        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+        let backoff: Vec<f64> = failures.iter().map(|f| f.backoff.as_secs_f64()).collect();
+        let dead: Vec<bool> = failures.iter().map(|f| f.dead).collect();
+        sqlx::query_scalar(&self.sql.mark_failed)
+            .bind(ids)
+            .bind(parts)
+            .bind(epochs)
+            .bind(relay_id)
+            .bind(errors)
+            .bind(backoff)
+            .bind(dead)
+            .bind(park_on_dead)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Pending count, oldest pending age and dead count.
+    pub async fn backlog(&self) -> Result<Backlog, sqlx::Error> {
+        let row = sqlx::query(&self.sql.backlog).fetch_one(&self.pool).await?;
+        let oldest: Option<DateTime<Utc>> = row.get("oldest");
+        let now: DateTime<Utc> = row.get("now");
+        Ok(Backlog {
+            pending: row.get("pending"),
+            oldest_age: oldest.map(|o| (now - o).to_std().unwrap_or_default()),
+            dead: row.get("dead"),
+        })
+    }
+
+    /// Every partition with its owner and backlog.
+    pub async fn partition_status(&self) -> Result<Vec<PartitionStatus>, sqlx::Error> {
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await?;
+        let rows = sqlx::query(&self.sql.partitions)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let oldest: Option<DateTime<Utc>> = r.get("oldest");
+                PartitionStatus {
+                    partition: r.get("partition"),
+                    owner: r.get("owner"),
+                    epoch: r.get("epoch"),
+                    live: r.get("live"),
+                    pending: r.get("pending"),
+                    oldest_age_seconds: oldest
+                        .map(|o| (now - o).num_microseconds().unwrap_or(0) as f64 / 1e6),
+                }
+            })
+            .collect())
+    }
+}
+
+fn split(fences: &[Fence]) -> (Vec<i32>, Vec<i64>) {
+    fences.iter().copied().unzip()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_statement_without_placeholders() {
+        let sql = Sql::new(&Tables::new("s1", "ev").unwrap());
+        for text in [
+            &sql.claim,
+            &sql.mark_published,
+            &sql.mark_failed,
+            &sql.acquire,
+            &sql.renew,
+            &sql.backlog,
+            &sql.partitions,
+        ] {
+            assert!(!text.contains('{'), "{text}");
+            assert!(!text.trim().is_empty());
+        }
+        assert!(sql.mark_published.contains("FOR SHARE OF l"));
+        assert!(sql.claim.contains("\"s1\".\"ev\""));
+        assert!(sql.register.starts_with("INSERT INTO \"s1\".relays"));
+    }
+}

@@ -1,0 +1,27 @@
+-- Pending rows of the given partitions, in id order within each partition, skipping aggregates
+-- whose head is held (retry backoff) or parked (dead head). Claims by state: a row that commits
+-- late, with a smaller id than rows already published, is found all the same.
+-- The partitions are visited in the order given (the relay rotates it) and the scan stops once
+-- $3 rows are found. Payloads over $4 bytes are not loaded: `payload` is NULL and
+-- `payload_size` tells the relay why.
+-- $1 partitions, $2 batch size, $3 max payload bytes
+SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
+       e.schema_version, e.destination,
+       CASE WHEN octet_length(e.payload) <= $3 THEN e.payload END AS payload,
+       octet_length(e.payload)::bigint AS payload_size,
+       e.content_type, e.headers, e.occurred_at, e.partition, e.attempts
+FROM unnest($1::integer[]) AS p(partition)
+CROSS JOIN LATERAL (
+    SELECT * FROM {schema}.{events} e
+    WHERE e.partition = p.partition
+      AND e.status = 'pending'
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.holds h
+          WHERE h.aggregate_type = e.aggregate_type
+            AND h.aggregate_id = e.aggregate_id
+            AND (h.held_until IS NULL OR h.held_until > now())
+      )
+    ORDER BY e.id
+    LIMIT $2
+) e
+LIMIT $2

@@ -1,0 +1,34 @@
+-- name: register
+INSERT INTO {schema}.relays (relay_id, hostname) VALUES ($1, $2)
+ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now();
+-- name: live_relays
+SELECT relay_id FROM {schema}.relays
+WHERE heartbeat_at > now() - make_interval(secs => $1)
+ORDER BY relay_id;
+-- name: forget_dead_relays
+DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => $1 * 10);
+-- name: deregister
+DELETE FROM {schema}.relays WHERE relay_id = $1;
+-- name: renew
+UPDATE {schema}.leases l SET expires_at = now() + make_interval(secs => $4)
+FROM unnest($1::integer[], $2::bigint[]) AS f(partition, epoch)
+WHERE l.partition = f.partition AND l.epoch = f.epoch AND l.owner = $3
+RETURNING l.partition;
+-- name: acquire
+WITH candidate AS (
+    SELECT partition FROM {schema}.leases
+    WHERE owner IS NULL OR expires_at < now()
+    ORDER BY partition
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.leases l
+SET owner = $2, epoch = l.epoch + 1, expires_at = now() + make_interval(secs => $3),
+    acquired_at = now()
+FROM candidate
+WHERE l.partition = candidate.partition
+RETURNING l.partition, l.epoch;
+-- name: release
+UPDATE {schema}.leases l SET owner = NULL, expires_at = '-infinity'
+FROM unnest($1::integer[], $2::bigint[]) AS f(partition, epoch)
+WHERE l.partition = f.partition AND l.epoch = f.epoch AND l.owner = $3;

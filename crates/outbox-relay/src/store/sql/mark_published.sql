@@ -1,0 +1,20 @@
+-- Marks acknowledged events published, fenced by lease epoch, and releases the holds whose head
+-- event they were. One statement per batch.
+-- $1 ids, $2/$3 (partition, epoch) pairs, $4 relay id
+WITH fence AS (
+    {fence}
+), done AS (
+    UPDATE {schema}.{events} e
+    SET status = 'published', published_at = now(), attempts = e.attempts + 1,
+        next_attempt_at = NULL
+    FROM fence
+    WHERE e.id = ANY($1::bigint[]) AND e.partition = fence.partition AND e.status = 'pending'
+    RETURNING e.id, e.aggregate_type, e.aggregate_id
+), released AS (
+    DELETE FROM {schema}.holds h
+    USING done
+    WHERE h.aggregate_type = done.aggregate_type
+      AND h.aggregate_id = done.aggregate_id
+      AND h.event_id = done.id
+)
+SELECT count(*)::bigint FROM done

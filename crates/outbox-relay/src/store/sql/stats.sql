@@ -1,0 +1,17 @@
+-- name: backlog
+SELECT count(*)::bigint AS pending, min(occurred_at) AS oldest,
+       (SELECT count(*)::bigint FROM {schema}.{events} WHERE status = 'dead') AS dead,
+       now() AS now
+FROM {schema}.{events}
+WHERE status = 'pending';
+-- name: partitions
+SELECT l.partition, l.owner, l.epoch, l.expires_at > now() AS live,
+       coalesce(p.pending, 0)::bigint AS pending, p.oldest
+FROM {schema}.leases l
+LEFT JOIN (
+    SELECT partition, count(*) AS pending, min(occurred_at) AS oldest
+    FROM {schema}.{events}
+    WHERE status = 'pending'
+    GROUP BY partition
+) p ON p.partition = l.partition
+ORDER BY l.partition;

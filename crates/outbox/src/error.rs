@@ -1,0 +1,122 @@
+use std::fmt;
+
+/// Everything that can go wrong when writing events or preparing the outbox schema.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An event field failed validation; `field` names it and `reason` says why.
+    #[error("invalid event: {field} {reason}")]
+    InvalidEvent {
+        /// The offending field (`aggregate_type`, `headers.traceparent`, …).
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The payload is larger than the configured limit.
+    #[error("invalid event: payload is {size} bytes, over the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// Size of the rejected payload in bytes.
+        size: usize,
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// Another event of the same aggregate already has this version (optimistic concurrency).
+    /// PostgreSQL aborts the caller's transaction: roll it back and retry the command.
+    #[error(
+        "aggregate {aggregate_type}/{aggregate_id} already has an event with version {version}"
+    )]
+    DuplicateAggregateVersion {
+        /// Aggregate type of the conflicting event.
+        aggregate_type: String,
+        /// Aggregate id of the conflicting event.
+        aggregate_id: String,
+        /// The version that is already taken.
+        version: i64,
+    },
+    /// A schema or table name is not a plain SQL identifier.
+    #[error("invalid identifier {value:?} for {what}: {reason}")]
+    InvalidIdentifier {
+        /// Which setting held it (`schema`, `table`).
+        what: &'static str,
+        /// The rejected value.
+        value: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// The payload could not be serialised to JSON.
+    #[error("could not serialise the payload to JSON")]
+    Serialize(#[source] serde_json::Error),
+    /// The database schema is not in the state this version expects.
+    #[error("outbox schema: {0}")]
+    Schema(SchemaError),
+    /// The database refused an operation.
+    #[cfg(feature = "postgres")]
+    #[error("database error")]
+    Database(#[source] sqlx::Error),
+}
+
+/// Why the outbox schema cannot be used as it is.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The database holds migrations newer than this build knows.
+    TooNew {
+        /// Highest version recorded in the database.
+        database: i32,
+        /// Highest version this build ships.
+        known: i32,
+    },
+    /// An applied migration differs from the file this build ships.
+    Modified {
+        /// The migration's version.
+        version: i32,
+    },
+    /// The outbox was created with another partition count.
+    PartitionMismatch {
+        /// Partition count recorded at creation.
+        existing: i32,
+        /// Partition count requested now.
+        requested: i32,
+    },
+    /// `partitions` must be between 1 and 4096.
+    BadPartitionCount(i32),
+    /// The outbox tables do not exist: run `outbox migrate` first.
+    Missing,
+}
+
+impl fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TooNew { database, known } => write!(
+                f,
+                "database is at migration {database} but this build knows only up to {known}; \
+                 upgrade the outbox binary"
+            ),
+            Self::Modified { version } => write!(
+                f,
+                "migration {version} was applied with different contents than this build ships"
+            ),
+            Self::PartitionMismatch {
+                existing,
+                requested,
+            } => write!(
+                f,
+                "outbox was created with {existing} partitions, {requested} requested; changing \
+                 the partition count is a manual procedure (see docs/operations.md)"
+            ),
+            Self::BadPartitionCount(n) => {
+                write!(f, "partitions must be between 1 and 4096, got {n}")
+            }
+            Self::Missing => write!(f, "outbox tables not found; run `outbox migrate` first"),
+        }
+    }
+}
+
+impl Error {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidEvent {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Versioned migrations. Each file is a template rendered with the validated schema and table
+//! names; all pending files run in one transaction under an advisory lock, so any number of
+//! processes may call `migrate` at once.
+
+use sqlx::{Connection, Row};
+
+use crate::{error::SchemaError, Error, Tables};
+
+/// The migrations this build ships: (version, description, template).
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "create outbox",
+    include_str!("migrations/0001_create_outbox.sql"),
+)];
+
+/// Settings fixed when the outbox is created.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MigrateOptions {
+    /// Number of partitions, the unit of relay ownership: it bounds how many relays can share
+    /// the work. Used when the outbox is created (`None`: [`DEFAULT_PARTITIONS`]); on an existing
+    /// outbox, `Some(n)` must match the count it was created with and `None` accepts it.
+    pub partitions: Option<i32>,
+}
+
+/// Partition count of a new outbox when none is given.
+pub const DEFAULT_PARTITIONS: i32 = 32;
+
+
+pub(super) async fn run(
+    pool: &sqlx::PgPool,
+    tables: &Tables,
+    options: MigrateOptions,
+) -> Result<(), Error> {
+    let partitions = options.partitions.unwrap_or(DEFAULT_PARTITIONS);
+    if !(1..=4096).contains(&partitions) {
+        return Err(Error::Schema(SchemaError::BadPartitionCount(partitions)));
+    }
+    let mut conn = pool.acquire().await.map_err(Error::Database)?;
+    let mut tx = conn.begin().await.map_err(Error::Database)?;
+    // One lock per schema name: concurrent migrators queue here, then find the work done.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
+        .bind(tables.schema().as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::Database)?;
+    let bootstrap = tables.render(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.migrations (
+             version     integer     PRIMARY KEY,
+             description text        NOT NULL,
+             checksum    text        NOT NULL,
+             applied_at  timestamptz NOT NULL DEFAULT now()
+         );",
+    );
+    sqlx::raw_sql(&bootstrap)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::Database)?;
+    let applied: Vec<(i32, String)> = sqlx::query_as(&tables.render(
+        "SELECT version, checksum FROM {schema}.migrations ORDER BY version",
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(Error::Database)?;
+
+    let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+    if let Some((latest, _)) = applied.last() {
+        if *latest > known {
+            return Err(Error::Schema(SchemaError::TooNew {
+                database: *latest,
+                known,
+            }));
+        }
+    }
+    for (version, description, template) in MIGRATIONS {
+        let checksum = checksum(template);
+        match applied.iter().find(|(v, _)| v == version) {
+            Some((_, existing)) if *existing == checksum => continue,
+            Some(_) => return Err(Error::Schema(SchemaError::Modified { version: *version })),
+            None => {}
+        }
+        let sql = tables
+            .render(template)
+            .replace("{partitions}", &partitions.to_string());
+        sqlx::raw_sql(&sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::Database)?;
+        sqlx::query(&tables.render(
+            "INSERT INTO {schema}.migrations (version, description, checksum) VALUES ($1, $2, $3)",
+        ))
+        .bind(version)
+        .bind(description)
+        .bind(&checksum)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::Database)?;
+    }
+    let existing: i32 = sqlx::query(&tables.render("SELECT partitions FROM {schema}.meta"))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(Error::Database)?
+        .get(0);
+    match options.partitions {
+        Some(requested) if requested != existing => {
+            return Err(Error::Schema(SchemaError::PartitionMismatch {
+                existing,
+                requested,
+            }))
+        }
+        _ => {}
+    }
+    tx.commit().await.map_err(Error::Database)
+}
+
+/// FNV-1a over the template: stable across builds and platforms, enough to notice an edit.
+fn checksum(text: &str) -> String {
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
