@@ -1,1 +1,60 @@
-fn main() {}
+//! `outbox`: migrate the schema, run the relay, inspect the backlog.
+
+mod commands;
+mod config;
+mod logging;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Transactional outbox: publish committed events to your broker, at least once, in order per
+/// aggregate.
+#[derive(Parser, Debug)]
+#[command(name = "outbox", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create or upgrade the outbox schema (idempotent, safe to run from several processes).
+    Migrate(commands::migrate::Args),
+    /// Publish committed events to the broker until SIGINT/SIGTERM.
+    Relay(commands::relay::Args),
+    /// Backlog, lag, dead letters and partition owners.
+    Status(commands::status::Args),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Migrate(args) => commands::migrate::run(args).await,
+        Command::Relay(args) => commands::relay::run(args).await,
+        Command::Status(args) => commands::status::run(args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {}", render_chain(error.as_ref()));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// "outer: inner: root" — every cause, so the message names what is wrong.
+fn render_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

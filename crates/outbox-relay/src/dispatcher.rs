@@ -189,7 +189,14 @@ mod tests {
             .into_iter()
             .map(|id| item(id, if id % 2 == 0 { "b" } else { "a" }))
             .collect();
-        let results = dispatch(items, publisher.clone(), leases(), 8, Duration::from_secs(5)).await;
+        let results = dispatch(
+            items,
+            publisher.clone(),
+            leases(),
+            8,
+            Duration::from_secs(5),
+        )
+        .await;
         let log = publisher.log.lock().unwrap().clone();
         let b: Vec<i64> = log.iter().copied().filter(|id| id % 2 == 0).collect();
         assert_eq!(b, vec![2, 4, 6]);
@@ -208,7 +215,14 @@ mod tests {
         let mut bad = item(1, "a");
         bad.message = Err(PublishError::permanent("headers must be a JSON object"));
         let items = vec![bad, item(2, "a"), item(3, "b")];
-        let results = dispatch(items, publisher.clone(), leases(), 8, Duration::from_secs(5)).await;
+        let results = dispatch(
+            items,
+            publisher.clone(),
+            leases(),
+            8,
+            Duration::from_secs(5),
+        )
+        .await;
         assert_eq!(*publisher.log.lock().unwrap(), vec![3]);
         assert_eq!(results.len(), 3);
     }

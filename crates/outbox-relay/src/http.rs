@@ -108,7 +108,10 @@ async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
 async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     match state.health.readiness() {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        ),
     }
 }
 
@@ -124,10 +127,12 @@ pub async fn serve(
             addr: addr.to_string(),
             source,
         })?;
-    let bound = listener.local_addr().map_err(|source| crate::Error::Listen {
-        addr: addr.to_string(),
-        source,
-    })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| crate::Error::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -158,6 +163,9 @@ mod tests {
         health.progressed();
         assert!(health.readiness().is_ok());
         health.inner.lock().unwrap().database_ok = Instant::now() - Duration::from_secs(61);
-        assert!(health.readiness().unwrap_err().contains("database unreachable"));
+        assert!(health
+            .readiness()
+            .unwrap_err()
+            .contains("database unreachable"));
     }
 }

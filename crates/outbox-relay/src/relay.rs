@@ -147,7 +147,6 @@ impl Relay {
         tracing::info!(relay_id = %this.relay_id, "relay stopped");
         result
     }
-
 }
 
 impl Shared {
@@ -216,8 +215,10 @@ impl Shared {
                         self.metrics.batch_size.observe(rows.len() as f64);
                         let taken: HashSet<i32> = rows.iter().map(|r| r.partition).collect();
                         busy.extend(&taken);
-                        let fences: Vec<Fence> =
-                            free.into_iter().filter(|(p, _)| taken.contains(p)).collect();
+                        let fences: Vec<Fence> = free
+                            .into_iter()
+                            .filter(|(p, _)| taken.contains(p))
+                            .collect();
                         inflight.push(tokio::spawn(self.clone().process(rows, fences)));
                     }
                     Err(error) => {
@@ -314,7 +315,8 @@ impl Shared {
                 Outcome::Published(at) => {
                     published.push(item.id);
                     if let Ok(m) = &item.message {
-                        let latency = chrono::Utc::now() - m.occurred_at
+                        let latency = chrono::Utc::now()
+                            - m.occurred_at
                             - chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
                         self.metrics
                             .latency

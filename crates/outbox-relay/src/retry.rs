@@ -92,7 +92,10 @@ mod tests {
             let d = p.backoff(attempts, FailureClass::Permanent);
             let full = (Duration::from_millis(200) * 2u32.pow((attempts - 1).min(20) as u32))
                 .min(p.max_backoff);
-            assert!(d >= full / 2 && d <= full, "attempt {attempts}: {d:?} vs {full:?}");
+            assert!(
+                d >= full / 2 && d <= full,
+                "attempt {attempts}: {d:?} vs {full:?}"
+            );
         }
         assert!(p.backoff(30, FailureClass::Transient) <= p.max_transient_backoff);
     }

@@ -44,7 +44,10 @@ impl RoutingConfig {
     pub fn validate(&self) -> Result<(), String> {
         check_template("routing.default", &self.default)?;
         for (i, rule) in self.rules.iter().enumerate() {
-            check_template(&format!("routing.rules[{i}].destination"), &rule.destination)?;
+            check_template(
+                &format!("routing.rules[{i}].destination"),
+                &rule.destination,
+            )?;
         }
         Ok(())
     }
@@ -66,7 +69,9 @@ impl RoutingConfig {
             .iter()
             .find(|r| {
                 r.event_type.as_deref().is_none_or(|t| t == event_type)
-                    && r.aggregate_type.as_deref().is_none_or(|t| t == aggregate_type)
+                    && r.aggregate_type
+                        .as_deref()
+                        .is_none_or(|t| t == aggregate_type)
             })
             .map_or(self.default.as_str(), |r| r.destination.as_str());
         template

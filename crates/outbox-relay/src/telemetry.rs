@@ -94,8 +94,8 @@ impl Metrics {
         let dead_lettered = Family::default();
         let latency = Histogram::new(
             [
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                30.0, 60.0, 300.0,
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0,
             ]
             .into_iter(),
         );
@@ -111,7 +111,11 @@ impl Metrics {
             "Age of the oldest unpublished event",
             oldest_pending_age.clone(),
         );
-        r.register("outbox_pending_events", "Events waiting to be published", pending.clone());
+        r.register(
+            "outbox_pending_events",
+            "Events waiting to be published",
+            pending.clone(),
+        );
         r.register("outbox_dead_events", "Dead-lettered events", dead.clone());
         r.register(
             "outbox_published",
@@ -129,7 +133,11 @@ impl Metrics {
             "Time from occurred_at to the broker's acknowledgement",
             latency.clone(),
         );
-        r.register("outbox_batch_size", "Rows per claimed batch", batch_size.clone());
+        r.register(
+            "outbox_batch_size",
+            "Rows per claimed batch",
+            batch_size.clone(),
+        );
         r.register(
             "outbox_partitions_owned",
             "Partitions leased by this relay",

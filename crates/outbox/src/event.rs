@@ -225,15 +225,33 @@ mod tests {
             (Event::new("", "1", "T"), "aggregate_type must not be empty"),
             (Event::new("a", " ", "T"), "aggregate_id must not be empty"),
             (Event::new("a", "1", "T\n"), "event_type must not contain"),
-            (valid().schema_version(0), "schema_version must be 1 or more"),
-            (valid().aggregate_version(-1), "aggregate_version must not be"),
-            (valid().header("bad name", "x"), "headers.bad name name must"),
-            (valid().header("trace", "a\r\nb"), "headers.trace must not contain CR"),
+            (
+                valid().schema_version(0),
+                "schema_version must be 1 or more",
+            ),
+            (
+                valid().aggregate_version(-1),
+                "aggregate_version must not be",
+            ),
+            (
+                valid().header("bad name", "x"),
+                "headers.bad name name must",
+            ),
+            (
+                valid().header("trace", "a\r\nb"),
+                "headers.trace must not contain CR",
+            ),
             (valid().destination(""), "destination must not be empty"),
         ];
         for (event, expected) in cases {
-            let err = event.validate(DEFAULT_MAX_PAYLOAD_BYTES).unwrap_err().to_string();
-            assert!(err.contains(expected), "{err:?} should contain {expected:?}");
+            let err = event
+                .validate(DEFAULT_MAX_PAYLOAD_BYTES)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{err:?} should contain {expected:?}"
+            );
         }
     }
 

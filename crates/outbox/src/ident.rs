@@ -103,7 +103,10 @@ mod tests {
 
     #[test]
     fn accepts_plain_identifiers() {
-        assert_eq!(Ident::new("schema", "outbox_2").unwrap().as_str(), "outbox_2");
+        assert_eq!(
+            Ident::new("schema", "outbox_2").unwrap().as_str(),
+            "outbox_2"
+        );
         assert_eq!(Ident::new("schema", "_x").unwrap().to_string(), "\"_x\"");
     }
 

@@ -108,19 +108,19 @@ pub struct PgStore {
 impl PgStore {
     /// Opens the outbox at `tables`, checking that it was migrated.
     pub async fn open(pool: PgPool, tables: &Tables) -> Result<Self, Error> {
-        let partitions: Option<i32> = sqlx::query_scalar(&tables.render(
-            "SELECT partitions FROM {schema}.meta",
-        ))
-        .fetch_optional(&pool)
-        .await
-        .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
-            Some(code) if code == "42P01" || code == "3F000" => {
-                Error::Outbox(outbox::Error::Schema(outbox::SchemaError::Missing))
-            }
-            _ => Error::Database(e),
-        })?;
-        let partitions = partitions
-            .ok_or(Error::Outbox(outbox::Error::Schema(outbox::SchemaError::Missing)))?;
+        let partitions: Option<i32> =
+            sqlx::query_scalar(&tables.render("SELECT partitions FROM {schema}.meta"))
+                .fetch_optional(&pool)
+                .await
+                .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+                    Some(code) if code == "42P01" || code == "3F000" => {
+                        Error::Outbox(outbox::Error::Schema(outbox::SchemaError::Missing))
+                    }
+                    _ => Error::Database(e),
+                })?;
+        let partitions = partitions.ok_or(Error::Outbox(outbox::Error::Schema(
+            outbox::SchemaError::Missing,
+        )))?;
         Ok(Self {
             pool,
             partitions,

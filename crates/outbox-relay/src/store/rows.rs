@@ -63,9 +63,7 @@ impl ClaimedRow {
             ))
         })?;
         let headers = decode_headers(&self.headers)?;
-        if self.content_type.trim().is_empty()
-            || self.content_type.chars().any(char::is_control)
-        {
+        if self.content_type.trim().is_empty() || self.content_type.chars().any(char::is_control) {
             return Err(PublishError::permanent(format!(
                 "content_type {:?} is empty or contains control characters",
                 self.content_type
@@ -203,7 +201,10 @@ mod tests {
         cases.push((r, "payload is 5000000 bytes, over the limit of 10 bytes"));
         let mut r = row();
         r.headers = json!(["a"]);
-        cases.push((r, "headers must be a JSON object of strings, found an array"));
+        cases.push((
+            r,
+            "headers must be a JSON object of strings, found an array",
+        ));
         let mut r = row();
         r.headers = json!({"n": 1});
         cases.push((r, "header \"n\" must be a string, found a number"));
@@ -219,7 +220,11 @@ mod tests {
         for (r, expected) in cases {
             let err = r.decode(&RoutingConfig::default(), 10).unwrap_err();
             assert!(!err.is_transient());
-            assert!(err.message.contains(expected), "{} vs {expected}", err.message);
+            assert!(
+                err.message.contains(expected),
+                "{} vs {expected}",
+                err.message
+            );
         }
     }
 }

@@ -25,7 +25,6 @@ pub struct MigrateOptions {
 /// Partition count of a new outbox when none is given.
 pub const DEFAULT_PARTITIONS: i32 = 32;
 
-
 pub(super) async fn run(
     pool: &sqlx::PgPool,
     tables: &Tables,
@@ -56,9 +55,9 @@ pub(super) async fn run(
         .execute(&mut *tx)
         .await
         .map_err(Error::Database)?;
-    let applied: Vec<(i32, String)> = sqlx::query_as(&tables.render(
-        "SELECT version, checksum FROM {schema}.migrations ORDER BY version",
-    ))
+    let applied: Vec<(i32, String)> = sqlx::query_as(
+        &tables.render("SELECT version, checksum FROM {schema}.migrations ORDER BY version"),
+    )
     .fetch_all(&mut *tx)
     .await
     .map_err(Error::Database)?;

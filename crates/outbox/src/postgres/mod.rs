@@ -82,13 +82,17 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         for (i, event) in events.iter().enumerate() {
-            event.validate(self.max_payload_bytes).map_err(|e| match e {
-                Error::InvalidEvent { field, reason } if events.len() > 1 => Error::InvalidEvent {
-                    field: format!("events[{i}].{field}"),
-                    reason,
-                },
-                other => other,
-            })?;
+            event
+                .validate(self.max_payload_bytes)
+                .map_err(|e| match e {
+                    Error::InvalidEvent { field, reason } if events.len() > 1 => {
+                        Error::InvalidEvent {
+                            field: format!("events[{i}].{field}"),
+                            reason,
+                        }
+                    }
+                    other => other,
+                })?;
         }
         let columns = Columns::from(events);
         let channel = self.notify.then(|| self.tables.channel());

@@ -90,11 +90,15 @@ impl NatsPublisher {
         Ok(())
     }
 
-    async fn send(&self, message: &Message) -> Result<(), async_nats::jetstream::context::PublishError> {
+    async fn send(
+        &self,
+        message: &Message,
+    ) -> Result<(), async_nats::jetstream::context::PublishError> {
         let mut headers = HeaderMap::new();
         for (name, value) in message.broker_headers() {
             headers.insert(
-                name.parse::<HeaderName>().unwrap_or_else(|_| HeaderName::from_static("x-invalid-header")),
+                name.parse::<HeaderName>()
+                    .unwrap_or_else(|_| HeaderName::from_static("x-invalid-header")),
                 HeaderValue::from(value.as_str()),
             );
         }
@@ -135,7 +139,10 @@ impl Publisher for NatsPublisher {
         Box::pin(async move {
             match self.send(message).await {
                 Ok(()) => Ok(()),
-                Err(e) if e.kind() == PublishErrorKind::StreamNotFound && self.config.create_stream => {
+                Err(e)
+                    if e.kind() == PublishErrorKind::StreamNotFound
+                        && self.config.create_stream =>
+                {
                     self.ensure_stream_covers(&message.destination).await?;
                     self.send(message).await.map_err(|e| classify(&e))
                 }

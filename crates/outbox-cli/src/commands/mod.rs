@@ -1,0 +1,54 @@
+//! One module per subcommand.
+
+pub mod migrate;
+pub mod relay;
+pub mod status;
+
+use std::time::Duration;
+
+use sqlx::{postgres::PgPoolOptions, PgPool};
+
+/// Result of a subcommand: its exit code, or an error printed with its causes.
+pub type CommandResult = Result<std::process::ExitCode, Box<dyn std::error::Error>>;
+
+/// Options every database command takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL.
+    #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Schema holding the outbox.
+    #[arg(long, default_value = "outbox")]
+    pub schema: String,
+    /// Events table in that schema.
+    #[arg(long, default_value = "events")]
+    pub table: String,
+}
+
+impl DatabaseArgs {
+    /// The validated tables.
+    pub fn tables(&self) -> Result<outbox::Tables, outbox::Error> {
+        outbox::Tables::new(&self.schema, &self.table)
+    }
+}
+
+/// Opens a small pool; the error never contains the URL (it may hold a password).
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, String> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await
+        .map_err(|e| format!("cannot connect to the database: {e}"))
+}
+
+/// The database URL or an error naming the flag.
+pub fn require_url(url: Option<&str>) -> Result<&str, String> {
+    url.ok_or_else(|| "no database URL: pass --database-url or set OUTBOX_DATABASE_URL".to_owned())
+}
+
+/// Writes to stdout; a closed pipe (`outbox status | head`) is not an error.
+pub fn print(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}

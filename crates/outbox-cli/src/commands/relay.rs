@@ -1,0 +1,118 @@
+//! `outbox relay`.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
+
+use outbox_relay::{
+    http,
+    publishers::{nats::NatsPublisher, rabbitmq::RabbitMqPublisher},
+    Publisher, Relay,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{connect, CommandResult};
+use crate::{config, logging};
+
+/// Options of `outbox relay`. Flags override the config file and the environment.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// PostgreSQL URL.
+    #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Broker URL: nats://host:4222 (JetStream) or amqp://user:pass@host:5672/vhost.
+    #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
+    broker_url: Option<String>,
+    /// TOML config file (see README: configuration reference).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address for /metrics, /healthz and /readyz [default: 127.0.0.1:9187].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Schema holding the outbox [default: outbox].
+    #[arg(long)]
+    schema: Option<String>,
+    /// Events table in that schema [default: events].
+    #[arg(long)]
+    table: Option<String>,
+    /// This instance's id in the lease table [default: hostname-pid-random].
+    #[arg(long)]
+    relay_id: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    log_format: Option<logging::LogFormat>,
+}
+
+/// Runs the relay until SIGINT or SIGTERM.
+pub async fn run(args: Args) -> CommandResult {
+    let mut cfg = config::load(args.config.as_deref())?;
+    if let Some(url) = args.database_url {
+        cfg.database_url = Some(url);
+    }
+    if let Some(url) = args.broker_url {
+        cfg.broker_url = Some(url);
+    }
+    if let Some(listen) = args.listen {
+        cfg.listen = listen;
+    }
+    if let Some(schema) = args.schema {
+        cfg.relay.schema = schema;
+    }
+    if let Some(table) = args.table {
+        cfg.relay.table = table;
+    }
+    if let Some(id) = args.relay_id {
+        cfg.relay.relay_id = Some(id);
+    }
+    logging::init(args.log_format.unwrap_or(cfg.log_format.into()));
+    cfg.relay.validate()?;
+    let database_url = cfg.database_url.as_deref().ok_or(
+        "no database URL: pass --database-url, set OUTBOX_DATABASE_URL or database_url in the \
+         config file",
+    )?;
+    let broker_url = cfg.broker_url.clone().ok_or(
+        "no broker URL: pass --broker-url (nats://… or amqp://…), set OUTBOX_BROKER_URL or \
+         broker_url in the config file",
+    )?;
+    let pool = connect(
+        database_url,
+        (cfg.relay.max_inflight_batches as u32 + 4).min(32),
+    )
+    .await?;
+    let publisher: Arc<dyn Publisher> = match broker_url.split_once("://").map(|(s, _)| s) {
+        Some("nats" | "tls") => {
+            cfg.nats.url = broker_url;
+            Arc::new(NatsPublisher::connect(cfg.nats.clone()).await?)
+        }
+        Some("amqp" | "amqps") => {
+            cfg.rabbitmq.url = broker_url;
+            Arc::new(RabbitMqPublisher::connect(cfg.rabbitmq.clone()).await?)
+        }
+        other => {
+            return Err(format!(
+                "broker URL scheme {:?} is not supported: use nats:// or amqp://",
+                other.unwrap_or("")
+            )
+            .into())
+        }
+    };
+    let relay = Relay::new(pool, publisher, cfg.relay.clone()).await?;
+    let shutdown = CancellationToken::new();
+    let router = http::router(relay.metrics(), relay.health());
+    let (bound, server) = http::serve(cfg.listen, router, shutdown.clone()).await?;
+    tracing::info!(listen = %bound, relay_id = relay.relay_id(), "serving /metrics, /healthz, /readyz");
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    let result = relay.run(shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = server.await;
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+    shutdown.cancel();
+}

@@ -1,0 +1,171 @@
+//! The config file (TOML), environment overrides and command-line flags, merged in that order
+//! of precedence: flags > `OUTBOX_*` environment > file > defaults. Unknown keys are rejected
+//! and every error names the key.
+
+use std::{net::SocketAddr, path::Path};
+
+use figment::{
+    providers::{Env, Format, Serialized, Toml},
+    Figment,
+};
+use outbox_relay::{
+    publishers::{nats::NatsConfig, rabbitmq::RabbitMqConfig},
+    RelayConfig,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::logging::LogFormat;
+
+/// Everything `outbox relay` reads.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    /// PostgreSQL URL (`postgres://user@host/db`).
+    pub database_url: Option<String>,
+    /// Broker URL: `nats://…` or `amqp://…`.
+    pub broker_url: Option<String>,
+    /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
+    pub listen: SocketAddr,
+    /// `text` (default) or `json`.
+    pub log_format: LogFormatSetting,
+    /// Relay settings.
+    pub relay: RelayConfig,
+    /// NATS JetStream settings.
+    pub nats: NatsConfig,
+    /// RabbitMQ settings.
+    pub rabbitmq: RabbitMqConfig,
+}
+
+/// Serde-friendly wrapper of [`LogFormat`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormatSetting {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// JSON lines.
+    Json,
+}
+
+impl From<LogFormatSetting> for LogFormat {
+    fn from(value: LogFormatSetting) -> Self {
+        match value {
+            LogFormatSetting::Text => LogFormat::Text,
+            LogFormatSetting::Json => LogFormat::Json,
+        }
+    }
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        Self {
+            database_url: None,
+            broker_url: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9187)),
+            log_format: LogFormatSetting::Text,
+            relay: RelayConfig::default(),
+            nats: NatsConfig::default(),
+            rabbitmq: RabbitMqConfig::default(),
+        }
+    }
+}
+
+/// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
+/// `OUTBOX_RELAY__MAX_BATCH_SIZE`: `__` separates nesting levels).
+pub fn load(path: Option<&Path>) -> Result<FileConfig, String> {
+    let mut figment = Figment::from(Serialized::defaults(FileConfig::default()));
+    if let Some(path) = path {
+        if !path.exists() {
+            return Err(format!("config file {} does not exist", path.display()));
+        }
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    figment = figment.merge(Env::prefixed("OUTBOX_").split("__"));
+    figment.extract().map_err(|e| {
+        e.into_iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn write(text: &str) -> tempfile_path::TempPath {
+        tempfile_path::TempPath::with(text)
+    }
+
+    /// A tiny temp-file helper (std only).
+    mod tempfile_path {
+        use super::Write;
+        pub struct TempPath(pub std::path::PathBuf);
+        impl TempPath {
+            pub fn with(text: &str) -> Self {
+                let path = std::env::temp_dir().join(format!(
+                    "outbox-config-{}-{}.toml",
+                    std::process::id(),
+                    rand::random::<u64>()
+                ));
+                std::fs::File::create(&path)
+                    .unwrap()
+                    .write_all(text.as_bytes())
+                    .unwrap();
+                Self(path)
+            }
+        }
+        impl Drop for TempPath {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn reads_a_full_file() {
+        let f = write(
+            r#"
+            database_url = "postgres://localhost/db"
+            broker_url = "nats://localhost:4222"
+            listen = "127.0.0.1:9999"
+            log_format = "json"
+            [relay]
+            max_batch_size = 500
+            poll_interval = "250ms"
+            on_dead = "skip"
+            [relay.retry]
+            max_attempts = 3
+            [[relay.routing.rules]]
+            event_type = "OrderPaid"
+            destination = "payments"
+            [nats]
+            stream = "EVENTS"
+            "#,
+        );
+        let c = load(Some(&f.0)).unwrap();
+        assert_eq!(c.relay.max_batch_size, 500);
+        assert_eq!(c.relay.poll_interval, std::time::Duration::from_millis(250));
+        assert_eq!(c.relay.retry.max_attempts, 3);
+        assert_eq!(c.relay.routing.rules[0].destination, "payments");
+        assert_eq!(c.nats.stream, "EVENTS");
+        assert_eq!(c.listen.port(), 9999);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let f = write("[relay]\nmax_batch_sise = 10\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("max_batch_sise"), "{err}");
+        let f = write("[relay]\npoll_interval = \"soon\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("poll_interval"), "{err}");
+        let f = write("listen = \"nowhere\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("listen"), "{err}");
+        let err = load(Some(Path::new("/nonexistent/outbox.toml"))).unwrap_err();
+        assert!(err.contains("does not exist"), "{err}");
+    }
+}
