@@ -1,1 +1,158 @@
-fn main() {}
+//! `outbox-bench`: the benchmark harness of the outbox relay. Each scenario is a subcommand;
+//! `all` runs them in order and writes the results table. See `bench/README.md`.
+
+mod common;
+mod dbbound;
+mod drain;
+mod naive;
+mod process;
+mod report;
+mod steady;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+use crate::{common::Bench, report::Report};
+
+/// Benchmarks of the outbox relay against PostgreSQL and NATS JetStream on this machine.
+#[derive(Parser, Debug)]
+#[command(name = "outbox-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    options: Options,
+}
+
+/// Which scenarios to run.
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+enum Command {
+    /// (a) Drain a backlog with the real relay binary: events/s and peak RSS.
+    Drain,
+    /// (b) The same backlog claimed and marked with no broker: PostgreSQL alone.
+    Dbbound,
+    /// (c) The naive polling loop (50 rows, one update each, sleep 2 s) as a baseline.
+    Naive,
+    /// (d) Writers' maximum commit rate, then commit-to-ack latency at a fixed rate.
+    Steady,
+    /// All of the above, in that order, with the (a)/(b) ratio.
+    All,
+}
+
+/// Settings shared by every scenario. Flags may come before or after the subcommand.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Options {
+    /// PostgreSQL URL.
+    #[arg(
+        long,
+        global = true,
+        env = "BENCH_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    pub database_url: String,
+    /// NATS URL (JetStream enabled).
+    #[arg(
+        long,
+        global = true,
+        env = "BENCH_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats_url: String,
+    /// The `outbox` binary [default: `outbox` next to this executable].
+    #[arg(long, global = true)]
+    pub relay_bin: Option<PathBuf>,
+    /// Directory for results.md, relay logs and configs.
+    #[arg(long, global = true, default_value = "bench/out")]
+    pub out: PathBuf,
+    /// Backlog size of (a) drain and (b) dbbound.
+    #[arg(long, global = true, default_value_t = 1_000_000)]
+    pub events: u64,
+    /// Distinct aggregates in backlogs and writers' events.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    pub aggregates: u64,
+    /// Batch size: the relay's `max_batch_size` and the claim size of (b).
+    #[arg(long, global = true, default_value_t = 1000)]
+    pub batch_size: i64,
+    /// Batches in flight: the relay's `max_inflight_batches` and the workers of (b).
+    #[arg(long, global = true, default_value_t = 4)]
+    pub inflight: usize,
+    /// Longest wait for the relay to drain a backlog, in seconds.
+    #[arg(long, global = true, default_value_t = 1800)]
+    pub drain_timeout: u64,
+    /// Duration of (c) naive, in seconds.
+    #[arg(long, global = true, default_value_t = 20)]
+    pub naive_seconds: u64,
+    /// Backlog of (c) naive (it publishes about 25 events/s, so a small one suffices).
+    #[arg(long, global = true, default_value_t = 10_000)]
+    pub naive_backlog: u64,
+    /// Concurrent writers of (d), each with its own connection.
+    #[arg(long, global = true, default_value_t = 16)]
+    pub writers: usize,
+    /// Duration of each maximum-rate measurement of (d), in seconds.
+    #[arg(long, global = true, default_value_t = 10)]
+    pub write_seconds: u64,
+    /// Duration of the fixed-rate phase of (d), in seconds.
+    #[arg(long, global = true, default_value_t = 15)]
+    pub steady_seconds: u64,
+    /// Fixed write rate of (d) in events/s [default: `rate_fraction` of the measured maximum
+    /// rate with NOTIFY on].
+    #[arg(long, global = true)]
+    pub rate: Option<f64>,
+    /// Fraction of the measured maximum rate used when `--rate` is not given.
+    #[arg(long, global = true, default_value_t = 0.5)]
+    pub rate_fraction: f64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> common::Result<()> {
+    let bench = Bench::connect(cli.options).await?;
+    let mut report = Report::new(bench.machine().await?, bench.command_line());
+    let wanted = |c: Command| cli.command == c || cli.command == Command::All;
+    // Each scenario is recorded as soon as it finishes, so a later failure keeps earlier figures.
+    let mut failed = None;
+    if wanted(Command::Drain) {
+        match drain::run(&bench).await {
+            Ok(r) => report.drain = Some(r),
+            Err(e) => failed = Some(format!("drain: {e}")),
+        }
+    }
+    if failed.is_none() && wanted(Command::Dbbound) {
+        match dbbound::run(&bench).await {
+            Ok(r) => report.dbbound = Some(r),
+            Err(e) => failed = Some(format!("dbbound: {e}")),
+        }
+    }
+    if failed.is_none() && wanted(Command::Naive) {
+        match naive::run(&bench).await {
+            Ok(r) => report.naive = Some(r),
+            Err(e) => failed = Some(format!("naive: {e}")),
+        }
+    }
+    if failed.is_none() && wanted(Command::Steady) {
+        match steady::run(&bench).await {
+            Ok(r) => report.steady = Some(r),
+            Err(e) => failed = Some(format!("steady: {e}")),
+        }
+    }
+    let text = report.render();
+    println!("{text}");
+    let path = bench.out_dir().join("results.md");
+    std::fs::write(&path, &text)?;
+    eprintln!("results written to {}", path.display());
+    match failed {
+        Some(error) => Err(error.into()),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,315 @@
+//! Shared helpers: the benchmark context (connections, run id, options), per-scenario outbox
+//! schemas and backlogs, per-scenario JetStream streams, machine facts.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use async_nats::jetstream::{self, stream};
+use outbox::{
+    postgres::{MigrateOptions, PgOutbox},
+    Tables,
+};
+use sqlx::{postgres::PgPoolOptions, PgPool};
+
+use crate::{report::Machine, Options};
+
+/// Error type of the harness: any error, printed with its message.
+pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Connections and settings shared by the scenarios of one run.
+pub struct Bench {
+    /// Command-line settings.
+    pub options: Options,
+    /// A small pool for setup, polling and the naive loop.
+    pub pool: PgPool,
+    /// NATS connection (core and JetStream).
+    pub nats: async_nats::Client,
+    /// JetStream context on [`Bench::nats`].
+    pub js: jetstream::Context,
+    /// Unique id of this run: part of every schema, stream and subject name.
+    pub run_id: String,
+    started: Instant,
+}
+
+/// Where one scenario lives: its outbox schema, JetStream stream and subject prefix.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// Scenario name (`drain`, `dbbound`, …).
+    pub scenario: &'static str,
+    /// The outbox tables, in schema `bench_<scenario>_<run>`.
+    pub tables: Tables,
+    /// JetStream stream `BENCH_<RUN>_<SCENARIO>`.
+    pub stream: String,
+    /// Subject prefix `bench.<run>.<scenario>`; the stream captures `<prefix>.>`.
+    pub subjects: String,
+}
+
+impl Scope {
+    /// The events table, qualified and quoted, for SQL text.
+    pub fn events_table(&self) -> String {
+        self.tables.render("{schema}.{events}")
+    }
+}
+
+impl Bench {
+    /// Connects to PostgreSQL and NATS and picks a run id.
+    pub async fn connect(options: Options) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&options.database_url)
+            .await
+            .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+        let nats = async_nats::ConnectOptions::new()
+            .name("outbox-bench")
+            .connect(&options.nats_url)
+            .await
+            .map_err(|e| format!("cannot connect to NATS at {}: {e}", options.nats_url))?;
+        let js = jetstream::new(nats.clone());
+        let now = chrono::Utc::now();
+        let run_id = format!(
+            "{}{:04x}",
+            now.format("%m%d%H%M%S"),
+            std::process::id() & 0xffff
+        );
+        std::fs::create_dir_all(&options.out)
+            .map_err(|e| format!("cannot create {}: {e}", options.out.display()))?;
+        Ok(Self {
+            options,
+            pool,
+            nats,
+            js,
+            run_id,
+            started: Instant::now(),
+        })
+    }
+
+    /// Prints a progress line on stderr, stamped with the time since the run started.
+    pub fn log(&self, scenario: &str, message: impl AsRef<str>) {
+        eprintln!(
+            "[{:7.1}s] {scenario}: {}",
+            self.started.elapsed().as_secs_f64(),
+            message.as_ref()
+        );
+    }
+
+    /// Directory of results, logs and generated configs.
+    pub fn out_dir(&self) -> &Path {
+        &self.options.out
+    }
+
+    /// The relay binary: `--relay-bin`, else `outbox` next to this executable.
+    pub fn relay_bin(&self) -> Result<PathBuf> {
+        if let Some(path) = &self.options.relay_bin {
+            return Ok(path.clone());
+        }
+        let exe = std::env::current_exe()?;
+        let path = exe.with_file_name("outbox");
+        if !path.exists() {
+            return Err(format!(
+                "relay binary {} not found: build it (cargo build --release -p outbox-cli) or \
+                 pass --relay-bin",
+                path.display()
+            )
+            .into());
+        }
+        Ok(path)
+    }
+
+    /// This process's command line, for the report.
+    pub fn command_line(&self) -> String {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        format!("outbox-bench {}", args.join(" "))
+    }
+
+    /// Names for `scenario` in this run (nothing is created).
+    pub fn scope(&self, scenario: &'static str) -> Result<Scope> {
+        Ok(Scope {
+            scenario,
+            tables: Tables::new(&format!("bench_{scenario}_{}", self.run_id), "events")?,
+            stream: format!("BENCH_{}_{}", self.run_id, scenario.to_uppercase()),
+            subjects: format!("bench.{}.{scenario}", self.run_id),
+        })
+    }
+
+    /// Creates the scenario's outbox schema (dropping a leftover one first).
+    pub async fn create_outbox(&self, scope: &Scope) -> Result<()> {
+        self.drop_outbox(scope).await?;
+        PgOutbox::new(scope.tables.clone())
+            .migrate(&self.pool, MigrateOptions::default())
+            .await?;
+        Ok(())
+    }
+
+    /// Drops the scenario's outbox schema.
+    pub async fn drop_outbox(&self, scope: &Scope) -> Result<()> {
+        sqlx::raw_sql(&scope.tables.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Inserts `n` pending events over `aggregates` aggregates with ~200-byte JSON payloads,
+    /// in chunks of `INSERT … SELECT … generate_series`, then analyzes the table.
+    pub async fn insert_backlog(&self, scope: &Scope, n: u64) -> Result<Duration> {
+        const CHUNK: u64 = 100_000;
+        let sql = format!(
+            "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT gen_random_uuid(), 'order', 'agg-' || (g % $3), 'OrderPlaced',
+                    convert_to({}, 'UTF8')
+             FROM generate_series($1::bigint, $2::bigint) AS g",
+            scope.events_table(),
+            PAYLOAD_SQL
+        );
+        let started = Instant::now();
+        let mut from = 0;
+        while from < n {
+            let to = (from + CHUNK).min(n);
+            sqlx::query(&sql)
+                .bind(from as i64)
+                .bind(to as i64 - 1)
+                .bind(self.options.aggregates.max(1) as i64)
+                .execute(&self.pool)
+                .await?;
+            from = to;
+            if from % 500_000 == 0 && from < n {
+                self.log(scope.scenario, format!("inserted {from} events"));
+            }
+        }
+        sqlx::raw_sql(&format!("ANALYZE {}", scope.events_table()))
+            .execute(&self.pool)
+            .await?;
+        Ok(started.elapsed())
+    }
+
+    /// Events waiting to be published.
+    pub async fn pending(&self, scope: &Scope) -> Result<i64> {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE status = 'pending'",
+            scope.events_table()
+        );
+        Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
+    }
+
+    /// Average payload size of the scenario's events, in bytes.
+    pub async fn average_payload(&self, scope: &Scope) -> Result<f64> {
+        let sql = format!(
+            "SELECT coalesce(avg(octet_length(payload)), 0)::float8 FROM {}",
+            scope.events_table()
+        );
+        Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
+    }
+
+    /// Creates the scenario's stream, capturing `<subjects>.>` (deleting a leftover one first).
+    /// Its settings are those the relay would create (file storage, 2-minute dedupe window).
+    pub async fn create_stream(&self, scope: &Scope) -> Result<()> {
+        let _ = self.js.delete_stream(&scope.stream).await;
+        self.js
+            .create_stream(stream::Config {
+                name: scope.stream.clone(),
+                subjects: vec![format!("{}.>", scope.subjects)],
+                storage: stream::StorageType::File,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("cannot create stream {}: {e}", scope.stream))?;
+        Ok(())
+    }
+
+    /// Messages held by the scenario's stream.
+    pub async fn stream_messages(&self, scope: &Scope) -> Result<u64> {
+        let mut stream = self.js.get_stream(&scope.stream).await?;
+        Ok(stream.info().await?.state.messages)
+    }
+
+    /// Deletes the scenario's stream and schema; failures are only reported.
+    pub async fn cleanup(&self, scope: &Scope) {
+        if let Err(e) = self.js.delete_stream(&scope.stream).await {
+            self.log(
+                scope.scenario,
+                format!("could not delete stream {}: {e}", scope.stream),
+            );
+        }
+        if let Err(e) = self.drop_outbox(scope).await {
+            self.log(
+                scope.scenario,
+                format!("could not drop schema {}: {e}", scope.tables.schema()),
+            );
+        }
+    }
+
+    /// Facts about this machine and its services, for the report.
+    pub async fn machine(&self) -> Result<Machine> {
+        let setting = |name: &'static str| {
+            let pool = self.pool.clone();
+            async move {
+                sqlx::query_scalar::<_, String>(&format!("SHOW {name}"))
+                    .fetch_one(&pool)
+                    .await
+            }
+        };
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let memory_kb = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| crate::process::field_kb(&t, "MemTotal:"))
+            .unwrap_or(0);
+        Ok(Machine {
+            nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model,
+            memory_gib: memory_kb as f64 / 1024.0 / 1024.0,
+            postgres: setting("server_version").await?,
+            shared_buffers: setting("shared_buffers").await?,
+            synchronous_commit: setting("synchronous_commit").await?,
+            autovacuum: setting("autovacuum").await?,
+            nats: self.nats.server_info().version,
+        })
+    }
+}
+
+/// SQL expression of a ~200-byte JSON order payload for row number `g`.
+const PAYLOAD_SQL: &str = "format('{\"order_id\":%s,\"customer_id\":\"customer-%s\",\
+    \"currency\":\"EUR\",\"total\":\"%s.90\",\"lines\":[{\"sku\":\"SKU-%s\",\"qty\":%s,\
+    \"price\":\"19.90\"}],\"note\":\"%s\"}', g, g % 977, g % 500, g % 1000, 1 + g % 5, \
+    repeat('x', 60))";
+
+/// The same ~200-byte JSON order payload as the backlogs, for writers.
+pub fn payload(g: u64) -> serde_json::Value {
+    serde_json::json!({
+        "order_id": g,
+        "customer_id": format!("customer-{}", g % 977),
+        "currency": "EUR",
+        "total": format!("{}.90", g % 500),
+        "lines": [{ "sku": format!("SKU-{}", g % 1000), "qty": 1 + g % 5, "price": "19.90" }],
+        "note": "x".repeat(60),
+    })
+}
+
+/// Polls `probe` every `every` until it returns true or `timeout` passes; returns the time
+/// taken, or `None` on timeout.
+pub async fn wait_until<F, Fut>(every: Duration, timeout: Duration, mut probe: F) -> Result<Option<Duration>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let started = Instant::now();
+    loop {
+        if probe().await? {
+            return Ok(Some(started.elapsed()));
+        }
+        if started.elapsed() >= timeout {
+            return Ok(None);
+        }
+        tokio::time::sleep(every).await;
+    }
+}

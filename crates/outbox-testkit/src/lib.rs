@@ -1,0 +1,41 @@
+//! Helpers for the integration tests. Every test gets its own PostgreSQL schema, NATS stream
+//! and subjects, or RabbitMQ exchange and queue, so tests run in parallel against the shared
+//! servers; servers a test must stop are private processes on their own ports.
+
+mod db;
+mod delivery;
+mod nats;
+mod process;
+mod rabbitmq;
+
+use std::{future::Future, time::Duration};
+
+pub use db::{database_url, insert_sequences, TestDb};
+pub use delivery::{Delivery, Report};
+pub use nats::{NatsReader, NATS_URL};
+pub use process::{free_port, NatsServer};
+pub use rabbitmq::{RabbitReader, RABBITMQ_URL};
+
+/// A name no other test (or earlier run) uses: `{prefix}_{12 hex digits}`, lowercase.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// Polls `condition` every 50 ms until it holds; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
