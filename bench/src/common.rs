@@ -145,9 +145,13 @@ impl Bench {
 
     /// Drops the scenario's outbox schema.
     pub async fn drop_outbox(&self, scope: &Scope) -> Result<()> {
-        sqlx::raw_sql(&scope.tables.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-            .execute(&self.pool)
-            .await?;
+        sqlx::raw_sql(
+            &scope
+                .tables
+                .render("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -225,7 +229,7 @@ impl Bench {
         Ok(stream.info().await?.state.messages)
     }
 
-    /// Deletes the scenario's stream and schema; failures are only reported.
+    /// Deletes the scenario's stream and drops its schema; failures are only reported.
     pub async fn cleanup(&self, scope: &Scope) {
         if let Err(e) = self.js.delete_stream(&scope.stream).await {
             self.log(
@@ -233,6 +237,11 @@ impl Bench {
                 format!("could not delete stream {}: {e}", scope.stream),
             );
         }
+        self.cleanup_schema(scope).await;
+    }
+
+    /// Drops the scenario's schema; a failure is only reported.
+    pub async fn cleanup_schema(&self, scope: &Scope) {
         if let Err(e) = self.drop_outbox(scope).await {
             self.log(
                 scope.scenario,
@@ -297,7 +306,11 @@ pub fn payload(g: u64) -> serde_json::Value {
 
 /// Polls `probe` every `every` until it returns true or `timeout` passes; returns the time
 /// taken, or `None` on timeout.
-pub async fn wait_until<F, Fut>(every: Duration, timeout: Duration, mut probe: F) -> Result<Option<Duration>>
+pub async fn wait_until<F, Fut>(
+    every: Duration,
+    timeout: Duration,
+    mut probe: F,
+) -> Result<Option<Duration>>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,

@@ -7,7 +7,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{stream::FuturesUnordered, StreamExt};
 use sqlx::{postgres::PgListener, PgPool};
 use tokio_util::sync::CancellationToken;
 
@@ -160,7 +159,8 @@ impl Shared {
             .max_payload_bytes
             .unwrap_or(usize::MAX)
             .min(self.publisher.max_payload_bytes());
-        let mut inflight = FuturesUnordered::new();
+        // A JoinSet aborts its tasks when dropped: an aborted relay leaves nothing running.
+        let mut inflight = tokio::task::JoinSet::new();
         let mut busy: HashSet<i32> = HashSet::new();
         let mut batch_size = self.config.min_batch_size;
         let mut rotation = 0usize;
@@ -219,7 +219,7 @@ impl Shared {
                             .into_iter()
                             .filter(|(p, _)| taken.contains(p))
                             .collect();
-                        inflight.push(tokio::spawn(self.clone().process(rows, fences)));
+                        inflight.spawn(self.clone().process(rows, fences));
                     }
                     Err(error) => {
                         self.metrics.database_errors.inc();
@@ -237,7 +237,7 @@ impl Shared {
                 self.config.poll_interval
             };
             tokio::select! {
-                Some(done) = inflight.next(), if !inflight.is_empty() => {
+                Some(done) = inflight.join_next(), if !inflight.is_empty() => {
                     let done: BatchDone = done.expect("batch task panicked");
                     for p in &done.partitions {
                         busy.remove(p);

@@ -26,7 +26,10 @@ async fn publishes_committed_events_unchanged_and_nothing_from_rolled_back_ones(
         .payload(payload.clone(), "application/json")
         .aggregate_version(1)
         .schema_version(2)
-        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
     let mut tx = db.pool.begin().await.unwrap();
     let id = outbox.enqueue(&mut tx, &event).await.unwrap();
     tx.commit().await.unwrap();
@@ -56,7 +59,10 @@ async fn publishes_committed_events_unchanged_and_nothing_from_rolled_back_ones(
     assert!(m.headers["traceparent"].starts_with("00-4bf9"));
     assert_eq!(db.count("published").await, 1);
     // Nothing else arrives: the rolled-back event never existed.
-    assert!(reader.deliveries().iter().all(|d| d.headers["event-type"] != "Cancelled"));
+    assert!(reader
+        .deliveries()
+        .iter()
+        .all(|d| d.headers["event-type"] != "Cancelled"));
     reader.cleanup().await;
 }
 
@@ -82,11 +88,17 @@ async fn a_transaction_that_commits_late_is_still_published() {
     // Many later transactions commit and are published meanwhile.
     insert_sequences(&db, "early", 20, 5, 10).await;
     reader.wait_for(100, WAIT).await;
-    assert!(reader.deliveries().iter().all(|d| d.event_id != late_id.to_string()));
+    assert!(reader
+        .deliveries()
+        .iter()
+        .all(|d| d.event_id != late_id.to_string()));
 
     late.commit().await.unwrap();
     wait_until("the late event to be published", WAIT, || async {
-        reader.deliveries().iter().any(|d| d.event_id == late_id.to_string())
+        reader
+            .deliveries()
+            .iter()
+            .any(|d| d.event_id == late_id.to_string())
     })
     .await;
     common::drained(&db, WAIT).await;
@@ -157,7 +169,10 @@ async fn a_permanent_failure_dead_letters_parks_its_aggregate_and_others_flow() 
         .await
         .unwrap();
     outbox
-        .enqueue(&mut tx, &Event::new("order", "X", "Paid").aggregate_version(2))
+        .enqueue(
+            &mut tx,
+            &Event::new("order", "X", "Paid").aggregate_version(2),
+        )
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -176,18 +191,20 @@ async fn a_permanent_failure_dead_letters_parks_its_aggregate_and_others_flow() 
     .await;
     relay.shutdown().await.unwrap();
 
-    let (attempts, error): (i32, String) = sqlx::query_as(&db.tables.render(
-        "SELECT attempts, last_error FROM {schema}.{events} WHERE status = 'dead'",
-    ))
+    let (attempts, error): (i32, String) = sqlx::query_as(
+        &db.tables
+            .render("SELECT attempts, last_error FROM {schema}.{events} WHERE status = 'dead'"),
+    )
     .fetch_one(&db.pool)
     .await
     .unwrap();
     assert_eq!(attempts, 3, "dead after max_attempts");
     assert!(error.contains("not a valid NATS subject"), "{error}");
     // X's next event waits behind the dead one; nothing of X was published.
-    let pending: Vec<String> = sqlx::query_scalar(&db.tables.render(
-        "SELECT event_type FROM {schema}.{events} WHERE status = 'pending'",
-    ))
+    let pending: Vec<String> = sqlx::query_scalar(
+        &db.tables
+            .render("SELECT event_type FROM {schema}.{events} WHERE status = 'pending'"),
+    )
     .fetch_all(&db.pool)
     .await
     .unwrap();
@@ -207,12 +224,48 @@ async fn malformed_rows_written_by_hand_get_clear_errors_and_never_stop_the_rela
                   event_type, payload, content_type, headers) \
                   VALUES (gen_random_uuid(), 'doc', $1, 'Saved', $2, $3, $4::jsonb)";
     let cases: Vec<(&str, Vec<u8>, &str, &str, &str)> = vec![
-        ("array-headers", b"{}".to_vec(), "application/json", "[1,2]", "headers must be a JSON object"),
-        ("number-header", b"{}".to_vec(), "application/json", r#"{"n":1}"#, "header \"n\" must be a string"),
-        ("null-headers", b"{}".to_vec(), "application/json", "null", "found null"),
-        ("empty-type", b"{}".to_vec(), "", "{}", "content_type \"\" is empty"),
-        ("huge", vec![b'x'; 3 * 1024 * 1024], "text/plain", "{}", "over the limit"),
-        ("crlf-header", b"{}".to_vec(), "application/json", r#"{"x":"a\r\nb"}"#, "contains CR, LF"),
+        (
+            "array-headers",
+            b"{}".to_vec(),
+            "application/json",
+            "[1,2]",
+            "headers must be a JSON object",
+        ),
+        (
+            "number-header",
+            b"{}".to_vec(),
+            "application/json",
+            r#"{"n":1}"#,
+            "header \"n\" must be a string",
+        ),
+        (
+            "null-headers",
+            b"{}".to_vec(),
+            "application/json",
+            "null",
+            "found null",
+        ),
+        (
+            "empty-type",
+            b"{}".to_vec(),
+            "",
+            "{}",
+            "content_type \"\" is empty",
+        ),
+        (
+            "huge",
+            vec![b'x'; 3 * 1024 * 1024],
+            "text/plain",
+            "{}",
+            "over the limit",
+        ),
+        (
+            "crlf-header",
+            b"{}".to_vec(),
+            "application/json",
+            r#"{"x":"a\r\nb"}"#,
+            "contains CR, LF",
+        ),
         ("good", b"{}".to_vec(), "application/json", "{}", ""),
     ];
     for (aggregate, payload, content_type, headers, _) in &cases {
@@ -274,7 +327,10 @@ async fn malformed_rows_written_by_hand_get_clear_errors_and_never_stop_the_rela
         .fetch_one(&db.pool)
         .await
         .unwrap();
-        assert!(error.contains(expected), "{aggregate}: {error:?} lacks {expected:?}");
+        assert!(
+            error.contains(expected),
+            "{aggregate}: {error:?} lacks {expected:?}"
+        );
     }
     reader.cleanup().await;
 }

@@ -62,9 +62,11 @@ impl TestDb {
 
     /// Count of rows with `status`.
     pub async fn count(&self, status: &str) -> i64 {
-        sqlx::query_scalar(&self.tables.render(
-            "SELECT count(*) FROM {schema}.{events} WHERE status = $1",
-        ))
+        sqlx::query_scalar(
+            &self
+                .tables
+                .render("SELECT count(*) FROM {schema}.{events} WHERE status = $1"),
+        )
         .bind(status)
         .fetch_one(&self.pool)
         .await

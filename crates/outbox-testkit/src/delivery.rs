@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 pub struct Delivery {
     /// `event-id` header.
     pub event_id: String,
+    /// `aggregate-type` header.
+    pub aggregate_type: String,
     /// `aggregate-id` header.
     pub aggregate_id: String,
     /// `aggregate-version` header, if present.
@@ -26,6 +28,7 @@ impl Delivery {
     ) -> Self {
         Self {
             event_id: headers.get("event-id").cloned().unwrap_or_default(),
+            aggregate_type: headers.get("aggregate-type").cloned().unwrap_or_default(),
             aggregate_id: headers.get("aggregate-id").cloned().unwrap_or_default(),
             version: headers
                 .get("aggregate-version")
@@ -44,7 +47,8 @@ pub struct Report {
     pub unique: usize,
     /// Deliveries of an event already delivered.
     pub duplicates: usize,
-    /// First deliveries that came after a later version of the same aggregate (G4).
+    /// First deliveries that came after a later version of the same aggregate (G4). The
+    /// aggregate is the (type, id) pair.
     pub order_violations: usize,
 }
 
@@ -53,7 +57,7 @@ impl Report {
     /// appear in increasing order.
     pub fn of(deliveries: &[Delivery]) -> Self {
         let mut seen = HashSet::new();
-        let mut last: HashMap<&str, i64> = HashMap::new();
+        let mut last: HashMap<(&str, &str), i64> = HashMap::new();
         let mut report = Report::default();
         for d in deliveries {
             if !seen.insert(d.event_id.as_str()) {
@@ -62,7 +66,8 @@ impl Report {
             }
             report.unique += 1;
             if let Some(v) = d.version {
-                let previous = last.entry(d.aggregate_id.as_str()).or_insert(0);
+                let key = (d.aggregate_type.as_str(), d.aggregate_id.as_str());
+                let previous = last.entry(key).or_insert(0);
                 if v < *previous {
                     report.order_violations += 1;
                 }

@@ -54,7 +54,14 @@ impl NatsServer {
     pub async fn restart(&mut self) {
         self.stop();
         let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
             .arg(&self.store)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -62,18 +69,22 @@ impl NatsServer {
             .expect("start nats-server (is it installed?)");
         self.child = Some(child);
         let url = self.url();
-        crate::wait_until("private nats-server to accept connections", Duration::from_secs(20), || {
-            let url = url.clone();
-            async move {
-                match async_nats::connect(&url).await {
-                    Ok(client) => {
-                        // JetStream must be up too.
-                        async_nats::jetstream::new(client).query_account().await.is_ok()
+        crate::wait_until(
+            "private nats-server to accept connections",
+            Duration::from_secs(20),
+            || {
+                let url = url.clone();
+                async move {
+                    match async_nats::connect(&url).await {
+                        Ok(client) => {
+                            // JetStream must answer too.
+                            client.request("$JS.API.INFO", "".into()).await.is_ok()
+                        }
+                        Err(_) => false,
                     }
-                    Err(_) => false,
                 }
-            }
-        })
+            },
+        )
         .await;
     }
 }

@@ -51,7 +51,11 @@ impl RabbitReader {
             .expect("declare exchange");
         let queue = format!("{exchange}.q");
         channel
-            .queue_declare(&queue, QueueDeclareOptions::default(), FieldTable::default())
+            .queue_declare(
+                &queue,
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
             .await
             .expect("declare queue");
         channel

@@ -1,0 +1,145 @@
+//! (b) `dbbound`: the PostgreSQL-alone limit. The same backlog claimed and marked published
+//! through the relay's own store (`outbox_relay::store::PgStore`), with no broker: the
+//! relay's claim and completion statements at the relay's batch size and pipelining depth.
+
+use std::time::{Duration, Instant};
+
+use outbox_relay::store::{Fence, PgStore};
+use sqlx::postgres::PgPoolOptions;
+
+use crate::{
+    common::{Bench, Result, Scope},
+    process::MachineCpu,
+};
+
+/// Payload limit passed to the claim (the relay's default with NATS is about 1 MiB).
+const MAX_PAYLOAD: usize = 1024 * 1024;
+
+/// Figures of the database-bound run.
+#[derive(Clone, Debug)]
+pub struct DbBoundResult {
+    /// Backlog size.
+    pub events: u64,
+    /// Events marked published (should equal `events`).
+    pub marked: i64,
+    /// Concurrent workers (each owns a disjoint share of the partitions).
+    pub workers: usize,
+    /// From the first claim to an empty backlog.
+    pub time: Duration,
+    /// Whole-machine CPU use meanwhile.
+    pub machine_cpu_percent: f64,
+}
+
+impl DbBoundResult {
+    /// Events claimed and marked per second.
+    pub fn rate(&self) -> f64 {
+        self.marked as f64 / self.time.as_secs_f64()
+    }
+}
+
+/// Runs the scenario in its own schema, dropped afterwards.
+pub async fn run(bench: &Bench) -> Result<DbBoundResult> {
+    let scope = bench.scope("dbbound")?;
+    bench.create_outbox(&scope).await?;
+    let result = measure(bench, &scope).await;
+    bench.cleanup_schema(&scope).await;
+    result
+}
+
+async fn measure(bench: &Bench, scope: &Scope) -> Result<DbBoundResult> {
+    let events = bench.options.events;
+    bench.log(scope.scenario, format!("inserting {events} events"));
+    let insert_time = bench.insert_backlog(scope, events).await?;
+    bench.log(
+        scope.scenario,
+        format!(
+            "inserted in {:.1}s; claiming and marking",
+            insert_time.as_secs_f64()
+        ),
+    );
+    let workers = bench.options.inflight.max(1);
+    let pool = PgPoolOptions::new()
+        .max_connections(workers as u32 + 1)
+        .connect(&bench.options.database_url)
+        .await?;
+    let store = PgStore::open(pool, &scope.tables).await?;
+    let relay_id = format!("bench-{}-dbbound", bench.run_id);
+    let fences = store
+        .acquire(
+            &relay_id,
+            i64::from(store.partitions()),
+            Duration::from_secs(3600),
+        )
+        .await?;
+    if fences.len() != store.partitions() as usize {
+        return Err(format!(
+            "acquired {} of {} partitions",
+            fences.len(),
+            store.partitions()
+        )
+        .into());
+    }
+    // Worker i owns partitions i, i + workers, i + 2 × workers, …
+    let shares: Vec<Vec<Fence>> = (0..workers)
+        .map(|i| fences.iter().copied().skip(i).step_by(workers).collect())
+        .collect();
+    let machine_before = MachineCpu::now();
+    let started = Instant::now();
+    let tasks: Vec<_> = shares
+        .into_iter()
+        .map(|share| {
+            tokio::spawn(worker(
+                store.clone(),
+                relay_id.clone(),
+                share,
+                bench.options.batch_size,
+            ))
+        })
+        .collect();
+    let mut marked = 0;
+    for task in tasks {
+        marked += task.await??;
+    }
+    let time = started.elapsed();
+    let machine_cpu_percent = MachineCpu::now().busy_percent_since(&machine_before);
+    store.release(&relay_id, &fences).await?;
+    store.pool().close().await;
+    let pending = bench.pending(scope).await?;
+    if pending != 0 {
+        return Err(format!("{pending} events still pending after the workers finished").into());
+    }
+    let result = DbBoundResult {
+        events,
+        marked,
+        workers,
+        time,
+        machine_cpu_percent,
+    };
+    bench.log(
+        scope.scenario,
+        format!(
+            "{marked} events in {:.1}s ({:.0} events/s)",
+            time.as_secs_f64(),
+            result.rate()
+        ),
+    );
+    Ok(result)
+}
+
+/// Claims and marks batches of its partitions until none is pending; returns the count marked.
+async fn worker(store: PgStore, relay_id: String, share: Vec<Fence>, batch: i64) -> Result<i64> {
+    let partitions: Vec<i32> = share.iter().map(|f| f.0).collect();
+    let mut marked = 0;
+    loop {
+        let rows = store.claim(&partitions, batch, MAX_PAYLOAD).await?;
+        if rows.is_empty() {
+            return Ok(marked);
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let n = store.mark_published(&relay_id, &share, &ids).await?;
+        if n != ids.len() as i64 {
+            return Err(format!("marked {n} of {} claimed events", ids.len()).into());
+        }
+        marked += n;
+    }
+}

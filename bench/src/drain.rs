@@ -1,0 +1,110 @@
+//! (a) `drain`: a backlog of N events drained by the real relay binary into JetStream.
+
+use std::time::{Duration, Instant};
+
+use crate::{
+    common::{Bench, Result, Scope},
+    process::{MachineCpu, RelayProcess, RelayStats},
+};
+
+/// How often the pending count is polled.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Figures of one drain.
+#[derive(Clone, Debug)]
+pub struct DrainResult {
+    /// Backlog size.
+    pub events: u64,
+    /// Average payload size, bytes.
+    pub payload_bytes: f64,
+    /// Time to insert the backlog.
+    pub insert_time: Duration,
+    /// From starting the relay process to a pending count of 0.
+    pub drain_time: Duration,
+    /// Relay CPU time during the drain, in percent of one core.
+    pub relay_cpu_percent: f64,
+    /// Whole-machine CPU use during the drain (PostgreSQL + NATS + relay + polling).
+    pub machine_cpu_percent: f64,
+    /// Messages in the stream afterwards.
+    pub stream_messages: u64,
+    /// The relay's memory, exit and log.
+    pub relay: RelayStats,
+}
+
+impl DrainResult {
+    /// Events published per second.
+    pub fn rate(&self) -> f64 {
+        self.events as f64 / self.drain_time.as_secs_f64()
+    }
+}
+
+/// Runs the scenario in its own schema and stream, removed afterwards.
+pub async fn run(bench: &Bench) -> Result<DrainResult> {
+    let scope = bench.scope("drain")?;
+    bench.create_outbox(&scope).await?;
+    let result = async {
+        bench.create_stream(&scope).await?;
+        measure(bench, &scope).await
+    }
+    .await;
+    bench.cleanup(&scope).await;
+    result
+}
+
+async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
+    let events = bench.options.events;
+    bench.log(scope.scenario, format!("inserting {events} events"));
+    let insert_time = bench.insert_backlog(scope, events).await?;
+    let payload_bytes = bench.average_payload(scope).await?;
+    bench.log(
+        scope.scenario,
+        format!(
+            "inserted in {:.1}s; starting the relay",
+            insert_time.as_secs_f64()
+        ),
+    );
+    let machine_before = MachineCpu::now();
+    let started = Instant::now();
+    let mut relay = RelayProcess::start(bench, scope).await?;
+    let timeout = Duration::from_secs(bench.options.drain_timeout);
+    let mut last_report = Instant::now();
+    let drain_time = loop {
+        let pending = bench.pending(scope).await?;
+        if pending == 0 {
+            break started.elapsed();
+        }
+        relay.check_alive()?;
+        if started.elapsed() > timeout {
+            let _ = relay.stop().await;
+            return Err(format!("{pending} events still pending after {timeout:?}").into());
+        }
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            last_report = Instant::now();
+            bench.log(scope.scenario, format!("{pending} pending"));
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let relay_cpu = relay.cpu_seconds();
+    let machine_cpu_percent = MachineCpu::now().busy_percent_since(&machine_before);
+    let relay_stats = relay.stop().await?;
+    let stream_messages = bench.stream_messages(scope).await?;
+    let result = DrainResult {
+        events,
+        payload_bytes,
+        insert_time,
+        drain_time,
+        relay_cpu_percent: 100.0 * relay_cpu / drain_time.as_secs_f64(),
+        machine_cpu_percent,
+        stream_messages,
+        relay: relay_stats,
+    };
+    bench.log(
+        scope.scenario,
+        format!(
+            "drained in {:.1}s ({:.0} events/s), stream holds {stream_messages}",
+            drain_time.as_secs_f64(),
+            result.rate()
+        ),
+    );
+    Ok(result)
+}

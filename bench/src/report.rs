@@ -1,0 +1,349 @@
+//! The results table (markdown), printed and written to `bench/out/results.md`.
+
+use std::{fmt::Write, time::Duration};
+
+use crate::{
+    dbbound::DbBoundResult, drain::DrainResult, naive::NaiveResult, process::RelayStats,
+    steady::SteadyResult,
+};
+
+/// Facts about the machine the figures come from.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    /// CPUs available to this process.
+    pub nproc: usize,
+    /// CPU model name.
+    pub cpu_model: String,
+    /// Total memory, GiB.
+    pub memory_gib: f64,
+    /// PostgreSQL `server_version`.
+    pub postgres: String,
+    /// PostgreSQL `shared_buffers`.
+    pub shared_buffers: String,
+    /// PostgreSQL `synchronous_commit`.
+    pub synchronous_commit: String,
+    /// PostgreSQL `autovacuum`.
+    pub autovacuum: String,
+    /// NATS server version.
+    pub nats: String,
+}
+
+/// The figures of one run; scenarios not run (or failed) are `None`.
+pub struct Report {
+    machine: Machine,
+    command: String,
+    started: chrono::DateTime<chrono::Utc>,
+    /// (a) drain.
+    pub drain: Option<DrainResult>,
+    /// (b) dbbound.
+    pub dbbound: Option<DbBoundResult>,
+    /// (c) naive.
+    pub naive: Option<NaiveResult>,
+    /// (d) steady.
+    pub steady: Option<SteadyResult>,
+}
+
+impl Report {
+    /// An empty report.
+    pub fn new(machine: Machine, command: String) -> Self {
+        Self {
+            machine,
+            command,
+            started: chrono::Utc::now(),
+            drain: None,
+            dbbound: None,
+            naive: None,
+            steady: None,
+        }
+    }
+
+    /// The markdown text: machine facts, the table, then notes on the relay logs.
+    pub fn render(&self) -> String {
+        let m = &self.machine;
+        let mut out = String::new();
+        let _ = writeln!(out, "# outbox benchmark results\n");
+        let _ = writeln!(
+            out,
+            "Run {} UTC: `{}`.\n",
+            self.started.format("%Y-%m-%d %H:%M:%S"),
+            self.command
+        );
+        let _ = writeln!(
+            out,
+            "Machine: nproc {} ({}), {:.1} GiB RAM; PostgreSQL {} (shared_buffers {}, \
+             synchronous_commit {}, autovacuum {}); NATS {} (JetStream, file storage). All on \
+             loopback: the relay, PostgreSQL, NATS and the harness share the CPUs.\n",
+            m.nproc,
+            m.cpu_model,
+            m.memory_gib,
+            m.postgres,
+            m.shared_buffers,
+            m.synchronous_commit,
+            m.autovacuum,
+            m.nats
+        );
+        let mut rows = Vec::new();
+        let mut notes = Vec::new();
+        if let Some(r) = &self.drain {
+            drain_rows(r, &mut rows);
+            log_notes("(a) drain", &r.relay, &mut notes);
+        }
+        if let Some(r) = &self.dbbound {
+            dbbound_rows(r, &mut rows);
+        }
+        if let (Some(a), Some(b)) = (&self.drain, &self.dbbound) {
+            rows.push(row(
+                "(a)/(b)",
+                "relay drain ÷ PostgreSQL alone",
+                format!("**{:.2}**", a.rate() / b.rate()),
+            ));
+        }
+        if let Some(r) = &self.naive {
+            naive_rows(r, &mut rows);
+            if let Some(a) = &self.drain {
+                rows.push(row(
+                    "(a)/(c)",
+                    "relay drain ÷ naive loop",
+                    format!("{:.0}×", a.rate() / r.rate()),
+                ));
+            }
+        }
+        if let Some(r) = &self.steady {
+            steady_rows(r, &mut rows);
+            log_notes("(d) steady", &r.relay, &mut notes);
+        }
+        let _ = writeln!(out, "| Scenario | Measure | Result |");
+        let _ = writeln!(out, "|---|---|---|");
+        for [scenario, measure, result] in rows {
+            let _ = writeln!(out, "| {scenario} | {measure} | {result} |");
+        }
+        if !notes.is_empty() {
+            let _ = writeln!(out, "\n## Relay logs\n");
+            for note in notes {
+                let _ = writeln!(out, "- {note}");
+            }
+        }
+        out
+    }
+}
+
+type Row = [String; 3];
+
+fn row(scenario: &str, measure: &str, result: String) -> Row {
+    [scenario.to_owned(), measure.to_owned(), result]
+}
+
+fn drain_rows(r: &DrainResult, rows: &mut Vec<Row>) {
+    let s = "(a) drain";
+    rows.push(row(
+        s,
+        "backlog",
+        format!(
+            "{} events, {:.0}-byte JSON payloads (inserted in {})",
+            thousands(r.events),
+            r.payload_bytes,
+            secs(r.insert_time)
+        ),
+    ));
+    rows.push(row(
+        s,
+        "time to drain (relay start → 0 pending)",
+        secs(r.drain_time),
+    ));
+    rows.push(row(
+        s,
+        "throughput",
+        format!("**{} events/s**", thousands(r.rate() as u64)),
+    ));
+    rss_row(s, &r.relay, rows);
+    rows.push(row(
+        s,
+        "CPU during the drain",
+        format!(
+            "relay {:.0}% of one core; whole machine {:.0}% busy",
+            r.relay_cpu_percent, r.machine_cpu_percent
+        ),
+    ));
+    let check = if r.stream_messages >= r.events {
+        "ok"
+    } else {
+        "**FAILED**"
+    };
+    rows.push(row(
+        s,
+        "stream holds ≥ N messages",
+        format!("{check}: {}", thousands(r.stream_messages)),
+    ));
+}
+
+fn dbbound_rows(r: &DbBoundResult, rows: &mut Vec<Row>) {
+    let s = "(b) dbbound";
+    rows.push(row(
+        s,
+        "claim + mark, no broker",
+        format!(
+            "{} events in {} ({} workers over disjoint partitions)",
+            thousands(r.marked as u64),
+            secs(r.time),
+            r.workers
+        ),
+    ));
+    rows.push(row(
+        s,
+        "throughput",
+        format!("**{} events/s**", thousands(r.rate() as u64)),
+    ));
+    rows.push(row(
+        s,
+        "CPU",
+        format!("whole machine {:.0}% busy", r.machine_cpu_percent),
+    ));
+}
+
+fn naive_rows(r: &NaiveResult, rows: &mut Vec<Row>) {
+    let s = "(c) naive";
+    rows.push(row(
+        s,
+        "throughput (50 rows, 1 UPDATE each, sleep 2 s)",
+        format!(
+            "**{:.1} events/s** ({} events in {})",
+            r.rate(),
+            r.published,
+            secs(r.elapsed)
+        ),
+    ));
+    let projected = r.projected_1m();
+    rows.push(row(
+        s,
+        "projected time to drain 1,000,000",
+        format!(
+            "{:.1} h ({:.1} days)",
+            projected.as_secs_f64() / 3600.0,
+            projected.as_secs_f64() / 86400.0
+        ),
+    ));
+}
+
+fn steady_rows(r: &SteadyResult, rows: &mut Vec<Row>) {
+    let s = "(d) steady";
+    let on = r.max_notify.per_second();
+    let off = r.max_silent.per_second();
+    rows.push(row(
+        s,
+        &format!("writers' max rate, NOTIFY on ({} writers)", r.writers),
+        format!("**{} commits/s**", thousands(on as u64)),
+    ));
+    rows.push(row(
+        s,
+        "writers' max rate, `.notify(false)`",
+        format!(
+            "**{} commits/s** ({:+.0}% vs NOTIFY on)",
+            thousands(off as u64),
+            100.0 * (off / on - 1.0)
+        ),
+    ));
+    rows.push(row(
+        s,
+        "fixed write rate with the relay running",
+        format!(
+            "target {} events/s; achieved {} events/s ({} events in {})",
+            thousands(r.target_rate as u64),
+            thousands(r.written.per_second() as u64),
+            thousands(r.written.commits),
+            secs(r.written.elapsed)
+        ),
+    ));
+    let ms = |q: f64| r.latency(q).map_or("n/a".to_owned(), |v| format!("{v:.1}"));
+    rows.push(row(
+        s,
+        "commit-to-delivery latency p50 / p99 / max",
+        format!("**{} / {} / {} ms**", ms(0.5), ms(0.99), ms(1.0)),
+    ));
+    rows.push(row(
+        s,
+        "messages received",
+        format!(
+            "{} of {} events ({} duplicates)",
+            thousands(r.received as u64),
+            thousands(r.written.commits),
+            r.duplicates
+        ),
+    ));
+    let drained = r.drain_after.map_or("not within 30 s".to_owned(), |d| {
+        format!("{:.2} s", d.as_secs_f64())
+    });
+    rows.push(row(
+        s,
+        "relay kept up",
+        format!(
+            "**{}**: pending {} at the end of writing (limit {:.0}), max {} while writing; \
+             0 pending {} later",
+            if r.kept_up() { "yes" } else { "no" },
+            r.pending_at_end,
+            r.pending_limit(),
+            r.max_pending,
+            drained
+        ),
+    ));
+    rss_row(s, &r.relay, rows);
+    rows.push(row(
+        s,
+        "relay CPU while writing",
+        format!("{:.0}% of one core", r.relay_cpu_percent),
+    ));
+}
+
+fn rss_row(scenario: &str, relay: &RelayStats, rows: &mut Vec<Row>) {
+    rows.push(row(
+        scenario,
+        "relay peak RSS",
+        format!(
+            "**{:.1} MB** (VmRSS every 250 ms; VmHWM {:.1} MB)",
+            relay.peak_rss_mb, relay.hwm_mb
+        ),
+    ));
+}
+
+fn log_notes(scenario: &str, relay: &RelayStats, notes: &mut Vec<String>) {
+    let log = &relay.log;
+    notes.push(format!(
+        "{scenario}: `{}`: {} WARN, {} ERROR lines; exit after SIGTERM: {}.",
+        log.path.display(),
+        log.warnings,
+        log.errors,
+        relay.exit
+    ));
+    for sample in &log.samples {
+        notes.push(format!("{scenario}: `{sample}`"));
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// `1234567` → `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+}

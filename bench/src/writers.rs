@@ -1,0 +1,117 @@
+//! Writers for (d) `steady`: tasks that each own a connection and commit one event per
+//! transaction through `PgOutbox::enqueue`, as fast as they can or at a fixed rate.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use outbox::{postgres::PgOutbox, Event};
+use sqlx::{Connection, PgConnection};
+
+use crate::common::{payload, Result};
+
+/// How the writers are run.
+#[derive(Clone, Debug)]
+pub struct WriterSettings {
+    /// PostgreSQL URL; each writer opens its own connection.
+    pub database_url: String,
+    /// Number of concurrent writers.
+    pub writers: usize,
+    /// Distinct aggregates the events are spread over.
+    pub aggregates: u64,
+    /// How long to write.
+    pub duration: Duration,
+    /// Total events per second over all writers; `None`: as fast as possible.
+    pub rate: Option<f64>,
+}
+
+/// Commits made by a writer run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteRate {
+    /// Transactions committed (one event each).
+    pub commits: u64,
+    /// From the start of the writers to the last commit.
+    pub elapsed: Duration,
+}
+
+impl WriteRate {
+    /// Commits per second.
+    pub fn per_second(&self) -> f64 {
+        self.commits as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+}
+
+/// Connects the writers, then runs them for `settings.duration`.
+pub async fn run(settings: &WriterSettings, outbox: &PgOutbox) -> Result<WriteRate> {
+    let writers = settings.writers.max(1);
+    let mut connections = Vec::with_capacity(writers);
+    for _ in 0..writers {
+        connections.push(PgConnection::connect(&settings.database_url).await?);
+    }
+    let sequence = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + settings.duration;
+    // Paced writers tick every `period`, offset from each other so the load is even.
+    let period = settings
+        .rate
+        .map(|rate| Duration::from_secs_f64(writers as f64 / rate.max(0.001)));
+    let tasks: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(i, connection)| {
+            let offset = period.map(|p| p.mul_f64(i as f64 / writers as f64));
+            tokio::spawn(write(
+                connection,
+                outbox.clone(),
+                sequence.clone(),
+                settings.aggregates.max(1),
+                deadline,
+                period.zip(offset),
+            ))
+        })
+        .collect();
+    let mut commits = 0;
+    for task in tasks {
+        commits += task.await??;
+    }
+    Ok(WriteRate {
+        commits,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// One writer: commits events until `deadline`, every `period` (after `offset`) if paced.
+async fn write(
+    mut connection: PgConnection,
+    outbox: PgOutbox,
+    sequence: Arc<AtomicU64>,
+    aggregates: u64,
+    deadline: Instant,
+    pacing: Option<(Duration, Duration)>,
+) -> Result<u64> {
+    let mut ticker = pacing.map(|(period, offset)| {
+        tokio::time::interval_at(tokio::time::Instant::now() + offset, period)
+    });
+    let mut commits = 0;
+    loop {
+        if let Some(ticker) = ticker.as_mut() {
+            ticker.tick().await;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        let g = sequence.fetch_add(1, Ordering::Relaxed);
+        let event = Event::new("order", format!("agg-{}", g % aggregates), "OrderPlaced")
+            .json(&payload(g))?;
+        let mut tx = connection.begin().await?;
+        outbox.enqueue(&mut tx, &event).await?;
+        tx.commit().await?;
+        commits += 1;
+    }
+    connection.close().await?;
+    Ok(commits)
+}
