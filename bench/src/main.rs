@@ -8,6 +8,7 @@ mod naive;
 mod process;
 mod report;
 mod steady;
+mod writers;
 
 use std::{path::PathBuf, process::ExitCode};
 

@@ -182,8 +182,9 @@ fn dbbound_rows(r: &DbBoundResult, rows: &mut Vec<Row>) {
         s,
         "claim + mark, no broker",
         format!(
-            "{} events in {} ({} workers over disjoint partitions)",
+            "{} of {} events in {} ({} workers over disjoint partitions)",
             thousands(r.marked as u64),
+            thousands(r.events),
             secs(r.time),
             r.workers
         ),

@@ -2,7 +2,7 @@
 //! names; all pending files run in one transaction under an advisory lock, so any number of
 //! processes may call `migrate` at once.
 
-use sqlx::{Connection, Row};
+use sqlx::{Executor, Row};
 
 use crate::{error::SchemaError, Error, Tables};
 
@@ -34,8 +34,7 @@ pub(super) async fn run(
     if !(1..=4096).contains(&partitions) {
         return Err(Error::Schema(SchemaError::BadPartitionCount(partitions)));
     }
-    let mut conn = pool.acquire().await.map_err(Error::Database)?;
-    let mut tx = conn.begin().await.map_err(Error::Database)?;
+    let mut tx = pool.begin().await.map_err(Error::Database)?;
     // One lock per schema name: concurrent migrators queue here, then find the work done.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
         .bind(tables.schema().as_str())
@@ -51,8 +50,8 @@ pub(super) async fn run(
              applied_at  timestamptz NOT NULL DEFAULT now()
          );",
     );
-    sqlx::raw_sql(&bootstrap)
-        .execute(&mut *tx)
+    (&mut *tx)
+        .execute(sqlx::raw_sql(&bootstrap))
         .await
         .map_err(Error::Database)?;
     let applied: Vec<(i32, String)> = sqlx::query_as(
@@ -81,8 +80,8 @@ pub(super) async fn run(
         let sql = tables
             .render(template)
             .replace("{partitions}", &partitions.to_string());
-        sqlx::raw_sql(&sql)
-            .execute(&mut *tx)
+        (&mut *tx)
+            .execute(sqlx::raw_sql(&sql))
             .await
             .map_err(Error::Database)?;
         sqlx::query(&tables.render(
