@@ -13,19 +13,22 @@ async fn enqueue_writes_inside_the_callers_transaction_only() {
     let outbox = db.outbox();
     let mut tx = db.pool.begin().await.unwrap();
     let id = outbox
-        .enqueue(&mut tx, &Event::new("order", "1", "Placed").header("tenant", "acme"))
+        .enqueue(
+            &mut tx,
+            &Event::new("order", "1", "Placed").header("tenant", "acme"),
+        )
         .await
         .unwrap();
     // Not visible outside the transaction before commit.
     assert_eq!(db.count("pending").await, 0);
     tx.commit().await.unwrap();
-    let (event_id, headers, partition): (uuid::Uuid, serde_json::Value, i32) =
-        sqlx::query_as(&db.tables.render(
-            "SELECT event_id, headers, partition FROM {schema}.{events}",
-        ))
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let (event_id, headers, partition): (uuid::Uuid, serde_json::Value, i32) = sqlx::query_as(
+        &db.tables
+            .render("SELECT event_id, headers, partition FROM {schema}.{events}"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(event_id, id);
     assert_eq!(headers["tenant"], "acme");
     assert!((0..4).contains(&partition));
@@ -36,7 +39,11 @@ async fn enqueue_writes_inside_the_callers_transaction_only() {
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    assert_eq!(db.count("pending").await, 1, "rolled back event never existed");
+    assert_eq!(
+        db.count("pending").await,
+        1,
+        "rolled back event never existed"
+    );
 }
 
 #[tokio::test]
@@ -57,7 +64,10 @@ async fn a_batch_keeps_its_order_and_the_same_aggregate_lands_in_one_partition()
     .unwrap();
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), ids);
     assert!(rows.windows(2).all(|w| w[0].1 < w[1].1));
-    assert!(rows.iter().all(|r| r.2 == rows[0].2), "one aggregate, one partition");
+    assert!(
+        rows.iter().all(|r| r.2 == rows[0].2),
+        "one aggregate, one partition"
+    );
 }
 
 #[tokio::test]
@@ -75,19 +85,37 @@ async fn invalid_events_and_duplicate_versions_get_typed_errors_naming_the_probl
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::PayloadTooLarge { size: 2048, limit: 1024 }));
+    assert!(matches!(
+        err,
+        Error::PayloadTooLarge {
+            size: 2048,
+            limit: 1024
+        }
+    ));
     let err = outbox
-        .enqueue_batch(&mut tx, &[Event::new("a", "1", "T"), Event::new("a", "", "T")])
+        .enqueue_batch(
+            &mut tx,
+            &[Event::new("a", "1", "T"), Event::new("a", "", "T")],
+        )
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "invalid event: events[1].aggregate_id must not be empty");
+    assert_eq!(
+        err.to_string(),
+        "invalid event: events[1].aggregate_id must not be empty"
+    );
 
     outbox
-        .enqueue(&mut tx, &Event::new("acct", "9", "Opened").aggregate_version(1))
+        .enqueue(
+            &mut tx,
+            &Event::new("acct", "9", "Opened").aggregate_version(1),
+        )
         .await
         .unwrap();
     let err = outbox
-        .enqueue(&mut tx, &Event::new("acct", "9", "Credited").aggregate_version(1))
+        .enqueue(
+            &mut tx,
+            &Event::new("acct", "9", "Credited").aggregate_version(1),
+        )
         .await
         .unwrap_err();
     assert_eq!(
@@ -107,7 +135,12 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
         let (pool, tables) = (pool.clone(), tables.clone());
         tokio::spawn(async move {
             PgOutbox::new(tables)
-                .migrate(&pool, MigrateOptions { partitions: Some(8) })
+                .migrate(
+                    &pool,
+                    MigrateOptions {
+                        partitions: Some(8),
+                    },
+                )
                 .await
         })
     });
@@ -124,11 +157,19 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
         .unwrap();
     assert_eq!(leases, 8);
     let err = PgOutbox::new(tables.clone())
-        .migrate(&pool, MigrateOptions { partitions: Some(16) })
+        .migrate(
+            &pool,
+            MigrateOptions {
+                partitions: Some(16),
+            },
+        )
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("created with 8 partitions, 16 requested"), "{err}");
+    assert!(
+        err.contains("created with 8 partitions, 16 requested"),
+        "{err}"
+    );
     sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .execute(&pool)
         .await

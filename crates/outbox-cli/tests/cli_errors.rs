@@ -1,0 +1,137 @@
+//! Bad input to the `outbox` command gets a clear error that names what is wrong.
+
+mod support;
+
+use outbox_testkit::{database_url, unique, TestDb};
+use support::run;
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn migrate_without_a_url_says_how_to_give_one() {
+    let out = support::bin()
+        .args(["migrate"])
+        .env_remove("OUTBOX_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("pass --database-url or set OUTBOX_DATABASE_URL"));
+}
+
+#[test]
+fn invalid_schema_names_are_rejected_before_any_sql() {
+    let out = run(&[
+        "migrate",
+        "--database-url",
+        &database_url(),
+        "--schema",
+        "x; drop",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("invalid identifier \"x; drop\" for schema"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn unknown_config_keys_and_bad_values_name_the_key() {
+    let path = std::env::temp_dir().join(format!("{}.toml", unique("bad")));
+    for (text, expected) in [
+        ("[relay]\nmax_batch_sise = 5\n", "max_batch_sise"),
+        ("[relay]\nlease_ttl = \"forever\"\n", "lease_ttl"),
+        (
+            "[relay]\nheartbeat_interval = \"9s\"\n",
+            "heartbeat_interval",
+        ),
+        (
+            "[relay.routing]\ndefault = \"{tenant}.x\"\n",
+            "routing.default",
+        ),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let out = run(&[
+            "relay",
+            "--database-url",
+            &database_url(),
+            "--broker-url",
+            "nats://127.0.0.1:4222",
+            "--config",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(stderr(&out).contains(expected), "{text}: {}", stderr(&out));
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn unsupported_broker_schemes_and_missing_outboxes_are_explained() {
+    let out = run(&[
+        "relay",
+        "--database-url",
+        &database_url(),
+        "--broker-url",
+        "kafka://127.0.0.1:9092",
+    ]);
+    assert!(
+        stderr(&out).contains("broker URL scheme \"kafka\" is not supported"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&[
+        "relay",
+        "--database-url",
+        &database_url(),
+        "--schema",
+        &unique("missing"),
+        "--broker-url",
+        "nats://127.0.0.1:4222",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("run `outbox migrate` first"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn status_reports_backlog_and_partitions_as_json() {
+    let db = TestDb::new(4).await;
+    outbox_testkit::insert_sequences(&db, "order", 3, 2, 10).await;
+    let out = run(&[
+        "status",
+        "--database-url",
+        &database_url(),
+        "--schema",
+        &db.schema,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["pending"], 6);
+    assert_eq!(doc["dead"], 0);
+    assert_eq!(doc["partitions"].as_array().unwrap().len(), 4);
+    let per_partition: i64 = doc["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pending"].as_i64().unwrap())
+        .sum();
+    assert_eq!(per_partition, 6);
+    let out = run(&[
+        "status",
+        "--database-url",
+        &database_url(),
+        "--schema",
+        &db.schema,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("6 pending"), "{text}");
+}
