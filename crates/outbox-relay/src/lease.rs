@@ -238,6 +238,14 @@ async fn tick(
 }
 
 #[cfg(test)]
+impl Leases {
+    /// Test helper: holds `fences` for a minute.
+    pub(crate) fn add_for_test(&self, fences: &[Fence]) {
+        self.add(fences, Instant::now() + Duration::from_secs(60));
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -281,13 +289,5 @@ mod tests {
         leases.expire_all();
         assert!(!leases.is_valid(1, 5));
         assert!(leases.usable().is_empty());
-    }
-}
-
-#[cfg(test)]
-impl Leases {
-    /// Test helper: holds `fences` for a minute.
-    pub(crate) fn add_for_test(&self, fences: &[Fence]) {
-        self.add(fences, Instant::now() + Duration::from_secs(60));
     }
 }

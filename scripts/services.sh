@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Makes sure the services the tests talk to are up on loopback, starting any that is down.
+# Never stops or restarts a running service: tests that need to kill a broker start their own.
+set -euo pipefail
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() { # name port seconds
+  for _ in $(seq 1 "$3"); do port_open "$2" && return 0; sleep 1; done
+  echo "services: $1 did not come up on port $2" >&2
+  return 1
+}
+
+if ! port_open 5432; then
+  echo "services: starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+  wait_port PostgreSQL 5432 60
+fi
+
+if ! port_open 4222; then
+  echo "services: starting NATS (JetStream)"
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_port NATS 4222 30
+fi
+
+if ! port_open 5672; then
+  echo "services: starting RabbitMQ"
+  rabbitmq-server -detached
+  wait_port RabbitMQ 5672 120
+fi
+
+# The test database must exist (the machine creates it; a fresh cluster may not have it).
+if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
+  createdb -h 127.0.0.1 -U postgres test
+fi
+echo "services: PostgreSQL, NATS and RabbitMQ are up"
