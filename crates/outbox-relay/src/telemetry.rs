@@ -92,15 +92,12 @@ impl Metrics {
         let published = Family::default();
         let failed = Family::default();
         let dead_lettered = Family::default();
-        let latency = Histogram::new(
-            [
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                60.0, 300.0,
-            ],
-        );
-        let batch_size = Histogram::new(
-            [1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0],
-        );
+        let latency = Histogram::new([
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0, 300.0,
+        ]);
+        let batch_size =
+            Histogram::new([1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0]);
         let partitions_owned = Gauge::default();
         let fenced_out = Counter::default();
         let database_errors = Counter::default();

@@ -190,3 +190,59 @@ async fn enqueue_into_a_missing_outbox_says_to_migrate() {
         "outbox schema: outbox tables not found; run `outbox migrate` first"
     );
 }
+
+#[tokio::test]
+async fn the_inbox_sees_each_event_once_per_consumer_and_purges_by_age() {
+    use outbox::postgres::{PgInbox, Seen};
+    let db = TestDb::new(4).await;
+    let inbox = PgInbox::new(&db.tables);
+    let id = uuid::Uuid::now_v7();
+    let mut tx = db.pool.begin().await.unwrap();
+    assert_eq!(
+        inbox.record(&mut tx, "billing", id).await.unwrap(),
+        Seen::New
+    );
+    assert_eq!(
+        inbox.record(&mut tx, "billing", id).await.unwrap(),
+        Seen::Duplicate
+    );
+    assert_eq!(
+        inbox.record(&mut tx, "shipping", id).await.unwrap(),
+        Seen::New
+    );
+    tx.rollback().await.unwrap();
+    // Rolled back with the business change: the event is new again.
+    let mut tx = db.pool.begin().await.unwrap();
+    assert!(inbox.record(&mut tx, "billing", id).await.unwrap().is_new());
+    for _ in 0..25 {
+        inbox
+            .record(&mut tx, "billing", uuid::Uuid::now_v7())
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    sqlx::query(&db.tables.render(
+        "UPDATE {schema}.inbox SET processed_at = now() - interval '8 days' WHERE event_id <> $1",
+    ))
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let removed = inbox
+        .purge(&db.pool, std::time::Duration::from_secs(7 * 86_400), 10)
+        .await
+        .unwrap();
+    assert_eq!(removed, 25);
+    let left: i64 = sqlx::query_scalar(&db.tables.render("SELECT count(*) FROM {schema}.inbox"))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 1);
+    let mut tx = db.pool.begin().await.unwrap();
+    let err = inbox
+        .record(&mut tx, " ", id)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "invalid event: consumer must not be empty");
+}

@@ -7,11 +7,18 @@ use sqlx::{Executor, Row};
 use crate::{error::SchemaError, Error, Tables};
 
 /// The migrations this build ships: (version, description, template).
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "create outbox",
-    include_str!("migrations/0001_create_outbox.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "create outbox",
+        include_str!("migrations/0001_create_outbox.sql"),
+    ),
+    (
+        2,
+        "create inbox",
+        include_str!("migrations/0002_create_inbox.sql"),
+    ),
+];
 
 /// Settings fixed when the outbox is created.
 #[derive(Clone, Copy, Debug, Default)]

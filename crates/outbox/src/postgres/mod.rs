@@ -1,10 +1,12 @@
 //! PostgreSQL storage (sqlx): enqueue into the caller's transaction, and the schema migrations.
 
+mod inbox;
 mod migrate;
 
 use sqlx::{types::Json, PgConnection};
 use uuid::Uuid;
 
+pub use inbox::{PgInbox, Seen};
 pub use migrate::{MigrateOptions, DEFAULT_PARTITIONS, MIGRATIONS};
 
 use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};

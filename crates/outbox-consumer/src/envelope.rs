@@ -1,0 +1,150 @@
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// An outbox event as a consumer receives it: the relay's standard headers, decoded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Envelope {
+    /// The event id (the inbox key).
+    pub event_id: Uuid,
+    /// The event type.
+    pub event_type: String,
+    /// The payload's schema version (1 when absent).
+    pub schema_version: i32,
+    /// Aggregate type, if sent.
+    pub aggregate_type: Option<String>,
+    /// Aggregate id, if sent.
+    pub aggregate_id: Option<String>,
+    /// Aggregate version, if sent.
+    pub aggregate_version: Option<i64>,
+    /// When the event happened, if sent.
+    pub occurred_at: Option<DateTime<Utc>>,
+    /// Subject or routing key it arrived on.
+    pub destination: String,
+    /// Every header as received.
+    pub headers: BTreeMap<String, String>,
+    /// The payload bytes.
+    pub payload: Bytes,
+}
+
+/// Why a message is not a valid outbox event. Such messages are dead-lettered at once.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("malformed message: {0}")]
+pub struct DecodeError(pub String);
+
+impl Envelope {
+    /// Decodes the relay's headers (`event-id` required, `event-type` required).
+    pub fn decode(
+        destination: impl Into<String>,
+        headers: BTreeMap<String, String>,
+        payload: Bytes,
+    ) -> Result<Self, DecodeError> {
+        let get = |name: &str| headers.get(name).map(String::as_str);
+        let event_id = get("event-id").ok_or_else(|| DecodeError("no event-id header".into()))?;
+        let event_id = Uuid::parse_str(event_id)
+            .map_err(|e| DecodeError(format!("event-id {event_id:?} is not a UUID: {e}")))?;
+        let event_type = get("event-type")
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| DecodeError("no event-type header".into()))?
+            .to_owned();
+        let schema_version = match get("schema-version") {
+            None => 1,
+            Some(v) => v.parse().ok().filter(|v: &i32| *v >= 1).ok_or_else(|| {
+                DecodeError(format!("schema-version {v:?} is not a positive integer"))
+            })?,
+        };
+        let aggregate_version =
+            match get("aggregate-version") {
+                None => None,
+                Some(v) => Some(v.parse().map_err(|_| {
+                    DecodeError(format!("aggregate-version {v:?} is not an integer"))
+                })?),
+            };
+        let occurred_at = get("occurred-at")
+            .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+            .map(|t| t.with_timezone(&Utc));
+        Ok(Self {
+            event_id,
+            event_type,
+            schema_version,
+            aggregate_type: get("aggregate-type").map(str::to_owned),
+            aggregate_id: get("aggregate-id").map(str::to_owned),
+            aggregate_version,
+            occurred_at,
+            destination: destination.into(),
+            headers,
+            payload,
+        })
+    }
+
+    /// Parses the payload as JSON.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn decodes_the_relays_headers() {
+        let id = Uuid::now_v7();
+        let e = Envelope::decode(
+            "order.Placed",
+            headers(&[
+                ("event-id", &id.to_string()),
+                ("event-type", "Placed"),
+                ("schema-version", "2"),
+                ("aggregate-id", "42"),
+                ("aggregate-version", "7"),
+                ("occurred-at", "2026-11-30T03:00:00.000001Z"),
+            ]),
+            Bytes::from_static(b"{\"a\":1}"),
+        )
+        .unwrap();
+        assert_eq!(e.event_id, id);
+        assert_eq!(e.schema_version, 2);
+        assert_eq!(e.aggregate_version, Some(7));
+        assert!(e.occurred_at.is_some());
+        assert_eq!(e.json::<serde_json::Value>().unwrap()["a"], 1);
+    }
+
+    #[test]
+    fn says_what_is_malformed() {
+        let cases = [
+            (headers(&[]), "no event-id header"),
+            (
+                headers(&[("event-id", "x"), ("event-type", "T")]),
+                "is not a UUID",
+            ),
+            (
+                headers(&[("event-id", &Uuid::now_v7().to_string())]),
+                "no event-type header",
+            ),
+            (
+                headers(&[
+                    ("event-id", &Uuid::now_v7().to_string()),
+                    ("event-type", "T"),
+                    ("schema-version", "0"),
+                ]),
+                "schema-version \"0\"",
+            ),
+        ];
+        for (h, expected) in cases {
+            let err = Envelope::decode("s", h, Bytes::new())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{err} vs {expected}");
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! # outbox-consumer
+//!
+//! The consuming side of the outbox. The relay delivers at least once; a consumer built here
+//! applies each event's effect exactly once (guarantee G5):
+//!
+//! 1. decode the message into an [`Envelope`] (event id, type, schema version, aggregate,
+//!    headers, payload) — a message that cannot be decoded is dead-lettered with the reason;
+//! 2. in one database transaction: record the event id in the inbox
+//!    ([`outbox::postgres::PgInbox`]) and, only if it is new, run the [`Handler`];
+//! 3. commit, and only then acknowledge the broker.
+//!
+//! A crash anywhere before the commit leaves nothing applied and the message redelivered; a
+//! crash after the commit but before the ack leads to a redelivery that the inbox recognises
+//! and skips. A handler that fails is retried with backoff; after `max_attempts` the message
+//! goes to the consumer's dead letter with its error, and later messages keep flowing.
+
+mod config;
+mod envelope;
+mod error;
+mod handler;
+#[cfg(feature = "nats")]
+pub mod nats;
+mod processor;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+
+pub use config::ConsumerConfig;
+pub use envelope::{DecodeError, Envelope};
+pub use error::Error;
+pub use handler::{Handler, HandlerError};
+pub use processor::{Outcome, Processor};

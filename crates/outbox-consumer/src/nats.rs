@@ -1,0 +1,214 @@
+//! NATS JetStream runner: a durable pull consumer with explicit acks. Failed messages are
+//! NAKed with a delay (the server redelivers them while later messages flow); after
+//! `max_attempts` deliveries, or at once when malformed, the message is published to the dead
+//! letter subject (stream `{stream}_DEAD`) with its error, and only then terminated.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use async_nats::{
+    jetstream::{self, consumer::pull, stream, AckKind},
+    HeaderMap,
+};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::{ConsumerConfig, Envelope, Error, Processor};
+
+/// Where to consume from.
+#[derive(Clone, Debug)]
+pub struct NatsSource {
+    /// Server URL.
+    pub url: String,
+    /// Stream to consume (the relay's, `OUTBOX` by default).
+    pub stream: String,
+    /// Subjects to take (`order.>`); empty takes the whole stream.
+    pub filter_subjects: Vec<String>,
+    /// Redelivery after this long without an ack (default 30s).
+    pub ack_wait: Duration,
+}
+
+impl NatsSource {
+    /// Consume `stream` on `url`, every subject, with the default ack wait.
+    pub fn new(url: impl Into<String>, stream: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            stream: stream.into(),
+            filter_subjects: Vec::new(),
+            ack_wait: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A running JetStream consumer.
+pub struct NatsConsumer {
+    js: jetstream::Context,
+    messages: pull::Stream,
+    config: ConsumerConfig,
+    processor: Processor,
+    dead_subject: String,
+}
+
+impl NatsConsumer {
+    /// Creates (or binds to) the durable consumer `config.name` and the dead-letter stream.
+    pub async fn connect(
+        source: NatsSource,
+        config: ConsumerConfig,
+        processor: Processor,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let broker = |e: &dyn std::fmt::Display| Error::Broker(format!("nats: {e}"));
+        let client = async_nats::connect(&source.url)
+            .await
+            .map_err(|e| broker(&e))?;
+        let js = jetstream::new(client);
+        let stream = js
+            .get_stream(&source.stream)
+            .await
+            .map_err(|e| broker(&e))?;
+        let dead_subject = format!("dead.{}.{}", source.stream, config.name);
+        js.get_or_create_stream(stream::Config {
+            name: format!("{}_DEAD_{}", source.stream, config.name),
+            subjects: vec![dead_subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| broker(&e))?;
+        let consumer = stream
+            .get_or_create_consumer(
+                &config.name,
+                pull::Config {
+                    durable_name: Some(config.name.clone()),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: source.ack_wait,
+                    filter_subjects: source.filter_subjects.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| broker(&e))?;
+        let messages = consumer.messages().await.map_err(|e| broker(&e))?;
+        Ok(Self {
+            js,
+            messages,
+            config,
+            processor,
+            dead_subject,
+        })
+    }
+
+    /// The subject dead letters are published to.
+    pub fn dead_letter_subject(&self) -> &str {
+        &self.dead_subject
+    }
+
+    /// Processes messages until `shutdown`; the message in hand is finished first.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
+        loop {
+            let next = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                next = self.messages.next() => next,
+            };
+            match next {
+                None => return Err(Error::Broker("nats: consumer stream ended".into())),
+                Some(Err(e)) => tracing::warn!(error = %e, "nats: receiving failed; retrying"),
+                Some(Ok(message)) => self.handle(message).await,
+            }
+        }
+    }
+
+    async fn handle(&self, message: jetstream::Message) {
+        let delivered = message.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
+        let headers: BTreeMap<String, String> = message
+            .headers
+            .iter()
+            .flat_map(|h| h.iter())
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.first().map(|x| x.as_str().to_owned()).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let envelope = Envelope::decode(
+            message.subject.to_string(),
+            headers,
+            message.payload.clone(),
+        );
+        let result = match &envelope {
+            Err(e) => Err((e.to_string(), true)),
+            Ok(event) => self
+                .processor
+                .apply(event)
+                .await
+                .map_err(|e| (e.to_string(), delivered >= self.config.max_attempts)),
+        };
+        match result {
+            Ok(outcome) => {
+                tracing::debug!(?outcome, subject = %message.subject, "processed");
+                if let Err(e) = message.ack().await {
+                    tracing::warn!(error = %e, "ack failed; the message will be redelivered");
+                }
+            }
+            Err((error, true)) => {
+                tracing::error!(%error, delivered, subject = %message.subject,
+                    consumer = self.processor.name(), "dead-lettering message");
+                if self.dead_letter(&message, &error, delivered).await {
+                    let _ = message.ack_with(AckKind::Term).await;
+                } else {
+                    let _ = message
+                        .ack_with(AckKind::Nak(Some(self.config.backoff(delivered))))
+                        .await;
+                }
+            }
+            Err((error, false)) => {
+                let delay = self.config.backoff(delivered);
+                tracing::warn!(%error, delivered, ?delay, "handler failed; will redeliver");
+                let _ = message.ack_with(AckKind::Nak(Some(delay))).await;
+            }
+        }
+    }
+
+    /// Publishes the message to the dead-letter subject and waits for the PubAck.
+    async fn dead_letter(&self, message: &jetstream::Message, error: &str, delivered: u32) -> bool {
+        // Keep the original headers except `Nats-Msg-Id`: the dead letter must always be stored.
+        let mut headers = HeaderMap::new();
+        for (name, values) in message.headers.iter().flat_map(|h| h.iter()) {
+            if name.to_string() != "Nats-Msg-Id" {
+                for value in values {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+        }
+        headers.insert(
+            "dead-letter-reason",
+            error.replace(['\r', '\n'], " ").as_str(),
+        );
+        headers.insert("dead-letter-attempts", delivered.to_string().as_str());
+        headers.insert("dead-letter-subject", message.subject.as_str());
+        headers.insert("dead-letter-consumer", self.processor.name());
+        match self
+            .js
+            .publish_with_headers(self.dead_subject.clone(), headers, message.payload.clone())
+            .await
+        {
+            Ok(ack) => ack.await.is_ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "dead-letter publish failed; will retry");
+                false
+            }
+        }
+    }
+}
+
+/// Convenience: connect and run until `shutdown`.
+pub async fn run(
+    source: NatsSource,
+    config: ConsumerConfig,
+    processor: Processor,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    NatsConsumer::connect(source, config, processor)
+        .await?
+        .run(shutdown)
+        .await
+}

@@ -1,0 +1,268 @@
+//! RabbitMQ runner: manual acks with a prefetch window. A failed message is held (unacked)
+//! for its backoff, then requeued, while later messages go on; after `max_attempts` failures,
+//! or at once when malformed, it is published to the dead-letter queue `{queue}.dead` with its
+//! error (confirmed), and only then acked. Attempts are counted per event id in memory: a
+//! restarted consumer gives a poison message at most `max_attempts` more tries.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+};
+
+use futures::StreamExt;
+use lapin::{
+    message::Delivery,
+    options::{
+        BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions,
+        BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    },
+    types::{AMQPValue, FieldTable, LongString, ShortString},
+    BasicProperties, Channel, Connection, ConnectionProperties,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{ConsumerConfig, Envelope, Error, Processor};
+
+/// Where to consume from.
+#[derive(Clone, Debug)]
+pub struct RabbitMqSource {
+    /// Broker URL.
+    pub url: String,
+    /// Queue to consume (bound to the relay's exchange by the application).
+    pub queue: String,
+    /// Unacked messages held at once (default 16): bounds the messages waiting in backoff.
+    pub prefetch: u16,
+}
+
+impl RabbitMqSource {
+    /// Consume `queue` on `url` with the default prefetch.
+    pub fn new(url: impl Into<String>, queue: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            queue: queue.into(),
+            prefetch: 16,
+        }
+    }
+}
+
+/// A running RabbitMQ consumer.
+pub struct RabbitMqConsumer {
+    _connection: Connection,
+    channel: Channel,
+    consumer: lapin::Consumer,
+    config: ConsumerConfig,
+    processor: Processor,
+    dead_queue: String,
+    attempts: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl RabbitMqConsumer {
+    /// Connects, declares the dead-letter queue and starts consuming `source.queue`.
+    pub async fn connect(
+        source: RabbitMqSource,
+        config: ConsumerConfig,
+        processor: Processor,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let broker = |e: lapin::Error| Error::Broker(format!("rabbitmq: {e}"));
+        let connection = Connection::connect(&source.url, ConnectionProperties::default())
+            .await
+            .map_err(broker)?;
+        let channel = connection.create_channel().await.map_err(broker)?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(broker)?;
+        channel
+            .basic_qos(source.prefetch.max(1), BasicQosOptions::default())
+            .await
+            .map_err(broker)?;
+        let dead_queue = format!("{}.dead", source.queue);
+        channel
+            .queue_declare(
+                &dead_queue,
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(broker)?;
+        let consumer = channel
+            .basic_consume(
+                &source.queue,
+                &config.name,
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(broker)?;
+        Ok(Self {
+            _connection: connection,
+            channel,
+            consumer,
+            config,
+            processor,
+            dead_queue,
+            attempts: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// The dead-letter queue.
+    pub fn dead_letter_queue(&self) -> &str {
+        &self.dead_queue
+    }
+
+    /// Processes deliveries until `shutdown`.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
+        loop {
+            let next = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                next = self.consumer.next() => next,
+            };
+            match next {
+                None => return Err(Error::Broker("rabbitmq: consumer cancelled".into())),
+                Some(Err(e)) => return Err(Error::Broker(format!("rabbitmq: {e}"))),
+                Some(Ok(delivery)) => self.handle(delivery).await,
+            }
+        }
+    }
+
+    async fn handle(&self, delivery: Delivery) {
+        let headers = headers_of(&delivery);
+        let envelope = Envelope::decode(
+            delivery.routing_key.to_string(),
+            headers,
+            delivery.data.clone().into(),
+        );
+        let key = envelope
+            .as_ref()
+            .map(|e| e.event_id.to_string())
+            .unwrap_or_default();
+        let result = match &envelope {
+            Err(e) => Err((e.to_string(), u32::MAX)),
+            Ok(event) => self.processor.apply(event).await.map_err(|e| {
+                let mut attempts = self.attempts.lock().expect("not poisoned");
+                let n = attempts.entry(key.clone()).or_insert(0);
+                *n += 1;
+                (e.to_string(), *n)
+            }),
+        };
+        match result {
+            Ok(_) => {
+                self.attempts.lock().expect("not poisoned").remove(&key);
+                if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+                    tracing::warn!(error = %e, "ack failed; the message will be redelivered");
+                }
+            }
+            Err((error, attempts)) if attempts >= self.config.max_attempts => {
+                tracing::error!(%error, attempts, consumer = self.processor.name(),
+                    "dead-lettering message");
+                if self.dead_letter(&delivery, &error, attempts).await {
+                    self.attempts.lock().expect("not poisoned").remove(&key);
+                    let _ = delivery.ack(BasicAckOptions::default()).await;
+                } else {
+                    let _ = delivery
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..Default::default()
+                        })
+                        .await;
+                }
+            }
+            Err((error, attempts)) => {
+                let delay = self.config.backoff(attempts);
+                tracing::warn!(%error, attempts, ?delay, "handler failed; will redeliver");
+                // Hold the delivery (unacked) for the backoff, then requeue it; the loop goes
+                // on with later messages meanwhile.
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = delivery
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..Default::default()
+                        })
+                        .await;
+                });
+            }
+        }
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, error: &str, attempts: u32) -> bool {
+        let mut table = delivery.properties.headers().clone().unwrap_or_default();
+        let text = |s: &str| AMQPValue::LongString(LongString::from(s.to_owned()));
+        table.insert(
+            "dead-letter-reason".into(),
+            text(&error.replace(['\r', '\n'], " ")),
+        );
+        let attempts = if attempts == u32::MAX { 1 } else { attempts };
+        table.insert("dead-letter-attempts".into(), text(&attempts.to_string()));
+        table.insert(
+            "dead-letter-routing-key".into(),
+            text(delivery.routing_key.as_str()),
+        );
+        table.insert("dead-letter-consumer".into(), text(self.processor.name()));
+        let properties = BasicProperties::default()
+            .with_headers(table)
+            .with_delivery_mode(2)
+            .with_message_id(
+                delivery
+                    .properties
+                    .message_id()
+                    .clone()
+                    .unwrap_or_else(|| ShortString::from("")),
+            );
+        let published = self
+            .channel
+            .basic_publish(
+                "",
+                &self.dead_queue,
+                BasicPublishOptions::default(),
+                &delivery.data,
+                properties,
+            )
+            .await;
+        match published {
+            Ok(confirm) => matches!(confirm.await, Ok(c) if c.is_ack()),
+            Err(e) => {
+                tracing::warn!(error = %e, "dead-letter publish failed; will retry");
+                false
+            }
+        }
+    }
+}
+
+fn headers_of(delivery: &Delivery) -> BTreeMap<String, String> {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .map(|t| {
+            t.inner()
+                .iter()
+                .filter_map(|(k, v)| match v {
+                    AMQPValue::LongString(s) => Some((
+                        k.to_string(),
+                        String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                    )),
+                    AMQPValue::ShortString(s) => Some((k.to_string(), s.to_string())),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Convenience: connect and run until `shutdown`.
+pub async fn run(
+    source: RabbitMqSource,
+    config: ConsumerConfig,
+    processor: Processor,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    RabbitMqConsumer::connect(source, config, processor)
+        .await?
+        .run(shutdown)
+        .await
+}

@@ -1,0 +1,316 @@
+//! JetStream consumer runner against real NATS and PostgreSQL.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use async_nats::{
+    jetstream::{self, consumer::pull, stream},
+    HeaderMap,
+};
+use common::{applied, distinct_applied, relay_headers, reserved, ReserveStock};
+use futures::StreamExt;
+use outbox_consumer::{
+    nats::{NatsConsumer, NatsSource},
+    ConsumerConfig,
+};
+use outbox_testkit::{unique, wait_until, TestDb, NATS_URL};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Fixture {
+    js: jetstream::Context,
+    stream: String,
+    prefix: String,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let js = jetstream::new(async_nats::connect(NATS_URL).await.unwrap());
+        let stream = unique("C");
+        let prefix = unique("c");
+        js.create_stream(stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        Self { js, stream, prefix }
+    }
+
+    /// Publishes like the relay; `msg_id` distinct per copy so JetStream keeps duplicates.
+    async fn publish(&self, id: Uuid, event_type: &str, body: serde_json::Value, with_id: bool) {
+        let mut headers = HeaderMap::new();
+        for (k, v) in relay_headers(id, event_type) {
+            if with_id || k != "event-id" {
+                headers.insert(k, v.as_str());
+            }
+        }
+        self.js
+            .publish_with_headers(
+                format!("{}.order.{event_type}", self.prefix),
+                headers,
+                serde_json::to_vec(&body).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    fn config(&self, name: &str, max_attempts: u32) -> ConsumerConfig {
+        ConsumerConfig {
+            max_attempts,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(100),
+            ..ConsumerConfig::new(name)
+        }
+    }
+
+    fn source(&self) -> NatsSource {
+        NatsSource::new(NATS_URL, &self.stream)
+    }
+
+    async fn cleanup(self) {
+        let _ = self.js.delete_stream(&self.stream).await;
+        let _ = self
+            .js
+            .delete_stream(format!("{}_DEAD_inventory", self.stream))
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn every_event_delivered_several_times_changes_state_exactly_once() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let handler = Arc::new(ReserveStock::install(&db).await);
+    let ids: Vec<Uuid> = (0..40).map(|_| Uuid::now_v7()).collect();
+    for copy in 0..3 {
+        for (i, id) in ids.iter().enumerate() {
+            if copy < 2 || i % 4 == 0 {
+                let body = serde_json::json!({ "sku": "apple", "qty": 1 });
+                fx.publish(*id, "OrderPlaced", body, true).await;
+            }
+        }
+    }
+    let consumer = NatsConsumer::connect(
+        fx.source(),
+        fx.config("inventory", 5),
+        common::processor(&db, "inventory", handler.clone()),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    let js = fx.js.clone();
+    let stream = fx.stream.clone();
+    wait_until("all 90 deliveries acked", WAIT, || {
+        let js = js.clone();
+        let stream = stream.clone();
+        async move {
+            let s = js.get_stream(&stream).await.unwrap();
+            let mut c: jetstream::consumer::Consumer<pull::Config> =
+                s.get_consumer("inventory").await.unwrap();
+            let info = c.info().await.unwrap();
+            info.ack_floor.stream_sequence == 90
+        }
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(applied(&db).await, 40, "each event applied once");
+    assert_eq!(distinct_applied(&db).await, 40);
+    assert_eq!(
+        reserved(&db, "apple").await,
+        40,
+        "stock reserved once per order"
+    );
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_handler_that_fails_then_succeeds_is_applied_once() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let mut handler = ReserveStock::install(&db).await;
+    handler.fail_first = 2;
+    let handler = Arc::new(handler);
+    let ids: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    for id in &ids {
+        fx.publish(
+            *id,
+            "OrderPlaced",
+            serde_json::json!({"sku": "pear", "qty": 2}),
+            true,
+        )
+        .await;
+    }
+    let consumer = NatsConsumer::connect(
+        fx.source(),
+        fx.config("inventory", 5),
+        common::processor(&db, "inventory", handler.clone()),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("5 events applied", WAIT, || async {
+        applied(&db).await == 5
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(reserved(&db, "pear").await, 10);
+    for id in ids {
+        assert_eq!(handler.calls(id), 3, "two failures, then the success");
+    }
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn poison_and_malformed_messages_are_dead_lettered_while_later_ones_flow() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let mut handler = ReserveStock::install(&db).await;
+    handler.poison_type = Some("Poison".into());
+    let handler = Arc::new(handler);
+    let poison = Uuid::now_v7();
+    fx.publish(poison, "Poison", serde_json::json!({}), true)
+        .await;
+    fx.publish(Uuid::now_v7(), "NoId", serde_json::json!({}), false)
+        .await;
+    for _ in 0..10 {
+        fx.publish(
+            Uuid::now_v7(),
+            "OrderPlaced",
+            serde_json::json!({"sku": "apple", "qty": 1}),
+            true,
+        )
+        .await;
+    }
+    let consumer = NatsConsumer::connect(
+        fx.source(),
+        fx.config("inventory", 3),
+        common::processor(&db, "inventory", handler.clone()),
+    )
+    .await
+    .unwrap();
+    let dead_subject = consumer.dead_letter_subject().to_owned();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("10 good events applied", WAIT, || async {
+        applied(&db).await == 10
+    })
+    .await;
+    let js = fx.js.clone();
+    let dead_stream = format!("{}_DEAD_inventory", fx.stream);
+    wait_until("two dead letters", WAIT, || {
+        let js = js.clone();
+        let name = dead_stream.clone();
+        async move {
+            let mut s = js.get_stream(&name).await.unwrap();
+            s.info().await.unwrap().state.messages == 2
+        }
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(handler.calls(poison), 3, "max_attempts deliveries");
+    let mut reasons = Vec::new();
+    let name = format!("{}_DEAD_inventory", fx.stream);
+    let stream = fx.js.get_stream(&name).await.unwrap();
+    for seq in 1..=2 {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        assert_eq!(m.subject.as_str(), dead_subject);
+        let h = m.headers;
+        reasons.push((
+            h.get("dead-letter-reason").unwrap().to_string(),
+            h.get("dead-letter-attempts").unwrap().to_string(),
+        ));
+    }
+    reasons.sort();
+    assert_eq!(reasons[0].0, "cannot reserve: poison");
+    assert_eq!(reasons[0].1, "3");
+    assert_eq!(reasons[1].0, "malformed message: no event-id header");
+    assert_eq!(reasons[1].1, "1");
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_consumer_killed_between_commit_and_ack_leaves_state_correct() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let handler = Arc::new(ReserveStock::install(&db).await);
+    let id = Uuid::now_v7();
+    fx.publish(
+        id,
+        "OrderPlaced",
+        serde_json::json!({"sku": "apple", "qty": 3}),
+        true,
+    )
+    .await;
+    let processor = common::processor(&db, "inventory", handler.clone());
+    let source = NatsSource {
+        ack_wait: Duration::from_secs(1),
+        ..fx.source()
+    };
+    // First life: receive, commit, die before the ack.
+    {
+        let stream = fx.js.get_stream(&fx.stream).await.unwrap();
+        let consumer = stream
+            .get_or_create_consumer(
+                "inventory",
+                pull::Config {
+                    durable_name: Some("inventory".into()),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: source.ack_wait,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+        let message = batch.next().await.unwrap().unwrap();
+        let headers = message
+            .headers
+            .iter()
+            .flat_map(|h| h.iter())
+            .map(|(k, v)| (k.to_string(), v[0].as_str().to_owned()))
+            .collect();
+        let event =
+            outbox_consumer::Envelope::decode("s", headers, message.payload.clone()).unwrap();
+        processor.apply(&event).await.unwrap();
+        drop(message); // no ack: the process "died" here
+    }
+    assert_eq!(applied(&db).await, 1);
+    // Second life: the redelivery is recognised by the inbox and acked.
+    let consumer = NatsConsumer::connect(source, fx.config("inventory", 5), processor)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    let js = fx.js.clone();
+    let stream = fx.stream.clone();
+    wait_until("the redelivery to be acked", WAIT, || {
+        let js = js.clone();
+        let stream = stream.clone();
+        async move {
+            let s = js.get_stream(&stream).await.unwrap();
+            let mut c: jetstream::consumer::Consumer<pull::Config> =
+                s.get_consumer("inventory").await.unwrap();
+            let info = c.info().await.unwrap();
+            info.ack_floor.stream_sequence == 1 && info.num_ack_pending == 0
+        }
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(applied(&db).await, 1, "applied once across the crash");
+    assert_eq!(reserved(&db, "apple").await, 3);
+    assert_eq!(handler.calls(id), 1, "the handler did not run again");
+    fx.cleanup().await;
+}

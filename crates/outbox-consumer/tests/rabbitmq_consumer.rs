@@ -1,0 +1,197 @@
+//! RabbitMQ consumer runner against real RabbitMQ and PostgreSQL.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use common::{applied, relay_headers, reserved, ReserveStock};
+use futures::StreamExt;
+use lapin::{
+    options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions},
+    types::{AMQPValue, FieldTable, LongString},
+    BasicProperties, Channel, Connection, ConnectionProperties,
+};
+use outbox_consumer::{
+    rabbitmq::{RabbitMqConsumer, RabbitMqSource},
+    ConsumerConfig,
+};
+use outbox_testkit::{unique, wait_until, TestDb, RABBITMQ_URL};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Fixture {
+    _conn: Connection,
+    channel: Channel,
+    queue: String,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let conn = Connection::connect(RABBITMQ_URL, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = conn.create_channel().await.unwrap();
+        let queue = unique("q");
+        channel
+            .queue_declare(
+                &queue,
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Self {
+            _conn: conn,
+            channel,
+            queue,
+        }
+    }
+
+    async fn publish(&self, id: Uuid, event_type: &str, body: serde_json::Value, with_id: bool) {
+        let mut table = FieldTable::default();
+        for (k, v) in relay_headers(id, event_type) {
+            if with_id || k != "event-id" {
+                table.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
+            }
+        }
+        self.channel
+            .basic_publish(
+                "",
+                &self.queue,
+                BasicPublishOptions::default(),
+                &serde_json::to_vec(&body).unwrap(),
+                BasicProperties::default().with_headers(table),
+            )
+            .await
+            .unwrap();
+    }
+
+    fn config(&self, max_attempts: u32) -> ConsumerConfig {
+        ConsumerConfig {
+            max_attempts,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(100),
+            ..ConsumerConfig::new("inventory")
+        }
+    }
+
+    /// Reads the dead-letter queue: (reason, attempts) per message.
+    async fn dead_letters(&self, n: usize) -> Vec<(String, String)> {
+        let mut consumer = self
+            .channel
+            .basic_consume(
+                &format!("{}.dead", self.queue),
+                "reader",
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        while out.len() < n {
+            let d = tokio::time::timeout(WAIT, consumer.next())
+                .await
+                .expect("dead letter within the deadline")
+                .unwrap()
+                .unwrap();
+            let h = d.properties.headers().clone().unwrap();
+            let get = |k: &str| match h.inner().get(k) {
+                Some(AMQPValue::LongString(s)) => {
+                    String::from_utf8_lossy(s.as_bytes()).into_owned()
+                }
+                other => format!("{other:?}"),
+            };
+            out.push((get("dead-letter-reason"), get("dead-letter-attempts")));
+        }
+        out.sort();
+        out
+    }
+
+    async fn cleanup(self) {
+        for q in [self.queue.clone(), format!("{}.dead", self.queue)] {
+            let _ = self
+                .channel
+                .queue_delete(&q, QueueDeleteOptions::default())
+                .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn redelivered_events_apply_once_and_poison_or_malformed_ones_are_dead_lettered() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let mut handler = ReserveStock::install(&db).await;
+    handler.poison_type = Some("Poison".into());
+    handler.fail_first = 1;
+    let handler = Arc::new(handler);
+    let ids: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
+    let poison = Uuid::now_v7();
+    fx.publish(poison, "Poison", serde_json::json!({}), true)
+        .await;
+    fx.publish(Uuid::now_v7(), "NoId", serde_json::json!({}), false)
+        .await;
+    for copy in 0..2 {
+        for id in &ids {
+            let _ = copy;
+            fx.publish(
+                *id,
+                "OrderPlaced",
+                serde_json::json!({"sku": "pear", "qty": 1}),
+                true,
+            )
+            .await;
+        }
+    }
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
+        fx.config(3),
+        common::processor(&db, "inventory", handler.clone()),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    let dead = fx.dead_letters(2).await;
+    wait_until("20 events applied", WAIT, || async {
+        applied(&db).await == 20
+    })
+    .await;
+    // Every copy was handled: the queue is empty and nothing is unacked.
+    wait_until("the queue to empty", WAIT, || async {
+        let q = fx
+            .channel
+            .queue_declare(
+                &fx.queue,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        q.message_count() == 0
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        applied(&db).await,
+        20,
+        "40 deliveries of 20 events: applied once each"
+    );
+    assert_eq!(reserved(&db, "pear").await, 20);
+    assert_eq!(handler.calls(poison), 3);
+    assert_eq!(dead[0], ("cannot reserve: poison".into(), "3".into()));
+    assert_eq!(
+        dead[1],
+        ("malformed message: no event-id header".into(), "1".into())
+    );
+    fx.cleanup().await;
+}

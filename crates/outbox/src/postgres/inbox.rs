@@ -1,0 +1,121 @@
+//! The inbox: makes a consumer's effect happen once per event (guarantee G5).
+//!
+//! Delivery is at least once, so a consumer sees some events twice. Record the event id in the
+//! same transaction as the business change; when the id was already there, skip the change:
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool, event_id: uuid::Uuid) -> Result<(), outbox::Error> {
+//! use outbox::postgres::PgInbox;
+//! let inbox = PgInbox::default();
+//! let mut tx = pool.begin().await.map_err(outbox::Error::Database)?;
+//! if inbox.record(&mut tx, "inventory", event_id).await?.is_new() {
+//!     // apply the business change with `&mut *tx` here
+//! }
+//! tx.commit().await.map_err(outbox::Error::Database)?; // ack the broker only after this
+//! # Ok(()) }
+//! ```
+//!
+//! Retention: [`PgInbox::purge`] deletes rows older than a retention that must be longer than
+//! any redelivery window (broker redelivery, relay retries after a crash, dead-letter replays):
+//! a row purged before the last redelivery of its event lets that redelivery apply again.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::{Error, Tables};
+
+/// Whether an event is seen for the first time by a consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// First time: apply the effect in this transaction.
+    New,
+    /// Already applied (by an earlier delivery): skip the effect.
+    Duplicate,
+}
+
+impl Seen {
+    /// True for [`Seen::New`].
+    pub fn is_new(self) -> bool {
+        self == Seen::New
+    }
+}
+
+/// The inbox table of an outbox schema.
+#[derive(Clone, Debug)]
+pub struct PgInbox {
+    record_sql: String,
+    purge_sql: String,
+}
+
+impl Default for PgInbox {
+    fn default() -> Self {
+        Self::new(&Tables::default())
+    }
+}
+
+impl PgInbox {
+    /// The inbox in the schema of `tables` (created by the outbox migrations).
+    pub fn new(tables: &Tables) -> Self {
+        Self {
+            record_sql: tables.render(
+                "INSERT INTO {schema}.inbox (consumer, event_id) VALUES ($1, $2) \
+                 ON CONFLICT (consumer, event_id) DO NOTHING",
+            ),
+            purge_sql: tables.render(
+                "DELETE FROM {schema}.inbox WHERE ctid = ANY (ARRAY(\
+                     SELECT ctid FROM {schema}.inbox \
+                     WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))",
+            ),
+        }
+    }
+
+    /// Records `event_id` for `consumer` inside the caller's transaction. Never commits.
+    /// Concurrent deliveries of the same event wait on each other: exactly one sees `New`.
+    pub async fn record(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<Seen, Error> {
+        if consumer.trim().is_empty() {
+            return Err(Error::invalid("consumer", "must not be empty"));
+        }
+        let done = sqlx::query(&self.record_sql)
+            .bind(consumer)
+            .bind(event_id)
+            .execute(conn)
+            .await
+            .map_err(Error::Database)?;
+        Ok(if done.rows_affected() == 1 {
+            Seen::New
+        } else {
+            Seen::Duplicate
+        })
+    }
+
+    /// Deletes rows older than `retention`, `batch` rows per statement (short locks, no long
+    /// transaction), and returns how many were deleted.
+    pub async fn purge(
+        &self,
+        pool: &sqlx::PgPool,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<u64, Error> {
+        let mut total = 0;
+        loop {
+            let deleted = sqlx::query(&self.purge_sql)
+                .bind(retention.as_secs_f64())
+                .bind(batch.max(1))
+                .execute(pool)
+                .await
+                .map_err(Error::Database)?
+                .rows_affected();
+            total += deleted;
+            if deleted < batch.max(1) as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
