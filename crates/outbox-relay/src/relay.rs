@@ -531,6 +531,11 @@ async fn sample_stats(
                 tracing::warn!(%error, "could not sample the backlog");
             }
         }
+        match store.refresh_statistics().await {
+            Ok(true) => tracing::info!("refreshed the outbox table's planner statistics"),
+            Ok(false) => {}
+            Err(error) => tracing::warn!(%error, "could not refresh planner statistics"),
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(every) => {}

@@ -4,3 +4,5 @@
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "webhook")]
+pub mod webhook;

@@ -31,6 +31,8 @@ struct Sql {
     release: String,
     backlog: String,
     partitions: String,
+    modifications: String,
+    analyze: String,
 }
 
 impl Sql {
@@ -56,6 +58,8 @@ impl Sql {
             release: render(named(leases, "release")),
             backlog: render(named(stats, "backlog")),
             partitions: render(named(stats, "partitions")),
+            modifications: render(named(stats, "modifications")),
+            analyze: render(named(stats, "analyze")),
         }
     }
 }
@@ -101,6 +105,7 @@ pub struct PartitionStatus {
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    tables: Tables,
     partitions: i32,
     sql: std::sync::Arc<Sql>,
 }
@@ -123,6 +128,7 @@ impl PgStore {
         )))?;
         Ok(Self {
             pool,
+            tables: tables.clone(),
             partitions,
             sql: std::sync::Arc::new(Sql::new(tables)),
         })
@@ -283,6 +289,39 @@ impl PgStore {
             oldest_age: oldest.map(|o| (now - o).to_std().unwrap_or_default()),
             dead: row.get("dead"),
         })
+    }
+
+    /// Refreshes the planner statistics of the events table when it changed a lot since they
+    /// were last gathered (more than 10% of its rows and at least 10,000, and 30 s ago or
+    /// never), whether or not autovacuum runs. A queue table whose statistics predate a large
+    /// backlog makes PostgreSQL scan it in id order instead of using the pending index: the
+    /// claim then reads every published row first. Returns whether it analyzed.
+    pub async fn refresh_statistics(&self) -> Result<bool, sqlx::Error> {
+        let row: Option<(i64, i64, Option<f64>)> = sqlx::query_as(&self.sql.modifications)
+            .bind(self.tables.schema().as_str())
+            .bind(self.tables.events().as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some((modified, live, age)) = row else {
+            return Ok(false);
+        };
+        let stale = modified >= 10_000 && modified * 10 >= live && age.is_none_or(|a| a > 30.0);
+        if !stale {
+            return Ok(false);
+        }
+        // One relay analyzes at a time; the others skip.
+        let mut tx = self.pool.begin().await?;
+        let locked: bool = sqlx::query_scalar(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox.analyze.' || $1, 0))",
+        )
+        .bind(self.tables.schema().as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        if locked {
+            sqlx::query(&self.sql.analyze).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(locked)
     }
 
     /// Every partition with its owner and backlog.

@@ -15,3 +15,10 @@ LEFT JOIN (
     GROUP BY partition
 ) p ON p.partition = l.partition
 ORDER BY l.partition;
+-- name: modifications
+SELECT n_mod_since_analyze, n_live_tup,
+       extract(epoch FROM now() - greatest(last_analyze, last_autoanalyze))::double precision
+FROM pg_stat_user_tables
+WHERE schemaname = $1 AND relname = $2;
+-- name: analyze
+ANALYZE {schema}.{events};
