@@ -9,7 +9,7 @@ use figment::{
     Figment,
 };
 use outbox_relay::{
-    publishers::{nats::NatsConfig, rabbitmq::RabbitMqConfig},
+    publishers::{nats::NatsConfig, rabbitmq::RabbitMqConfig, webhook::WebhookConfig},
     RelayConfig,
 };
 use serde::{Deserialize, Serialize};
@@ -22,7 +22,7 @@ use crate::logging::LogFormat;
 pub struct FileConfig {
     /// PostgreSQL URL (`postgres://user@host/db`).
     pub database_url: Option<String>,
-    /// Broker URL: `nats://…` or `amqp://…`.
+    /// Broker URL: `nats://…`, `amqp://…` or `http(s)://…` (webhook).
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -34,6 +34,8 @@ pub struct FileConfig {
     pub nats: NatsConfig,
     /// RabbitMQ settings.
     pub rabbitmq: RabbitMqConfig,
+    /// HTTP webhook settings.
+    pub webhook: WebhookConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -66,6 +68,7 @@ impl Default for FileConfig {
             relay: RelayConfig::default(),
             nats: NatsConfig::default(),
             rabbitmq: RabbitMqConfig::default(),
+            webhook: WebhookConfig::default(),
         }
     }
 }

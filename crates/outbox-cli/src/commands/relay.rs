@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use outbox_relay::{
     http,
-    publishers::{nats::NatsPublisher, rabbitmq::RabbitMqPublisher},
+    publishers::{nats::NatsPublisher, rabbitmq::RabbitMqPublisher, webhook::WebhookPublisher},
     Publisher, Relay,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,7 +18,8 @@ pub struct Args {
     /// PostgreSQL URL.
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// Broker URL: nats://host:4222 (JetStream) or amqp://user:pass@host:5672/vhost.
+    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost, or
+    /// http(s)://host/path (webhook; `{destination}` in the path is replaced).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     /// TOML config file (see README: configuration reference).
@@ -86,9 +87,13 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.rabbitmq.url = broker_url;
             Arc::new(RabbitMqPublisher::connect(cfg.rabbitmq.clone()).await?)
         }
+        Some("http" | "https") => {
+            cfg.webhook.url = broker_url;
+            Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
+        }
         other => {
             return Err(format!(
-                "broker URL scheme {:?} is not supported: use nats:// or amqp://",
+                "broker URL scheme {:?} is not supported: use nats://, amqp:// or http(s)://",
                 other.unwrap_or("")
             )
             .into())
