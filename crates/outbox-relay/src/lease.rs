@@ -20,7 +20,7 @@ use std::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Fence, PgStore};
+use crate::store::{Fence, Store};
 
 #[derive(Clone, Copy, Debug)]
 struct Held {
@@ -178,7 +178,7 @@ pub struct LeaseSettings {
 
 /// Heartbeats, renews, acquires and sheds leases until `shutdown`.
 pub async fn run(
-    store: PgStore,
+    store: std::sync::Arc<dyn Store>,
     leases: std::sync::Arc<Leases>,
     settings: LeaseSettings,
     metrics: std::sync::Arc<crate::telemetry::Metrics>,
@@ -186,7 +186,7 @@ pub async fn run(
 ) {
     let local_validity = settings.ttl * 3 / 4;
     loop {
-        if let Err(error) = tick(&store, &leases, &settings, local_validity).await {
+        if let Err(error) = tick(store.as_ref(), &leases, &settings, local_validity).await {
             metrics.database_errors.inc();
             tracing::warn!(%error, "lease heartbeat failed; leases lapse locally when due");
         }
@@ -199,7 +199,7 @@ pub async fn run(
 }
 
 async fn tick(
-    store: &PgStore,
+    store: &dyn Store,
     leases: &Leases,
     s: &LeaseSettings,
     local_validity: Duration,

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::{postgres::PgListener, PgPool};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -15,7 +15,7 @@ use crate::{
     dispatcher::{self, Item, Outcome},
     http::Health,
     lease::{self, LeaseSettings, Leases},
-    store::{ClaimedRow, Failure, Fence, PgStore},
+    store::{ClaimedRow, Failure, Fence, PgStore, Store},
     telemetry::{DestinationLabel, FailureLabels, Metrics},
     Error, FailureClass, Publisher,
 };
@@ -27,7 +27,7 @@ pub struct Relay {
 
 /// What the relay loop and its batch tasks share.
 struct Shared {
-    store: PgStore,
+    store: Arc<dyn Store>,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
     relay_id: String,
@@ -56,7 +56,8 @@ impl RelayHandle {
 }
 
 impl Relay {
-    /// Validates the configuration and opens the outbox (which must have been migrated).
+    /// Validates the configuration and opens the PostgreSQL outbox (which must have been
+    /// migrated).
     pub async fn new(
         pool: PgPool,
         publisher: Arc<dyn Publisher>,
@@ -64,6 +65,28 @@ impl Relay {
     ) -> Result<Self, Error> {
         config.validate()?;
         let store = PgStore::open(pool, &config.tables()).await?;
+        Self::with_store(Arc::new(store), publisher, config)
+    }
+
+    /// Opens the SQLite outbox (migrated with `outbox::sqlite::SqliteOutbox::migrate`). One
+    /// relay publishes at a time; another on the same file waits as a standby.
+    pub async fn sqlite(
+        pool: sqlx::SqlitePool,
+        publisher: Arc<dyn Publisher>,
+        config: RelayConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let store = crate::store::SqliteStore::open(pool, &config.tables()).await?;
+        Self::with_store(Arc::new(store), publisher, config)
+    }
+
+    /// A relay over any [`Store`].
+    pub fn with_store(
+        store: Arc<dyn Store>,
+        publisher: Arc<dyn Publisher>,
+        config: RelayConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
         let relay_id = config.relay_id.clone().unwrap_or_else(default_relay_id);
         let health = Arc::new(Health::new(config.stall_timeout));
         Ok(Self {
@@ -123,12 +146,9 @@ impl Relay {
             background.clone(),
         ));
         let wake = Arc::new(tokio::sync::Notify::new());
-        tokio::spawn(listen(
-            this.store.pool().clone(),
-            this.config.tables().channel(),
-            wake.clone(),
-            background.clone(),
-        ));
+        if let Some(listener) = this.store.notifications(wake.clone(), background.clone()) {
+            tokio::spawn(listener);
+        }
         tokio::spawn(sample_stats(
             this.store.clone(),
             this.metrics.clone(),
@@ -471,46 +491,9 @@ impl Backoff {
     }
 }
 
-/// Wakes the relay on NOTIFY; reconnects with backoff when the connection drops. Missed
-/// notifications only delay work until the fallback poll.
-async fn listen(
-    pool: PgPool,
-    channel: String,
-    wake: Arc<tokio::sync::Notify>,
-    shutdown: CancellationToken,
-) {
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
-    loop {
-        let attempt = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(&channel).await?;
-            loop {
-                listener.recv().await?;
-                wake.notify_one();
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
-        };
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            result = attempt => {
-                if let Err(error) = result {
-                    tracing::debug!(%error, "notification listener disconnected");
-                }
-            }
-        }
-        // Wake once: notifications may have been missed while disconnected.
-        wake.notify_one();
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(backoff.next()) => {}
-        }
-    }
-}
-
 /// Samples the backlog gauges (G7).
 async fn sample_stats(
-    store: PgStore,
+    store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     every: Duration,

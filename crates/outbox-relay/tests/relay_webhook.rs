@@ -15,10 +15,13 @@ use outbox_testkit::{unique, wait_until, TestDb};
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// One request as received: path, headers, body.
+type Request = (String, HashMap<String, String>, Vec<u8>);
+
 #[derive(Clone, Default)]
 struct Receiver {
-    /// (path, headers, body) of every request.
-    seen: Arc<Mutex<Vec<(String, HashMap<String, String>, Vec<u8>)>>>,
+    /// Every request received.
+    seen: Arc<Mutex<Vec<Request>>>,
     /// Remaining failures to answer per aggregate id, with the status to answer.
     script: Arc<Mutex<HashMap<String, (u32, u16)>>>,
 }

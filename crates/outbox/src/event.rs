@@ -173,6 +173,20 @@ impl Event {
     }
 }
 
+/// Validates a batch; in a batch of several, the field is named with the event's index.
+pub(crate) fn validate_all(events: &[Event], max_payload_bytes: usize) -> Result<(), Error> {
+    for (i, event) in events.iter().enumerate() {
+        event.validate(max_payload_bytes).map_err(|e| match e {
+            Error::InvalidEvent { field, reason } if events.len() > 1 => Error::InvalidEvent {
+                field: format!("events[{i}].{field}"),
+                reason,
+            },
+            other => other,
+        })?;
+    }
+    Ok(())
+}
+
 fn check_name(field: &str, value: &str, max: usize) -> Result<(), Error> {
     if value.trim().is_empty() {
         return Err(Error::invalid(field, "must not be empty"));

@@ -97,6 +97,20 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// Renders a SQLite template: SQLite has no schemas, so each table is named
+    /// `{schema}_{name}` (`outbox_events`, `outbox_leases`, …). The names are validated
+    /// identifiers and need no quoting.
+    pub fn render_sqlite(&self, template: &str) -> String {
+        let prefix = self.schema.as_str();
+        let mut out = template.replace("{events}", &format!("{prefix}_{}", self.events.as_str()));
+        for table in ["leases", "relays", "holds", "meta", "inbox", "migrations"] {
+            out = out.replace(&format!("{{{table}}}"), &format!("{prefix}_{table}"));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,9 +32,14 @@
 mod error;
 mod event;
 mod ident;
+mod inbox;
+mod migration;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 pub use error::{Error, SchemaError};
 pub use event::{Event, Headers, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use ident::{Ident, Tables};
+pub use inbox::Seen;

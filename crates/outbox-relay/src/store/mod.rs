@@ -2,14 +2,17 @@
 //! with the validated schema and table names; every value is a bind parameter.
 
 mod rows;
+mod sqlite;
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
 use outbox::Tables;
 use sqlx::{PgPool, Row};
 
 pub use rows::{ClaimedRow, Failure};
+pub use sqlite::SqliteStore;
 
 use crate::Error;
 
@@ -99,6 +102,81 @@ pub struct PartitionStatus {
     pub pending: i64,
     /// Age of its oldest pending event, in seconds.
     pub oldest_age_seconds: Option<f64>,
+}
+
+/// What the relay needs from a database. Internal seam between the relay and its storage
+/// backends (PostgreSQL, SQLite): not a stable API for applications, which use the write side
+/// in the `outbox` crate. Every method is one short statement or transaction; every write of
+/// event state is fenced by the lease epochs given.
+pub trait Store: Send + Sync + 'static {
+    /// Partition count.
+    fn partitions(&self) -> i32;
+    /// Records the relay as alive; returns the live relay ids, sorted.
+    fn heartbeat<'a>(
+        &'a self,
+        relay_id: &'a str,
+        hostname: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, sqlx::Error>>;
+    /// Removes the relay from the live set.
+    fn deregister<'a>(&'a self, relay_id: &'a str) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    /// Extends `held`; returns the partitions still held.
+    fn renew<'a>(
+        &'a self,
+        relay_id: &'a str,
+        held: &'a [Fence],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<i32>, sqlx::Error>>;
+    /// Takes up to `n` free or expired partitions, bumping their epoch.
+    fn acquire<'a>(
+        &'a self,
+        relay_id: &'a str,
+        n: i64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>>;
+    /// Gives leases back.
+    fn release<'a>(
+        &'a self,
+        relay_id: &'a str,
+        leases: &'a [Fence],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    /// Pending rows of `partitions` (visited in order), skipping held aggregates.
+    fn claim<'a>(
+        &'a self,
+        partitions: &'a [i32],
+        limit: i64,
+        max_payload_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>>;
+    /// Marks acknowledged events published; returns how many were.
+    fn mark_published<'a>(
+        &'a self,
+        relay_id: &'a str,
+        fences: &'a [Fence],
+        ids: &'a [i64],
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>>;
+    /// Records failed attempts; returns how many were recorded.
+    fn mark_failed<'a>(
+        &'a self,
+        relay_id: &'a str,
+        fences: &'a [Fence],
+        failures: &'a [Failure],
+        park_on_dead: bool,
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>>;
+    /// Pending count, oldest pending age, dead count.
+    fn backlog(&self) -> BoxFuture<'_, Result<Backlog, sqlx::Error>>;
+    /// Keeps planner statistics fresh where the database needs it; returns whether it acted.
+    fn refresh_statistics(&self) -> BoxFuture<'_, Result<bool, sqlx::Error>> {
+        Box::pin(async { Ok(false) })
+    }
+    /// A task that calls `wake` when new events are committed, if the database can say so.
+    fn notifications(
+        &self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Option<BoxFuture<'static, ()>> {
+        let _ = (wake, shutdown);
+        None
+    }
 }
 
 /// The relay's handle on the outbox tables.
@@ -347,6 +425,133 @@ impl PgStore {
                 }
             })
             .collect())
+    }
+}
+
+impl Store for PgStore {
+    fn partitions(&self) -> i32 {
+        self.partitions
+    }
+    fn heartbeat<'a>(
+        &'a self,
+        relay_id: &'a str,
+        hostname: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, sqlx::Error>> {
+        Box::pin(PgStore::heartbeat(self, relay_id, hostname, ttl))
+    }
+    fn deregister<'a>(&'a self, relay_id: &'a str) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(PgStore::deregister(self, relay_id))
+    }
+    fn renew<'a>(
+        &'a self,
+        relay_id: &'a str,
+        held: &'a [Fence],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<i32>, sqlx::Error>> {
+        Box::pin(PgStore::renew(self, relay_id, held, ttl))
+    }
+    fn acquire<'a>(
+        &'a self,
+        relay_id: &'a str,
+        n: i64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>> {
+        Box::pin(PgStore::acquire(self, relay_id, n, ttl))
+    }
+    fn release<'a>(
+        &'a self,
+        relay_id: &'a str,
+        leases: &'a [Fence],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(PgStore::release(self, relay_id, leases))
+    }
+    fn claim<'a>(
+        &'a self,
+        partitions: &'a [i32],
+        limit: i64,
+        max_payload_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {
+        Box::pin(PgStore::claim(self, partitions, limit, max_payload_bytes))
+    }
+    fn mark_published<'a>(
+        &'a self,
+        relay_id: &'a str,
+        fences: &'a [Fence],
+        ids: &'a [i64],
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        Box::pin(PgStore::mark_published(self, relay_id, fences, ids))
+    }
+    fn mark_failed<'a>(
+        &'a self,
+        relay_id: &'a str,
+        fences: &'a [Fence],
+        failures: &'a [Failure],
+        park_on_dead: bool,
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        Box::pin(PgStore::mark_failed(
+            self,
+            relay_id,
+            fences,
+            failures,
+            park_on_dead,
+        ))
+    }
+    fn backlog(&self) -> BoxFuture<'_, Result<Backlog, sqlx::Error>> {
+        Box::pin(PgStore::backlog(self))
+    }
+    fn refresh_statistics(&self) -> BoxFuture<'_, Result<bool, sqlx::Error>> {
+        Box::pin(PgStore::refresh_statistics(self))
+    }
+    fn notifications(
+        &self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Option<BoxFuture<'static, ()>> {
+        Some(Box::pin(listen(
+            self.pool.clone(),
+            self.tables.channel(),
+            wake,
+            shutdown,
+        )))
+    }
+}
+
+/// Wakes the relay on NOTIFY; reconnects with backoff when the connection drops. Missed
+/// notifications only delay work until the fallback poll.
+async fn listen(
+    pool: PgPool,
+    channel: String,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(&channel).await?;
+            loop {
+                listener.recv().await?;
+                wake.notify_one();
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = attempt => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "notification listener disconnected");
+                }
+            }
+        }
+        // Wake once: notifications may have been missed while disconnected.
+        wake.notify_one();
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
     }
 }
 

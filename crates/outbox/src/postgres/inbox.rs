@@ -24,23 +24,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::{Error, Tables};
-
-/// Whether an event is seen for the first time by a consumer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Seen {
-    /// First time: apply the effect in this transaction.
-    New,
-    /// Already applied (by an earlier delivery): skip the effect.
-    Duplicate,
-}
-
-impl Seen {
-    /// True for [`Seen::New`].
-    pub fn is_new(self) -> bool {
-        self == Seen::New
-    }
-}
+use crate::{Error, Seen, Tables};
 
 /// The inbox table of an outbox schema.
 #[derive(Clone, Debug)]

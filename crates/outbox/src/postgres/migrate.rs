@@ -4,7 +4,7 @@
 
 use sqlx::{Executor, Row};
 
-use crate::{error::SchemaError, Error, Tables};
+use crate::{Error, SchemaError, Tables};
 
 /// The migrations this build ships: (version, description, template).
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -68,22 +68,8 @@ pub(super) async fn run(
     .await
     .map_err(Error::Database)?;
 
-    let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    if let Some((latest, _)) = applied.last() {
-        if *latest > known {
-            return Err(Error::Schema(SchemaError::TooNew {
-                database: *latest,
-                known,
-            }));
-        }
-    }
-    for (version, description, template) in MIGRATIONS {
-        let checksum = checksum(template);
-        match applied.iter().find(|(v, _)| v == version) {
-            Some((_, existing)) if *existing == checksum => continue,
-            Some(_) => return Err(Error::Schema(SchemaError::Modified { version: *version })),
-            None => {}
-        }
+    for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
+        let checksum = crate::migration::checksum(template);
         let sql = tables
             .render(template)
             .replace("{partitions}", &partitions.to_string());
@@ -116,12 +102,4 @@ pub(super) async fn run(
         _ => {}
     }
     tx.commit().await.map_err(Error::Database)
-}
-
-/// FNV-1a over the template: stable across builds and platforms, enough to notice an edit.
-fn checksum(text: &str) -> String {
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{hash:016x}")
 }

@@ -6,7 +6,8 @@ mod migrate;
 use sqlx::{types::Json, PgConnection};
 use uuid::Uuid;
 
-pub use inbox::{PgInbox, Seen};
+pub use crate::Seen;
+pub use inbox::PgInbox;
 pub use migrate::{MigrateOptions, DEFAULT_PARTITIONS, MIGRATIONS};
 
 use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};

@@ -1,0 +1,412 @@
+//! SQLite storage for the relay: one partition, so one active relay per database file (a
+//! second relay waits as a standby for the lease). SQLite serialises writers, so checking the
+//! lease epoch inside the write transaction fences every state change. Times in the lease,
+//! relay and hold tables are unix milliseconds from SQLite's clock.
+
+use std::{collections::HashSet, time::Duration};
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use futures::future::BoxFuture;
+use outbox::Tables;
+use sqlx::{Executor, Row, SqlitePool};
+use uuid::Uuid;
+
+use super::{named, Backlog, ClaimedRow, Failure, Fence, Store};
+use crate::Error;
+
+#[derive(Debug)]
+struct Sql {
+    now_ms: String,
+    register: String,
+    live_relays: String,
+    forget_dead_relays: String,
+    deregister: String,
+    renew: String,
+    acquire: String,
+    release: String,
+    held: String,
+    claim: String,
+    mark_published: String,
+    release_hold: String,
+    mark_failed: String,
+    hold: String,
+    unhold: String,
+    backlog: String,
+}
+
+/// The relay's handle on a SQLite outbox.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    sql: std::sync::Arc<Sql>,
+}
+
+impl SqliteStore {
+    /// Opens the outbox at `tables` (migrated with `outbox::sqlite::SqliteOutbox::migrate`).
+    pub async fn open(pool: SqlitePool, tables: &Tables) -> Result<Self, Error> {
+        let file = include_str!("sql/sqlite.sql");
+        let r = |name: &str| tables.render_sqlite(named(file, name));
+        let sql = Sql {
+            now_ms: r("now_ms"),
+            register: r("register"),
+            live_relays: r("live_relays"),
+            forget_dead_relays: r("forget_dead_relays"),
+            deregister: r("deregister"),
+            renew: r("renew"),
+            acquire: r("acquire"),
+            release: r("release"),
+            held: r("held"),
+            claim: r("claim"),
+            mark_published: r("mark_published"),
+            release_hold: r("release_hold"),
+            mark_failed: r("mark_failed"),
+            hold: r("hold"),
+            unhold: r("unhold"),
+            backlog: r("backlog"),
+        };
+        let meta = tables.render_sqlite("SELECT partitions FROM {meta}");
+        sqlx::query_scalar::<_, i64>(&meta)
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| match &e {
+                sqlx::Error::Database(d) if d.message().contains("no such table") => {
+                    Error::Outbox(outbox::Error::Schema(outbox::SchemaError::Missing))
+                }
+                _ => Error::Database(e),
+            })?;
+        Ok(Self {
+            pool,
+            sql: std::sync::Arc::new(sql),
+        })
+    }
+
+    async fn now_ms(&self, conn: &mut sqlx::SqliteConnection) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.now_ms).fetch_one(conn).await
+    }
+
+    /// A connection inside a write transaction (`BEGIN IMMEDIATE` takes the write lock up
+    /// front, so the lease check and the update cannot interleave with another writer).
+    async fn begin_write(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        conn.execute("BEGIN IMMEDIATE").await?;
+        Ok(conn)
+    }
+
+    /// Commits when `result` is Ok, else rolls back; returns `result`.
+    async fn finish_ref<T>(
+        conn: &mut sqlx::SqliteConnection,
+        result: Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        conn.execute(end).await?;
+        result
+    }
+
+    async fn fenced(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        relay_id: &str,
+        fences: &[Fence],
+    ) -> Result<HashSet<i32>, sqlx::Error> {
+        let mut held = HashSet::new();
+        for (partition, epoch) in fences {
+            let n: i64 = sqlx::query_scalar(&self.sql.held)
+                .bind(partition)
+                .bind(epoch)
+                .bind(relay_id)
+                .fetch_one(&mut *conn)
+                .await?;
+            if n == 1 {
+                held.insert(*partition);
+            }
+        }
+        Ok(held)
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn parse_time(text: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .ok()
+        .or_else(|| {
+            NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
+                .ok()
+                .map(|t| t.and_utc())
+        })
+}
+
+fn claimed(row: &sqlx::sqlite::SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
+    let text = |name: &str| row.try_get::<String, _>(name);
+    let event_id = text("event_id")?;
+    let headers = text("headers")?;
+    let occurred_at = text("occurred_at")?;
+    Ok(ClaimedRow {
+        id: row.try_get("id")?,
+        // A malformed id or header text is kept visible: the relay dead-letters it with reason.
+        event_id: Uuid::parse_str(&event_id).unwrap_or(Uuid::nil()),
+        aggregate_type: text("aggregate_type")?,
+        aggregate_id: text("aggregate_id")?,
+        aggregate_version: row.try_get("aggregate_version")?,
+        event_type: text("event_type")?,
+        schema_version: row.try_get("schema_version")?,
+        destination: row.try_get("destination")?,
+        payload: row.try_get("payload")?,
+        payload_size: row.try_get("payload_size")?,
+        content_type: text("content_type")?,
+        headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
+        occurred_at: parse_time(&occurred_at).unwrap_or_else(Utc::now),
+        partition: row.try_get("partition")?,
+        attempts: row.try_get("attempts")?,
+    })
+}
+
+impl Store for SqliteStore {
+    fn partitions(&self) -> i32 {
+        1
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        relay_id: &'a str,
+        hostname: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            let now = self.now_ms(&mut conn).await?;
+            sqlx::query(&self.sql.register)
+                .bind(relay_id)
+                .bind(hostname)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(&self.sql.forget_dead_relays)
+                .bind(now - 10 * millis(ttl))
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query_scalar(&self.sql.live_relays)
+                .bind(now - millis(ttl))
+                .fetch_all(&mut *conn)
+                .await
+        })
+    }
+
+    fn deregister<'a>(&'a self, relay_id: &'a str) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(&self.sql.deregister)
+                .bind(relay_id)
+                .execute(&self.pool)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        relay_id: &'a str,
+        held: &'a [Fence],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<i32>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.begin_write().await?;
+            let conn = &mut *conn;
+            let result = async {
+                let now: i64 = sqlx::query_scalar(&self.sql.now_ms)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let mut still = Vec::new();
+                for (partition, epoch) in held {
+                    let kept: Option<i32> = sqlx::query_scalar(&self.sql.renew)
+                        .bind(partition)
+                        .bind(epoch)
+                        .bind(now + millis(ttl))
+                        .bind(relay_id)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                    still.extend(kept);
+                }
+                Ok(still)
+            }
+            .await;
+            Self::finish_ref(conn, result).await
+        })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        relay_id: &'a str,
+        n: i64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.begin_write().await?;
+            let conn = &mut *conn;
+            let result = async {
+                let now: i64 = sqlx::query_scalar(&self.sql.now_ms)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let rows = sqlx::query(&self.sql.acquire)
+                    .bind(n)
+                    .bind(relay_id)
+                    .bind(now + millis(ttl))
+                    .bind(now)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                rows.iter()
+                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                    .collect()
+            }
+            .await;
+            Self::finish_ref(conn, result).await
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        relay_id: &'a str,
+        leases: &'a [Fence],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.begin_write().await?;
+            let conn = &mut *conn;
+            let result = async {
+                for (partition, epoch) in leases {
+                    sqlx::query(&self.sql.release)
+                        .bind(partition)
+                        .bind(epoch)
+                        .bind(relay_id)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            }
+            .await;
+            Self::finish_ref(conn, result).await
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        partitions: &'a [i32],
+        limit: i64,
+        max_payload_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            let now = self.now_ms(&mut conn).await?;
+            let rows = sqlx::query(&self.sql.claim)
+                .bind(serde_json::to_string(partitions).expect("integers"))
+                .bind(limit)
+                .bind(i64::try_from(max_payload_bytes).unwrap_or(i64::MAX))
+                .bind(now)
+                .fetch_all(&mut *conn)
+                .await?;
+            rows.iter().map(claimed).collect()
+        })
+    }
+
+    fn mark_published<'a>(
+        &'a self,
+        relay_id: &'a str,
+        fences: &'a [Fence],
+        ids: &'a [i64],
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.begin_write().await?;
+            let conn = &mut *conn;
+            let result = async {
+                if self.fenced(conn, relay_id, fences).await?.is_empty() {
+                    return Ok(0);
+                }
+                let done = sqlx::query(&self.sql.mark_published)
+                    .bind(serde_json::to_string(ids).expect("integers"))
+                    .fetch_all(&mut *conn)
+                    .await?;
+                for row in &done {
+                    sqlx::query(&self.sql.release_hold)
+                        .bind(row.try_get::<String, _>(1)?)
+                        .bind(row.try_get::<String, _>(2)?)
+                        .bind(row.try_get::<i64, _>(0)?)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(done.len() as i64)
+            }
+            .await;
+            Self::finish_ref(conn, result).await
+        })
+    }
+
+    fn mark_failed<'a>(
+        &'a self,
+        relay_id: &'a str,
+        fences: &'a [Fence],
+        failures: &'a [Failure],
+        park_on_dead: bool,
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.begin_write().await?;
+            let conn = &mut *conn;
+            let result = async {
+                if self.fenced(conn, relay_id, fences).await?.is_empty() {
+                    return Ok(0);
+                }
+                let now = self.now_ms(conn).await?;
+                let mut n = 0;
+                for f in failures {
+                    let until = now + millis(f.backoff);
+                    let row = sqlx::query(&self.sql.mark_failed)
+                        .bind(f.id)
+                        .bind(&f.error)
+                        .bind(f.dead)
+                        .bind(until)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                    let Some(row) = row else { continue };
+                    n += 1;
+                    let (aggregate_type, aggregate_id, partition): (String, String, i32) =
+                        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                    if f.dead && !park_on_dead {
+                        sqlx::query(&self.sql.unhold)
+                            .bind(&aggregate_type)
+                            .bind(&aggregate_id)
+                            .execute(&mut *conn)
+                            .await?;
+                        continue;
+                    }
+                    sqlx::query(&self.sql.hold)
+                        .bind(aggregate_type)
+                        .bind(aggregate_id)
+                        .bind(partition)
+                        .bind(f.id)
+                        .bind((!f.dead).then_some(until))
+                        .bind(now)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(n)
+            }
+            .await;
+            Self::finish_ref(conn, result).await
+        })
+    }
+
+    fn backlog(&self) -> BoxFuture<'_, Result<Backlog, sqlx::Error>> {
+        Box::pin(async move {
+            let row = sqlx::query(&self.sql.backlog).fetch_one(&self.pool).await?;
+            let oldest: Option<String> = row.try_get(1)?;
+            Ok(Backlog {
+                pending: row.try_get(0)?,
+                oldest_age: oldest
+                    .as_deref()
+                    .and_then(parse_time)
+                    .map(|t| (Utc::now() - t).to_std().unwrap_or_default()),
+                dead: row.try_get(2)?,
+            })
+        })
+    }
+}

@@ -1,0 +1,291 @@
+//! One behaviour suite that every relay storage backend passes: PostgreSQL and SQLite.
+
+use std::{sync::Arc, time::Duration};
+
+use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Tables};
+use outbox_relay::store::{Failure, PgStore, SqliteStore, Store};
+use outbox_testkit::{unique, TestDb};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+
+const TTL: Duration = Duration::from_secs(30);
+const MAX: usize = 1024;
+
+/// A backend under test: its store, and a writer plus a status reader on the same outbox.
+struct Backend {
+    store: Arc<dyn Store>,
+    write: Writer,
+    _pg: Option<TestDb>,
+    _file: Option<std::path::PathBuf>,
+}
+
+enum Writer {
+    Pg(TestDb),
+    Sqlite(SqlitePool, Tables),
+}
+
+impl Backend {
+    async fn postgres() -> Self {
+        let db = TestDb::new(1).await;
+        let store = PgStore::open(db.pool.clone(), &db.tables).await.unwrap();
+        let writer_db = TestDb::adopt(db.pool.clone(), db.tables.clone());
+        Self {
+            store: Arc::new(store),
+            write: Writer::Pg(writer_db),
+            _pg: Some(db),
+            _file: None,
+        }
+    }
+
+    async fn sqlite() -> Self {
+        let path = std::env::temp_dir().join(format!("{}.db", unique("outbox")));
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .unwrap();
+        let tables = Tables::default();
+        SqliteOutbox::new(tables.clone())
+            .migrate(&pool)
+            .await
+            .unwrap();
+        let store = SqliteStore::open(pool.clone(), &tables).await.unwrap();
+        Self {
+            store: Arc::new(store),
+            write: Writer::Sqlite(pool, tables),
+            _pg: None,
+            _file: Some(path),
+        }
+    }
+
+    async fn enqueue(&self, events: &[Event]) {
+        match &self.write {
+            Writer::Pg(db) => {
+                let mut tx = db.pool.begin().await.unwrap();
+                PgOutbox::new(db.tables.clone())
+                    .max_payload_bytes(1 << 20)
+                    .enqueue_batch(&mut tx, events)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+            Writer::Sqlite(pool, tables) => {
+                let mut tx = pool.begin().await.unwrap();
+                SqliteOutbox::new(tables.clone())
+                    .max_payload_bytes(1 << 20)
+                    .enqueue_batch(&mut tx, events)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+        }
+    }
+
+    async fn status_of(&self, id: i64) -> String {
+        match &self.write {
+            Writer::Pg(db) => sqlx::query_scalar(
+                &db.tables
+                    .render("SELECT status FROM {schema}.{events} WHERE id = $1"),
+            )
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap(),
+            Writer::Sqlite(pool, tables) => sqlx::query_scalar(
+                &tables.render_sqlite("SELECT status FROM {events} WHERE id = ?"),
+            )
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Some(path) = &self._file {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+    }
+}
+
+fn events(aggregate: &str, n: i64) -> Vec<Event> {
+    (1..=n)
+        .map(|v| Event::new("order", aggregate, "Happened").aggregate_version(v))
+        .collect()
+}
+
+async fn leases_are_exclusive_fenced_and_handed_over(b: Backend) {
+    let s = &b.store;
+    let all = s.acquire("r1", 100, TTL).await.unwrap();
+    assert_eq!(all.len(), s.partitions() as usize);
+    assert!(
+        s.acquire("r2", 100, TTL).await.unwrap().is_empty(),
+        "held by r1"
+    );
+    assert_eq!(s.renew("r1", &all, TTL).await.unwrap().len(), all.len());
+    s.release("r1", &all).await.unwrap();
+    let taken = s.acquire("r2", 100, TTL).await.unwrap();
+    assert_eq!(taken.len(), all.len());
+    assert!(
+        taken.iter().zip(&all).all(|(t, a)| t.1 == a.1 + 1),
+        "epoch bumped"
+    );
+    assert!(
+        s.renew("r1", &all, TTL).await.unwrap().is_empty(),
+        "r1 lost them"
+    );
+    let live = s.heartbeat("r2", "host", TTL).await.unwrap();
+    assert_eq!(live, vec!["r2".to_owned()]);
+    s.deregister("r2").await.unwrap();
+}
+
+async fn claims_pending_rows_in_order_and_marks_them_fenced(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 3)).await;
+    b.enqueue(&events("b", 2)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<i32> = fences.iter().map(|f| f.0).collect();
+    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    assert_eq!(rows.len(), 5);
+    assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
+    assert_eq!(s.backlog().await.unwrap().pending, 5);
+
+    // Another relay takes over: the old owner's marks are refused.
+    s.release("r1", &fences).await.unwrap();
+    let theirs = s.acquire("r2", 100, TTL).await.unwrap();
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    assert_eq!(s.mark_published("r1", &fences, &ids).await.unwrap(), 0);
+    assert_eq!(b.status_of(ids[0]).await, "pending");
+    assert_eq!(s.mark_published("r2", &theirs, &ids[..2]).await.unwrap(), 2);
+    assert_eq!(b.status_of(ids[0]).await, "published");
+    let left = s.claim(&parts, 100, MAX).await.unwrap();
+    assert_eq!(left.len(), 3);
+    let backlog = s.backlog().await.unwrap();
+    assert_eq!((backlog.pending, backlog.dead), (3, 0));
+    assert!(backlog.oldest_age.is_some());
+}
+
+async fn failures_hold_park_or_skip_the_aggregate(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 3)).await;
+    b.enqueue(&events("b", 1)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<i32> = fences.iter().map(|f| f.0).collect();
+    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let a1 = rows.iter().find(|r| r.aggregate_id == "a").unwrap().id;
+    let retry = Failure {
+        id: a1,
+        error: "transient: down".into(),
+        backoff: Duration::from_secs(3600),
+        dead: false,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[retry], true).await.unwrap(),
+        1
+    );
+    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    assert_eq!(rows.len(), 1, "a is held while its head waits: {rows:?}");
+    assert_eq!(rows[0].aggregate_id, "b");
+
+    let dead = Failure {
+        id: a1,
+        error: "permanent: rejected".into(),
+        backoff: Duration::ZERO,
+        dead: true,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[dead], true).await.unwrap(),
+        1
+    );
+    assert_eq!(b.status_of(a1).await, "dead");
+    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    assert_eq!(rows.len(), 1, "a is parked behind its dead head");
+    assert_eq!(s.backlog().await.unwrap().dead, 1);
+
+    // With on_dead = skip, the aggregate's next event goes on.
+    b.enqueue(&events("c", 2)).await;
+    let c1 = s
+        .claim(&parts, 100, MAX)
+        .await
+        .unwrap()
+        .iter()
+        .find(|r| r.aggregate_id == "c")
+        .unwrap()
+        .id;
+    let skip = Failure {
+        id: c1,
+        error: "permanent: rejected".into(),
+        backoff: Duration::ZERO,
+        dead: true,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[skip], false).await.unwrap(),
+        1
+    );
+    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    assert!(rows
+        .iter()
+        .any(|r| r.aggregate_id == "c" && r.aggregate_version == Some(2)));
+
+    // A retry whose backoff has elapsed is claimed again, and publishing it lifts the hold.
+    b.enqueue(&events("d", 2)).await;
+    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let d1 = rows.iter().find(|r| r.aggregate_id == "d").unwrap().id;
+    let soon = Failure {
+        id: d1,
+        error: "transient: blip".into(),
+        backoff: Duration::ZERO,
+        dead: false,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[soon], true).await.unwrap(),
+        1
+    );
+    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let d_rows: Vec<_> = rows.iter().filter(|r| r.aggregate_id == "d").collect();
+    assert_eq!(d_rows.len(), 2);
+    assert_eq!(d_rows[0].attempts, 1);
+    assert_eq!(s.mark_published("r1", &fences, &[d1]).await.unwrap(), 1);
+}
+
+async fn oversized_payloads_are_not_loaded(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&[
+        Event::new("doc", "1", "Saved").payload(vec![7u8; MAX + 1], "application/octet-stream")
+    ])
+    .await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<i32> = fences.iter().map(|f| f.0).collect();
+    let rows = s.claim(&parts, 10, MAX).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].payload.is_none());
+    assert_eq!(rows[0].payload_size, MAX as i64 + 1);
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(#[tokio::test]
+            async fn $name() { super::$name(super::Backend::postgres().await).await })*
+        }
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $name() { super::$name(super::Backend::sqlite().await).await })*
+        }
+    };
+}
+
+conformance!(
+    leases_are_exclusive_fenced_and_handed_over,
+    claims_pending_rows_in_order_and_marks_them_fenced,
+    failures_hold_park_or_skip_the_aggregate,
+    oversized_payloads_are_not_loaded,
+);

@@ -1,0 +1,238 @@
+//! SQLite storage (sqlx): the embedded default. The same contract as PostgreSQL's, in tables
+//! named `{schema}_events`, `{schema}_inbox`, … (SQLite has no schemas). One relay at a time.
+
+use std::time::Duration;
+
+use sqlx::{Executor, SqliteConnection, SqlitePool};
+use uuid::Uuid;
+
+use crate::{event::validate_all, Error, Event, Seen, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
+
+/// The migrations this build ships for SQLite.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "create outbox and inbox",
+    include_str!("migrations/0001_create_outbox.sql"),
+)];
+
+/// Writes events into a SQLite outbox. Cheap to clone; holds no connection.
+#[derive(Clone, Debug)]
+pub struct SqliteOutbox {
+    tables: Tables,
+    max_payload_bytes: usize,
+    insert_sql: String,
+}
+
+impl Default for SqliteOutbox {
+    fn default() -> Self {
+        Self::new(Tables::default())
+    }
+}
+
+impl SqliteOutbox {
+    /// An outbox whose tables are prefixed with `tables.schema()`.
+    pub fn new(tables: Tables) -> Self {
+        let insert_sql = tables.render_sqlite(
+            "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, aggregate_version, \
+             event_type, schema_version, destination, payload, content_type, headers, occurred_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
+                     COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+        );
+        Self {
+            tables,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            insert_sql,
+        }
+    }
+
+    /// Changes the largest payload accepted (bytes).
+    pub fn max_payload_bytes(mut self, limit: usize) -> Self {
+        self.max_payload_bytes = limit;
+        self
+    }
+
+    /// Where this outbox lives.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    /// Creates or upgrades the tables (idempotent; concurrent callers serialise on SQLite's
+    /// write lock).
+    pub async fn migrate(&self, pool: &SqlitePool) -> Result<(), Error> {
+        let mut conn = pool.acquire().await.map_err(Error::Database)?;
+        conn.execute("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::Database)?;
+        let result = migrate_locked(&mut conn, &self.tables).await;
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        conn.execute(end).await.map_err(Error::Database)?;
+        result
+    }
+
+    /// Writes one event inside the caller's transaction and returns its id. Never commits.
+    pub async fn enqueue(&self, conn: &mut SqliteConnection, event: &Event) -> Result<Uuid, Error> {
+        self.enqueue_batch(conn, std::slice::from_ref(event))
+            .await
+            .map(|ids| ids[0])
+    }
+
+    /// Writes many events, in order, inside the caller's transaction. All are validated first;
+    /// nothing is written if one is invalid.
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        events: &[Event],
+    ) -> Result<Vec<Uuid>, Error> {
+        validate_all(events, self.max_payload_bytes)?;
+        let mut ids = Vec::with_capacity(events.len());
+        for e in events {
+            sqlx::query(&self.insert_sql)
+                .bind(e.event_id.to_string())
+                .bind(&e.aggregate_type)
+                .bind(&e.aggregate_id)
+                .bind(e.aggregate_version)
+                .bind(&e.event_type)
+                .bind(e.schema_version)
+                .bind(&e.destination)
+                .bind(&e.payload)
+                .bind(&e.content_type)
+                .bind(serde_json::to_string(&e.headers).map_err(Error::Serialize)?)
+                .bind(
+                    e.occurred_at
+                        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()),
+                )
+                .execute(&mut *conn)
+                .await
+                .map_err(|err| map_insert_error(err, e))?;
+            ids.push(e.event_id);
+        }
+        Ok(ids)
+    }
+}
+
+async fn migrate_locked(conn: &mut SqliteConnection, tables: &Tables) -> Result<(), Error> {
+    conn.execute(sqlx::raw_sql(&tables.render_sqlite(
+        "CREATE TABLE IF NOT EXISTS {migrations} (
+             version     INTEGER PRIMARY KEY,
+             description TEXT NOT NULL,
+             checksum    TEXT NOT NULL,
+             applied_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+    )))
+    .await
+    .map_err(Error::Database)?;
+    let applied: Vec<(i32, String)> = sqlx::query_as(
+        &tables.render_sqlite("SELECT version, checksum FROM {migrations} ORDER BY version"),
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::Database)?;
+    for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
+        conn.execute(sqlx::raw_sql(&tables.render_sqlite(template)))
+            .await
+            .map_err(Error::Database)?;
+        sqlx::query(&tables.render_sqlite(
+            "INSERT INTO {migrations} (version, description, checksum) VALUES (?, ?, ?)",
+        ))
+        .bind(version)
+        .bind(description)
+        .bind(crate::migration::checksum(template))
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::Database)?;
+    }
+    Ok(())
+}
+
+fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {
+    let message = error
+        .as_database_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    if message.contains("UNIQUE constraint failed") && message.contains("aggregate_version") {
+        return Error::DuplicateAggregateVersion {
+            aggregate_type: event.aggregate_type.clone(),
+            aggregate_id: event.aggregate_id.clone(),
+            version: event.aggregate_version.unwrap_or_default(),
+        };
+    }
+    if message.contains("no such table") {
+        return Error::Schema(crate::SchemaError::Missing);
+    }
+    Error::Database(error)
+}
+
+/// The SQLite inbox (see [`crate::postgres::PgInbox`] for the contract).
+#[derive(Clone, Debug)]
+pub struct SqliteInbox {
+    record_sql: String,
+    purge_sql: String,
+}
+
+impl Default for SqliteInbox {
+    fn default() -> Self {
+        Self::new(&Tables::default())
+    }
+}
+
+impl SqliteInbox {
+    /// The inbox of the outbox in `tables`.
+    pub fn new(tables: &Tables) -> Self {
+        Self {
+            record_sql: tables.render_sqlite(
+                "INSERT INTO {inbox} (consumer, event_id) VALUES (?, ?) \
+                 ON CONFLICT (consumer, event_id) DO NOTHING",
+            ),
+            purge_sql: tables.render_sqlite(
+                "DELETE FROM {inbox} WHERE rowid IN (SELECT rowid FROM {inbox} \
+                 WHERE processed_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) LIMIT ?)",
+            ),
+        }
+    }
+
+    /// Records `event_id` for `consumer` inside the caller's transaction. Never commits.
+    pub async fn record(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<Seen, Error> {
+        if consumer.trim().is_empty() {
+            return Err(Error::invalid("consumer", "must not be empty"));
+        }
+        let done = sqlx::query(&self.record_sql)
+            .bind(consumer)
+            .bind(event_id.to_string())
+            .execute(conn)
+            .await
+            .map_err(Error::Database)?;
+        Ok(if done.rows_affected() == 1 {
+            Seen::New
+        } else {
+            Seen::Duplicate
+        })
+    }
+
+    /// Deletes rows older than `retention`, `batch` rows per statement.
+    pub async fn purge(
+        &self,
+        pool: &SqlitePool,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<u64, Error> {
+        let modifier = format!("-{} seconds", retention.as_secs());
+        let mut total = 0;
+        loop {
+            let deleted = sqlx::query(&self.purge_sql)
+                .bind(&modifier)
+                .bind(batch.max(1))
+                .execute(pool)
+                .await
+                .map_err(Error::Database)?
+                .rows_affected();
+            total += deleted;
+            if deleted < batch.max(1) as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
