@@ -19,6 +19,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the orders scenario end to end on an embedded default (SQLite + webhooks): no
+    /// services needed.
+    Demo(commands::demo::Args),
     /// Create or upgrade the outbox schema (idempotent, safe to run from several processes).
     Migrate(commands::migrate::Args),
     /// Publish committed events to the broker until SIGINT/SIGTERM.
@@ -31,6 +34,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => commands::demo::run(args).await,
         Command::Migrate(args) => commands::migrate::run(args).await,
         Command::Relay(args) => commands::relay::run(args).await,
         Command::Status(args) => commands::status::run(args).await,

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod demo;
 pub mod migrate;
 pub mod relay;
 pub mod status;

@@ -1,0 +1,31 @@
+//! `outbox demo`, the README's first command: no services, a crash, lost acks, and a summary
+//! counted from the database.
+
+mod support;
+
+#[test]
+fn the_demo_survives_a_relay_crash_and_lost_acks_with_nothing_lost_or_applied_twice() {
+    let out = support::run(&["demo", "--orders", "120", "--drop-ack-every", "7"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("orders created                     120"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("relay crashes injected: 1"), "{stdout}");
+    assert!(stdout.contains("0 lost, 0 applied twice: OK"), "{stdout}");
+    let duplicates: u64 = stdout
+        .lines()
+        .find(|l| l.contains("duplicates discarded by inbox"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|n| n.parse().ok())
+        .expect("duplicates line");
+    assert!(
+        duplicates > 0,
+        "lost acks must cause redeliveries: {stdout}"
+    );
+}
