@@ -44,6 +44,12 @@ pub struct RelayConfig {
     /// Fallback poll when no notification arrives (default 1s). Busy relays never wait.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// Longest time between full scans of a partition (default 2s). Between them, a claim
+    /// starts where the previous one found pending rows, so that it does not walk the index
+    /// entries of published rows; a full scan finds rows whose transaction committed after
+    /// later ones (and retries whose hold expired). It bounds their extra latency.
+    #[serde(with = "humantime_serde")]
+    pub rescan_interval: Duration,
     /// Lease duration (default 10s). A crashed relay's partitions are taken over after this.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
@@ -80,6 +86,7 @@ impl Default for RelayConfig {
             lane_concurrency: 256,
             publish_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
+            rescan_interval: Duration::from_secs(2),
             lease_ttl: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
             stats_interval: Duration::from_secs(5),
@@ -120,6 +127,7 @@ impl RelayConfig {
         for (name, value) in [
             ("poll_interval", self.poll_interval),
             ("publish_timeout", self.publish_timeout),
+            ("rescan_interval", self.rescan_interval),
             ("lease_ttl", self.lease_ttl),
             ("heartbeat_interval", self.heartbeat_interval),
             ("stats_interval", self.stats_interval),

@@ -184,6 +184,9 @@ impl Shared {
         let mut busy: HashSet<i32> = HashSet::new();
         let mut batch_size = self.config.min_batch_size;
         let mut rotation = 0usize;
+        // Per-partition scan floors (see `sql/claim.sql`), cleared every `rescan_interval`.
+        let mut floors: std::collections::HashMap<i32, i64> = std::collections::HashMap::new();
+        let mut full_scan_at = Instant::now();
         let mut more = true;
         let mut paused_until = Instant::now();
         let mut circuit = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
@@ -220,7 +223,14 @@ impl Shared {
                 rotation = rotation.wrapping_add(1);
                 let shift = rotation % free.len();
                 free.rotate_left(shift);
-                let partitions: Vec<i32> = free.iter().map(|f| f.0).collect();
+                if full_scan_at.elapsed() >= self.config.rescan_interval {
+                    floors.clear();
+                    full_scan_at = Instant::now();
+                }
+                let partitions: Vec<(i32, i64)> = free
+                    .iter()
+                    .map(|f| (f.0, floors.get(&f.0).copied().unwrap_or(0)))
+                    .collect();
                 match self.store.claim(&partitions, batch_size, max_payload).await {
                     Ok(rows) => {
                         db_backoff.reset();
@@ -233,6 +243,14 @@ impl Shared {
                         }
                         self.health.saw_work();
                         self.metrics.batch_size.observe(rows.len() as f64);
+                        // The new floor of each partition read: the lowest id found pending there.
+                        let mut lowest: std::collections::HashMap<i32, i64> =
+                            std::collections::HashMap::new();
+                        for row in &rows {
+                            let id = lowest.entry(row.partition).or_insert(row.id);
+                            *id = (*id).min(row.id);
+                        }
+                        floors.extend(lowest);
                         let taken: HashSet<i32> = rows.iter().map(|r| r.partition).collect();
                         busy.extend(&taken);
                         let fences: Vec<Fence> = free

@@ -152,7 +152,7 @@ async fn claims_pending_rows_in_order_and_marks_them_fenced(b: Backend) {
     b.enqueue(&events("a", 3)).await;
     b.enqueue(&events("b", 2)).await;
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
-    let parts: Vec<i32> = fences.iter().map(|f| f.0).collect();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = s.claim(&parts, 100, MAX).await.unwrap();
     assert_eq!(rows.len(), 5);
     assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
@@ -178,7 +178,7 @@ async fn failures_hold_park_or_skip_the_aggregate(b: Backend) {
     b.enqueue(&events("a", 3)).await;
     b.enqueue(&events("b", 1)).await;
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
-    let parts: Vec<i32> = fences.iter().map(|f| f.0).collect();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = s.claim(&parts, 100, MAX).await.unwrap();
     let a1 = rows.iter().find(|r| r.aggregate_id == "a").unwrap().id;
     let retry = Failure {
@@ -263,11 +263,26 @@ async fn oversized_payloads_are_not_loaded(b: Backend) {
     ])
     .await;
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
-    let parts: Vec<i32> = fences.iter().map(|f| f.0).collect();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = s.claim(&parts, 10, MAX).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert!(rows[0].payload.is_none());
     assert_eq!(rows[0].payload_size, MAX as i64 + 1);
+}
+
+async fn a_floor_starts_the_scan_and_zero_scans_everything(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 4)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let all: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = s.claim(&all, 100, MAX).await.unwrap();
+    assert_eq!(rows.len(), 4);
+    let from_third: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, rows[2].id)).collect();
+    let later = s.claim(&from_third, 100, MAX).await.unwrap();
+    assert_eq!(
+        later.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![rows[2].id, rows[3].id]
+    );
 }
 
 macro_rules! conformance {
@@ -288,4 +303,5 @@ conformance!(
     claims_pending_rows_in_order_and_marks_them_fenced,
     failures_hold_park_or_skip_the_aggregate,
     oversized_payloads_are_not_loaded,
+    a_floor_starts_the_scan_and_zero_scans_everything,
 );

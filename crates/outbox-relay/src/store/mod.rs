@@ -140,10 +140,11 @@ pub trait Store: Send + Sync + 'static {
         relay_id: &'a str,
         leases: &'a [Fence],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
-    /// Pending rows of `partitions` (visited in order), skipping held aggregates.
+    /// Pending rows of `partitions` (visited in order), each scanned from its floor id (a
+    /// hint; see `sql/claim.sql`), skipping held aggregates.
     fn claim<'a>(
         &'a self,
-        partitions: &'a [i32],
+        partitions: &'a [(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
     ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>>;
@@ -298,17 +299,20 @@ impl PgStore {
             .map(drop)
     }
 
-    /// Reads up to `limit` pending rows from `partitions` (visited in that order).
+    /// Reads up to `limit` pending rows from `partitions` (visited in that order), each from its
+    /// floor id.
     pub async fn claim(
         &self,
-        partitions: &[i32],
+        partitions: &[(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
     ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+        let (parts, floors): (Vec<i32>, Vec<i64>) = partitions.iter().copied().unzip();
         sqlx::query_as(&self.sql.claim)
-            .bind(partitions)
+            .bind(parts)
             .bind(limit)
             .bind(i32::try_from(max_payload_bytes).unwrap_or(i32::MAX))
+            .bind(floors)
             .fetch_all(&self.pool)
             .await
     }
@@ -468,7 +472,7 @@ impl Store for PgStore {
     }
     fn claim<'a>(
         &'a self,
-        partitions: &'a [i32],
+        partitions: &'a [(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
     ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {

@@ -291,18 +291,22 @@ impl Store for SqliteStore {
 
     fn claim<'a>(
         &'a self,
-        partitions: &'a [i32],
+        partitions: &'a [(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
     ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await?;
             let now = self.now_ms(&mut conn).await?;
+            let parts: Vec<i32> = partitions.iter().map(|p| p.0).collect();
+            // One partition: its floor is the floor.
+            let floor = partitions.iter().map(|p| p.1).min().unwrap_or(0);
             let rows = sqlx::query(&self.sql.claim)
-                .bind(serde_json::to_string(partitions).expect("integers"))
+                .bind(serde_json::to_string(&parts).expect("integers"))
                 .bind(limit)
                 .bind(i64::try_from(max_payload_bytes).unwrap_or(i64::MAX))
                 .bind(now)
+                .bind(floor)
                 .fetch_all(&mut *conn)
                 .await?;
             rows.iter().map(claimed).collect()

@@ -2,18 +2,24 @@
 -- whose head is held (retry backoff) or parked (dead head). Claims by state: a row that commits
 -- late, with a smaller id than rows already published, is found all the same.
 -- The partitions are visited in the order given (the relay rotates it) and the scan stops once
--- $3 rows are found. Payloads over $4 bytes are not loaded: `payload` is NULL and
+-- $2 rows are found. Payloads over $3 bytes are not loaded: `payload` is NULL and
 -- `payload_size` tells the relay why.
--- $1 partitions, $2 batch size, $3 max payload bytes
+-- Each partition's scan starts at its floor ($4): a hint, the lowest id the relay's previous
+-- claim found pending there, so that a claim does not walk the index entries of rows already
+-- published (they stay in the index until vacuum). The relay resets every floor to 0 at least
+-- every `rescan_interval`, so a row that commits late below a floor is found by the next full
+-- scan: floors bound cost, never correctness.
+-- $1 partitions, $2 batch size, $3 max payload bytes, $4 floors
 SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
        e.schema_version, e.destination,
        CASE WHEN octet_length(e.payload) <= $3 THEN e.payload END AS payload,
        octet_length(e.payload)::bigint AS payload_size,
        e.content_type, e.headers, e.occurred_at, e.partition, e.attempts
-FROM unnest($1::integer[]) AS p(partition)
+FROM unnest($1::integer[], $4::bigint[]) AS p(partition, floor)
 CROSS JOIN LATERAL (
     SELECT * FROM {schema}.{events} e
     WHERE e.partition = p.partition
+      AND e.id >= p.floor
       AND e.status = 'pending'
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.holds h

@@ -31,6 +31,7 @@ SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, 
 FROM {events} e
 WHERE e.status = 'pending'
   AND e.partition IN (SELECT value FROM json_each(?1))
+  AND e.id >= ?5
   AND NOT EXISTS (
       SELECT 1 FROM {holds} h
       WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
