@@ -44,10 +44,34 @@ pub struct Args {
     /// Keep the SQLite database file (printed at the end) instead of deleting it.
     #[arg(long)]
     keep: bool,
+    /// Run the scenario on PostgreSQL instead of SQLite (needs --broker-url).
+    #[arg(long, requires = "broker_url")]
+    database_url: Option<String>,
+    /// Run the scenario through NATS JetStream (nats://…) or RabbitMQ (amqp://…) instead of
+    /// webhooks (needs --database-url).
+    #[arg(long, requires = "database_url")]
+    broker_url: Option<String>,
 }
 
 /// Runs the scenario and prints the summary; exits 1 if any guarantee was broken.
 pub async fn run(args: Args) -> CommandResult {
+    if let (Some(database_url), Some(broker_url)) = (&args.database_url, &args.broker_url) {
+        println!("outbox demo: the orders scenario on PostgreSQL and {broker_url}");
+        let summary = outbox_example_orders::run(&outbox_example_orders::Scenario {
+            database_url: database_url.clone(),
+            broker_url: broker_url.clone(),
+            orders: args.orders,
+            crash: true,
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        print!("{summary}");
+        return Ok(if summary.guarantees_hold() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     let dir = std::env::temp_dir().join(format!("outbox-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("shop.db");

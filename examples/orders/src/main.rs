@@ -1,0 +1,53 @@
+//! `orders`: the orders flow on PostgreSQL and NATS JetStream or RabbitMQ.
+//!
+//! ```text
+//! cargo run -p outbox-example-orders -- --database-url postgres://postgres@127.0.0.1:5432/test \
+//!     --broker-url nats://127.0.0.1:4222
+//! ```
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use outbox_example_orders::{run, Scenario};
+
+/// Places orders through the outbox and checks that each is applied once by each consumer.
+#[derive(Parser, Debug)]
+struct Args {
+    /// PostgreSQL URL.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    database_url: String,
+    /// nats://… or amqp://…
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    broker_url: String,
+    /// Orders to place.
+    #[arg(long, default_value_t = 300)]
+    orders: u32,
+    /// Do not kill the relay midway.
+    #[arg(long)]
+    no_crash: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let scenario = Scenario {
+        database_url: args.database_url,
+        broker_url: args.broker_url,
+        orders: args.orders,
+        crash: !args.no_crash,
+    };
+    match run(&scenario).await {
+        Ok(summary) => {
+            print!("{summary}");
+            if summary.guarantees_hold() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
