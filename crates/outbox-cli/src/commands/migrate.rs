@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use outbox::postgres::{MigrateOptions, PgOutbox};
 
-use super::{connect, require_url, CommandResult, DatabaseArgs};
+use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
 
 /// Options of `outbox migrate`.
 #[derive(clap::Args, Debug)]
@@ -19,15 +19,30 @@ pub struct Args {
 /// Applies pending migrations.
 pub async fn run(args: Args) -> CommandResult {
     let tables = args.db.tables()?;
-    let pool = connect(require_url(args.db.database_url.as_deref())?, 2).await?;
-    PgOutbox::new(tables.clone())
-        .migrate(
-            &pool,
-            MigrateOptions {
-                partitions: args.partitions,
-            },
-        )
-        .await?;
+    match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
+        Db::Postgres(pool) => {
+            PgOutbox::new(tables.clone())
+                .migrate(
+                    &pool,
+                    MigrateOptions {
+                        partitions: args.partitions,
+                    },
+                )
+                .await?
+        }
+        Db::Sqlite(pool) => {
+            if args.partitions.is_some_and(|p| p != 1) {
+                return Err(
+                    "--partitions: a SQLite outbox has one partition (one relay at a \
+                            time); omit the flag"
+                        .into(),
+                );
+            }
+            outbox::sqlite::SqliteOutbox::new(tables.clone())
+                .migrate(&pool)
+                .await?
+        }
+    }
     super::print(&format!(
         "outbox {}.{} is up to date\n",
         tables.schema(),

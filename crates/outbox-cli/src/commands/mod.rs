@@ -15,7 +15,7 @@ pub type CommandResult = Result<std::process::ExitCode, Box<dyn std::error::Erro
 /// Options every database command takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL.
+    /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Schema holding the outbox.
@@ -31,6 +31,33 @@ impl DatabaseArgs {
     pub fn tables(&self) -> Result<outbox::Tables, outbox::Error> {
         outbox::Tables::new(&self.schema, &self.table)
     }
+}
+
+/// A database the commands can work on.
+pub enum Db {
+    /// PostgreSQL (`postgres://…`).
+    Postgres(PgPool),
+    /// SQLite (`sqlite://path/to/file.db`), the embedded default: one relay at a time.
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// Opens PostgreSQL or SQLite by the URL's scheme (a SQLite file is created if missing).
+pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> {
+    if url.starts_with("sqlite:") {
+        use std::str::FromStr;
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(|e| format!("invalid SQLite URL: {e}"))?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(30));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await
+            .map_err(|e| format!("cannot open the SQLite database: {e}"))?;
+        return Ok(Db::Sqlite(pool));
+    }
+    connect(url, max_connections).await.map(Db::Postgres)
 }
 
 /// Opens a small pool; the error never contains the URL (it may hold a password).

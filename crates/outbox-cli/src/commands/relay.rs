@@ -9,13 +9,13 @@ use outbox_relay::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{connect, CommandResult};
+use super::{connect_any, CommandResult, Db};
 use crate::{config, logging};
 
 /// Options of `outbox relay`. Flags override the config file and the environment.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// PostgreSQL URL.
+    /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost, or
@@ -73,7 +73,7 @@ pub async fn run(args: Args) -> CommandResult {
         "no broker URL: pass --broker-url (nats://… or amqp://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
-    let pool = connect(
+    let db = connect_any(
         database_url,
         (cfg.relay.max_inflight_batches as u32 + 4).min(32),
     )
@@ -99,7 +99,10 @@ pub async fn run(args: Args) -> CommandResult {
             .into())
         }
     };
-    let relay = Relay::new(pool, publisher, cfg.relay.clone()).await?;
+    let relay = match db {
+        Db::Postgres(pool) => Relay::new(pool, publisher, cfg.relay.clone()).await?,
+        Db::Sqlite(pool) => Relay::sqlite(pool, publisher, cfg.relay.clone()).await?,
+    };
     let shutdown = CancellationToken::new();
     let router = http::router(relay.metrics(), relay.health());
     let (bound, server) = http::serve(cfg.listen, router, shutdown.clone()).await?;

@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
-use outbox_relay::store::PgStore;
+use outbox_relay::store::{PgStore, SqliteStore, Store};
 
-use super::{connect, require_url, CommandResult, DatabaseArgs};
+use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
 
 /// Options of `outbox status`.
 #[derive(clap::Args, Debug)]
@@ -19,10 +19,17 @@ pub struct Args {
 /// Prints backlog, lag, dead letters and partition owners.
 pub async fn run(args: Args) -> CommandResult {
     let tables = args.db.tables()?;
-    let pool = connect(require_url(args.db.database_url.as_deref())?, 2).await?;
-    let store = PgStore::open(pool, &tables).await?;
-    let backlog = store.backlog().await?;
-    let partitions = store.partition_status().await?;
+    let (backlog, partitions) =
+        match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
+            Db::Postgres(pool) => {
+                let store = PgStore::open(pool, &tables).await?;
+                (store.backlog().await?, store.partition_status().await?)
+            }
+            Db::Sqlite(pool) => {
+                let store = SqliteStore::open(pool, &tables).await?;
+                (Store::backlog(&store).await?, Vec::new())
+            }
+        };
     let oldest = backlog.oldest_age.map(|a| a.as_secs_f64());
     if args.json {
         let doc = serde_json::json!({
