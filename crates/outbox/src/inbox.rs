@@ -15,3 +15,37 @@ impl Seen {
         self == Seen::New
     }
 }
+
+/// Rejects an empty consumer name (it is half of the inbox key).
+pub(crate) fn check_consumer(consumer: &str) -> Result<(), crate::Error> {
+    if consumer.trim().is_empty() {
+        return Err(crate::Error::invalid("consumer", "must not be empty"));
+    }
+    Ok(())
+}
+
+/// `New` when the insert added the row, `Duplicate` when it was already there.
+pub(crate) fn seen(rows_affected: u64) -> Seen {
+    if rows_affected == 1 {
+        Seen::New
+    } else {
+        Seen::Duplicate
+    }
+}
+
+/// Runs one purge statement per batch until a batch deletes fewer rows than `batch`.
+pub(crate) async fn purge_in_batches<F, Fut>(batch: i64, mut delete: F) -> Result<u64, crate::Error>
+where
+    F: FnMut(i64) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, crate::Error>>,
+{
+    let batch = batch.max(1);
+    let mut total = 0;
+    loop {
+        let deleted = delete(batch).await?;
+        total += deleted;
+        if deleted < batch as u64 {
+            return Ok(total);
+        }
+    }
+}

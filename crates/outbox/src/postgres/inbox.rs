@@ -63,20 +63,14 @@ impl PgInbox {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<Seen, Error> {
-        if consumer.trim().is_empty() {
-            return Err(Error::invalid("consumer", "must not be empty"));
-        }
+        crate::inbox::check_consumer(consumer)?;
         let done = sqlx::query(&self.record_sql)
             .bind(consumer)
             .bind(event_id)
             .execute(conn)
             .await
             .map_err(Error::Database)?;
-        Ok(if done.rows_affected() == 1 {
-            Seen::New
-        } else {
-            Seen::Duplicate
-        })
+        Ok(crate::inbox::seen(done.rows_affected()))
     }
 
     /// Deletes rows older than `retention`, `batch` rows per statement (short locks, no long
@@ -87,19 +81,15 @@ impl PgInbox {
         retention: Duration,
         batch: i64,
     ) -> Result<u64, Error> {
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(&self.purge_sql)
+        crate::inbox::purge_in_batches(batch, |batch| async move {
+            sqlx::query(&self.purge_sql)
                 .bind(retention.as_secs_f64())
-                .bind(batch.max(1))
+                .bind(batch)
                 .execute(pool)
                 .await
-                .map_err(Error::Database)?
-                .rows_affected();
-            total += deleted;
-            if deleted < batch.max(1) as u64 {
-                return Ok(total);
-            }
-        }
+                .map(|done| done.rows_affected())
+                .map_err(Error::Database)
+        })
+        .await
     }
 }

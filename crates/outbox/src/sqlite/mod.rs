@@ -196,20 +196,14 @@ impl SqliteInbox {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<Seen, Error> {
-        if consumer.trim().is_empty() {
-            return Err(Error::invalid("consumer", "must not be empty"));
-        }
+        crate::inbox::check_consumer(consumer)?;
         let done = sqlx::query(&self.record_sql)
             .bind(consumer)
             .bind(event_id.to_string())
             .execute(conn)
             .await
             .map_err(Error::Database)?;
-        Ok(if done.rows_affected() == 1 {
-            Seen::New
-        } else {
-            Seen::Duplicate
-        })
+        Ok(crate::inbox::seen(done.rows_affected()))
     }
 
     /// Deletes rows older than `retention`, `batch` rows per statement.
@@ -220,19 +214,18 @@ impl SqliteInbox {
         batch: i64,
     ) -> Result<u64, Error> {
         let modifier = format!("-{} seconds", retention.as_secs());
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(&self.purge_sql)
-                .bind(&modifier)
-                .bind(batch.max(1))
-                .execute(pool)
-                .await
-                .map_err(Error::Database)?
-                .rows_affected();
-            total += deleted;
-            if deleted < batch.max(1) as u64 {
-                return Ok(total);
+        crate::inbox::purge_in_batches(batch, |batch| {
+            let modifier = &modifier;
+            async move {
+                sqlx::query(&self.purge_sql)
+                    .bind(modifier)
+                    .bind(batch)
+                    .execute(pool)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(Error::Database)
             }
-        }
+        })
+        .await
     }
 }
