@@ -156,7 +156,8 @@ impl Bench {
     }
 
     /// Inserts `n` pending events over `aggregates` aggregates with ~200-byte JSON payloads,
-    /// in chunks of `INSERT … SELECT … generate_series`, then analyzes the table.
+    /// in chunks of `INSERT … SELECT … generate_series`, then analyzes the table (unless
+    /// `--skip-analyze`), so the planner knows the backlog as autovacuum would have seen it.
     pub async fn insert_backlog(&self, scope: &Scope, n: u64) -> Result<Duration> {
         const CHUNK: u64 = 100_000;
         let sql = format!(
@@ -182,9 +183,11 @@ impl Bench {
                 self.log(scope.scenario, format!("inserted {from} events"));
             }
         }
-        sqlx::raw_sql(&format!("ANALYZE {}", scope.events_table()))
-            .execute(&self.pool)
-            .await?;
+        if !self.options.skip_analyze {
+            sqlx::raw_sql(&format!("ANALYZE {}", scope.events_table()))
+                .execute(&self.pool)
+                .await?;
+        }
         Ok(started.elapsed())
     }
 
@@ -204,6 +207,37 @@ impl Bench {
             scope.events_table()
         );
         Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
+    }
+
+    /// Index entries read by scans of the scenario's events table, per index with any reads:
+    /// (index, scans, entries read). Shows which index the claims really used.
+    pub async fn index_reads(&self, scope: &Scope) -> Result<Vec<(String, i64, i64)>> {
+        // Statistics of backends that just exited reach the shared counters shortly after.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let _ = sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&self.pool)
+            .await;
+        Ok(sqlx::query_as(
+            "SELECT indexrelname::text, idx_scan, idx_tup_read FROM pg_stat_user_indexes
+             WHERE schemaname = $1 AND relname = $2 AND idx_tup_read > 0
+             ORDER BY idx_tup_read DESC",
+        )
+        .bind(scope.tables.schema().as_str())
+        .bind(scope.tables.events().as_str())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// How many times the events table was analyzed (by anyone) since it was created.
+    pub async fn analyze_count(&self, scope: &Scope) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT coalesce(max(analyze_count + autoanalyze_count), 0)::bigint
+             FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2",
+        )
+        .bind(scope.tables.schema().as_str())
+        .bind(scope.tables.events().as_str())
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// Creates the scenario's stream, capturing `<subjects>.>` (deleting a leftover one first).
@@ -280,10 +314,18 @@ impl Bench {
             postgres: setting("server_version").await?,
             shared_buffers: setting("shared_buffers").await?,
             synchronous_commit: setting("synchronous_commit").await?,
+            load_average: load_average(),
             autovacuum: setting("autovacuum").await?,
             nats: self.nats.server_info().version,
         })
     }
+}
+
+/// The 1, 5 and 15-minute load averages, from `/proc/loadavg`.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// SQL expression of a ~200-byte JSON order payload for row number `g`.
@@ -302,6 +344,62 @@ pub fn payload(g: u64) -> serde_json::Value {
         "lines": [{ "sku": format!("SKU-{}", g % 1000), "qty": 1 + g % 5, "price": "19.90" }],
         "note": "x".repeat(60),
     })
+}
+
+/// Throughput at the start and at the end of a drain, from the pending counts polled during it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    total: i64,
+    /// First poll at or under three quarters of the backlog: (elapsed, events done).
+    early: Option<(Duration, i64)>,
+    /// First poll at or under a quarter of the backlog: (elapsed, events left).
+    late: Option<(Duration, i64)>,
+}
+
+impl Progress {
+    /// Tracks the drain of `total` events.
+    pub fn new(total: u64) -> Self {
+        Self {
+            total: total as i64,
+            ..Default::default()
+        }
+    }
+
+    /// Records a poll: `pending` events left `elapsed` after the start.
+    pub fn observe(&mut self, elapsed: Duration, pending: i64) {
+        if self.early.is_none() && pending * 4 <= self.total * 3 {
+            self.early = Some((elapsed, self.total - pending));
+        }
+        if self.late.is_none() && pending * 4 <= self.total {
+            self.late = Some((elapsed, pending));
+        }
+    }
+
+    /// Events/s over the first quarter (or a little more) of the backlog.
+    pub fn early_rate(&self) -> Option<f64> {
+        self.early
+            .filter(|(t, _)| !t.is_zero())
+            .map(|(t, done)| done as f64 / t.as_secs_f64())
+    }
+
+    /// Events/s over the last quarter (or a little less) of the backlog, which ended at `end`.
+    pub fn late_rate(&self, end: Duration) -> Option<f64> {
+        self.late
+            .filter(|(t, left)| *t < end && *left > 0)
+            .map(|(t, left)| left as f64 / (end - t).as_secs_f64())
+    }
+}
+
+/// Runs `work`, or fails with "interrupted" on SIGINT or SIGTERM, so that the caller can still
+/// remove its schema and stream (dropping `work` kills a relay child process).
+pub async fn interruptible<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        result = work => result,
+        _ = tokio::signal::ctrl_c() => Err("interrupted (SIGINT)".into()),
+        _ = term.recv() => Err("interrupted (SIGTERM)".into()),
+    }
 }
 
 /// Polls `probe` every `every` until it returns true or `timeout` passes; returns the time
@@ -324,5 +422,28 @@ where
             return Ok(None);
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_measures_the_first_and_last_quarters() {
+        let mut p = Progress::new(1000);
+        p.observe(Duration::from_secs(1), 900);
+        p.observe(Duration::from_secs(2), 700);
+        p.observe(Duration::from_secs(6), 200);
+        p.observe(Duration::from_secs(10), 0);
+        assert_eq!(p.early_rate(), Some(150.0));
+        assert_eq!(p.late_rate(Duration::from_secs(10)), Some(50.0));
+        assert_eq!(Progress::new(10).early_rate(), None);
+    }
+
+    #[test]
+    fn payload_is_about_200_bytes() {
+        let len = serde_json::to_vec(&payload(123_456)).unwrap().len();
+        assert!((180..=230).contains(&len), "{len}");
     }
 }

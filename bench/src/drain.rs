@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    common::{Bench, Result, Scope},
+    common::{interruptible, Bench, Progress, Result, Scope},
     process::{MachineCpu, RelayProcess, RelayStats},
 };
 
@@ -21,10 +21,16 @@ pub struct DrainResult {
     pub insert_time: Duration,
     /// From starting the relay process to a pending count of 0.
     pub drain_time: Duration,
+    /// Throughput early and late in the drain.
+    pub progress: Progress,
     /// Relay CPU time during the drain, in percent of one core.
     pub relay_cpu_percent: f64,
     /// Whole-machine CPU use during the drain (PostgreSQL + NATS + relay + polling).
     pub machine_cpu_percent: f64,
+    /// Index entries read by scans: (index, scans, entries).
+    pub index_reads: Vec<(String, i64, i64)>,
+    /// Times the planner statistics were refreshed while the relay ran.
+    pub analyzed: i64,
     /// Messages in the stream afterwards.
     pub stream_messages: u64,
     /// The relay's memory, exit and log.
@@ -42,10 +48,10 @@ impl DrainResult {
 pub async fn run(bench: &Bench) -> Result<DrainResult> {
     let scope = bench.scope("drain")?;
     bench.create_outbox(&scope).await?;
-    let result = async {
+    let result = interruptible(async {
         bench.create_stream(&scope).await?;
         measure(bench, &scope).await
-    }
+    })
     .await;
     bench.cleanup(&scope).await;
     result
@@ -63,13 +69,16 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
             insert_time.as_secs_f64()
         ),
     );
+    let analyzes_before = bench.analyze_count(scope).await?;
     let machine_before = MachineCpu::now();
     let started = Instant::now();
     let mut relay = RelayProcess::start(bench, scope).await?;
     let timeout = Duration::from_secs(bench.options.drain_timeout);
     let mut last_report = Instant::now();
+    let mut progress = Progress::new(events);
     let drain_time = loop {
         let pending = bench.pending(scope).await?;
+        progress.observe(started.elapsed(), pending);
         if pending == 0 {
             break started.elapsed();
         }
@@ -88,14 +97,19 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
     let machine_cpu_percent = MachineCpu::now().busy_percent_since(&machine_before);
     let relay_stats = relay.stop().await?;
     let stream_messages = bench.stream_messages(scope).await?;
+    let index_reads = bench.index_reads(scope).await?;
+    let analyzed = bench.analyze_count(scope).await? - analyzes_before;
     let result = DrainResult {
         events,
         payload_bytes,
         insert_time,
         drain_time,
+        progress,
         relay_cpu_percent: 100.0 * relay_cpu / drain_time.as_secs_f64(),
         machine_cpu_percent,
         stream_messages,
+        index_reads,
+        analyzed,
         relay: relay_stats,
     };
     bench.log(

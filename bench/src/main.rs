@@ -81,6 +81,9 @@ pub struct Options {
     /// Longest wait for the relay to drain a backlog, in seconds.
     #[arg(long, global = true, default_value_t = 1800)]
     pub drain_timeout: u64,
+    /// Do not ANALYZE backlogs after inserting them (the planner then knows nothing of them).
+    #[arg(long, global = true)]
+    pub skip_analyze: bool,
     /// Duration of (c) naive, in seconds.
     #[arg(long, global = true, default_value_t = 20)]
     pub naive_seconds: u64,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::Row;
 
-use crate::common::{Bench, Result, Scope};
+use crate::common::{interruptible, Bench, Result, Scope};
 
 /// Rows per poll of the naive loop.
 const BATCH: i64 = 50;
@@ -40,10 +40,10 @@ impl NaiveResult {
 pub async fn run(bench: &Bench) -> Result<NaiveResult> {
     let scope = bench.scope("naive")?;
     bench.create_outbox(&scope).await?;
-    let result = async {
+    let result = interruptible(async {
         bench.create_stream(&scope).await?;
         measure(bench, &scope).await
-    }
+    })
     .await;
     bench.cleanup(&scope).await;
     result

@@ -3,8 +3,8 @@
 use std::{fmt::Write, time::Duration};
 
 use crate::{
-    dbbound::DbBoundResult, drain::DrainResult, naive::NaiveResult, process::RelayStats,
-    steady::SteadyResult,
+    common::Progress, dbbound::DbBoundResult, drain::DrainResult, naive::NaiveResult,
+    process::RelayStats, steady::SteadyResult,
 };
 
 /// Facts about the machine the figures come from.
@@ -22,6 +22,8 @@ pub struct Machine {
     pub shared_buffers: String,
     /// PostgreSQL `synchronous_commit`.
     pub synchronous_commit: String,
+    /// 1, 5 and 15-minute load averages when the run started.
+    pub load_average: String,
     /// PostgreSQL `autovacuum`.
     pub autovacuum: String,
     /// NATS server version.
@@ -70,12 +72,15 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "Machine: nproc {} ({}), {:.1} GiB RAM; PostgreSQL {} (shared_buffers {}, \
-             synchronous_commit {}, autovacuum {}); NATS {} (JetStream, file storage). All on \
-             loopback: the relay, PostgreSQL, NATS and the harness share the CPUs.\n",
+            "Machine: nproc {} ({}), {:.1} GiB RAM, load average {} at the start and {} at the \
+             end; PostgreSQL {} (shared_buffers {}, synchronous_commit {}, autovacuum {}); NATS \
+             {} (JetStream, file storage). All on loopback: the relay, PostgreSQL, NATS and the \
+             harness share the CPUs.\n",
             m.nproc,
             m.cpu_model,
             m.memory_gib,
+            m.load_average,
+            crate::common::load_average(),
             m.postgres,
             m.shared_buffers,
             m.synchronous_commit,
@@ -155,6 +160,13 @@ fn drain_rows(r: &DrainResult, rows: &mut Vec<Row>) {
         "throughput",
         format!("**{} events/s**", thousands(r.rate() as u64)),
     ));
+    progress_row(s, &r.progress, r.drain_time, rows);
+    index_row(s, &r.index_reads, r.events, rows);
+    rows.push(row(
+        s,
+        "planner statistics refreshed during the drain",
+        format!("{} times", r.analyzed),
+    ));
     rss_row(s, &r.relay, rows);
     rows.push(row(
         s,
@@ -193,6 +205,13 @@ fn dbbound_rows(r: &DbBoundResult, rows: &mut Vec<Row>) {
         s,
         "throughput",
         format!("**{} events/s**", thousands(r.rate() as u64)),
+    ));
+    progress_row(s, &r.progress, r.time, rows);
+    index_row(s, &r.index_reads, r.events, rows);
+    rows.push(row(
+        s,
+        "planner statistics refreshed during the run",
+        format!("{} times", r.analyzed),
     ));
     rows.push(row(
         s,
@@ -291,6 +310,42 @@ fn steady_rows(r: &SteadyResult, rows: &mut Vec<Row>) {
         s,
         "relay CPU while writing",
         format!("{:.0}% of one core", r.relay_cpu_percent),
+    ));
+}
+
+fn progress_row(scenario: &str, progress: &Progress, end: Duration, rows: &mut Vec<Row>) {
+    let rate = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| thousands(r as u64));
+    rows.push(row(
+        scenario,
+        "throughput over the first / last quarter of the backlog",
+        format!(
+            "{} / {} events/s",
+            rate(progress.early_rate()),
+            rate(progress.late_rate(end))
+        ),
+    ));
+}
+
+fn index_row(scenario: &str, reads: &[(String, i64, i64)], events: u64, rows: &mut Vec<Row>) {
+    let text: Vec<String> = reads
+        .iter()
+        .map(|(index, scans, entries)| {
+            format!(
+                "{index} {} in {} scans ({:.1} per event)",
+                thousands(*entries as u64),
+                thousands(*scans as u64),
+                *entries as f64 / events.max(1) as f64
+            )
+        })
+        .collect();
+    rows.push(row(
+        scenario,
+        "index entries read (pg_stat_user_indexes)",
+        if text.is_empty() {
+            "n/a".to_owned()
+        } else {
+            text.join("; ")
+        },
     ));
 }
 

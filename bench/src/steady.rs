@@ -16,7 +16,7 @@ use outbox::postgres::PgOutbox;
 use tokio::sync::oneshot;
 
 use crate::{
-    common::{wait_until, Bench, Result, Scope},
+    common::{interruptible, wait_until, Bench, Result, Scope},
     process::{RelayProcess, RelayStats},
     writers::{self, WriteRate, WriterSettings},
 };
@@ -78,10 +78,10 @@ impl SteadyResult {
 pub async fn run(bench: &Bench) -> Result<SteadyResult> {
     let scope = bench.scope("steady")?;
     bench.create_outbox(&scope).await?;
-    let result = async {
+    let result = interruptible(async {
         bench.create_stream(&scope).await?;
         measure(bench, &scope).await
-    }
+    })
     .await;
     bench.cleanup(&scope).await;
     result
