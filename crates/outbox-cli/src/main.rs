@@ -28,6 +28,10 @@ enum Command {
     Relay(commands::relay::Args),
     /// Backlog, lag, dead letters and partition owners.
     Status(commands::status::Args),
+    /// Delete published events older than a retention (never pending or dead ones).
+    Purge(commands::purge::Args),
+    /// List, inspect, replay or skip dead letters (audited).
+    DeadLetters(commands::dead_letters::Args),
 }
 
 #[tokio::main]
@@ -38,6 +42,8 @@ async fn main() -> ExitCode {
         Command::Migrate(args) => commands::migrate::run(args).await,
         Command::Relay(args) => commands::relay::run(args).await,
         Command::Status(args) => commands::status::run(args).await,
+        Command::Purge(args) => commands::purge::run(args).await,
+        Command::DeadLetters(args) => commands::dead_letters::run(args).await,
     };
     match result {
         Ok(code) => code,

@@ -63,6 +63,13 @@ pub struct RelayConfig {
     /// published for this long (default 60s).
     #[serde(with = "humantime_serde")]
     pub stall_timeout: Duration,
+    /// Delete published rows older than this, from inside the relay (default: off; run
+    /// `outbox purge` from a scheduler instead, or set e.g. "7d"). PostgreSQL only.
+    #[serde(with = "humantime_serde")]
+    pub purge_retention: Option<Duration>,
+    /// How often the relay's purge runs when `purge_retention` is set (default 1m).
+    #[serde(with = "humantime_serde")]
+    pub purge_interval: Duration,
     /// Largest payload published (default: the broker's own limit). Larger rows are
     /// dead-lettered without being loaded into memory.
     pub max_payload_bytes: Option<usize>,
@@ -91,6 +98,8 @@ impl Default for RelayConfig {
             heartbeat_interval: Duration::from_secs(2),
             stats_interval: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(60),
+            purge_retention: None,
+            purge_interval: Duration::from_secs(60),
             max_payload_bytes: None,
             on_dead: OnDead::Park,
             retry: RetryPolicy::default(),
@@ -132,6 +141,7 @@ impl RelayConfig {
             ("heartbeat_interval", self.heartbeat_interval),
             ("stats_interval", self.stats_interval),
             ("stall_timeout", self.stall_timeout),
+            ("purge_interval", self.purge_interval),
         ] {
             if value.is_zero() {
                 return Err(format!("{name}: must be more than 0"));
@@ -139,6 +149,11 @@ impl RelayConfig {
         }
         if self.heartbeat_interval * 3 > self.lease_ttl {
             return Err("heartbeat_interval: must be at most a third of lease_ttl".into());
+        }
+        if self.purge_retention.is_some_and(|r| r.is_zero()) {
+            return Err(
+                "purge_retention: must be more than 0 (published rows are kept for it)".into(),
+            );
         }
         if self.max_payload_bytes == Some(0) {
             return Err("max_payload_bytes: must be more than 0".into());

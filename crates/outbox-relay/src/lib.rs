@@ -24,6 +24,7 @@
 //!
 //! The entry point is [`Relay`].
 
+pub mod admin;
 pub mod config;
 pub mod dispatcher;
 mod error;

@@ -28,6 +28,8 @@ pub struct Relay {
 /// What the relay loop and its batch tasks share.
 struct Shared {
     store: Arc<dyn Store>,
+    /// Operator actions (PostgreSQL only): the periodic purge uses them.
+    admin: Option<crate::admin::Admin>,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
     relay_id: String,
@@ -64,8 +66,13 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, Error> {
         config.validate()?;
+        let admin = crate::admin::Admin::new(pool.clone(), &config.tables());
         let store = PgStore::open(pool, &config.tables()).await?;
-        Self::with_store(Arc::new(store), publisher, config)
+        let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
+        Arc::get_mut(&mut relay.shared)
+            .expect("not shared yet")
+            .admin = Some(admin);
+        Ok(relay)
     }
 
     /// Opens the SQLite outbox (migrated with `outbox::sqlite::SqliteOutbox::migrate`). One
@@ -76,6 +83,12 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, Error> {
         config.validate()?;
+        if config.purge_retention.is_some() {
+            return Err(Error::Config(
+                "purge_retention: the relay's purge runs on PostgreSQL only; unset it for SQLite"
+                    .into(),
+            ));
+        }
         let store = crate::store::SqliteStore::open(pool, &config.tables()).await?;
         Self::with_store(Arc::new(store), publisher, config)
     }
@@ -92,6 +105,7 @@ impl Relay {
         Ok(Self {
             shared: Arc::new(Shared {
                 store,
+                admin: None,
                 publisher,
                 config,
                 relay_id,
@@ -156,6 +170,15 @@ impl Relay {
             this.config.stats_interval,
             background.clone(),
         ));
+        if let (Some(admin), Some(retention)) = (this.admin.clone(), this.config.purge_retention) {
+            tokio::spawn(purge_periodically(
+                admin,
+                retention,
+                this.config.purge_interval,
+                this.metrics.clone(),
+                background.clone(),
+            ));
+        }
         let result = this.main_loop(&wake, &shutdown).await;
         let leases = this.leases.take_all();
         if let Err(error) = this.store.release(&this.relay_id, &leases).await {
@@ -540,6 +563,38 @@ async fn sample_stats(
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// The relay's purge: published rows older than `retention`, in batches of 1000, every
+/// `every`. Never touches pending or dead rows.
+async fn purge_periodically(
+    admin: crate::admin::Admin,
+    retention: Duration,
+    every: Duration,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let mut last = 0;
+        let purged = admin
+            .purge(retention, 1000, |total| {
+                metrics.purged.inc_by(total - last);
+                last = total;
+            })
+            .await;
+        match purged {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rows = n, ?retention, "purged published events"),
+            Err(error) => {
+                metrics.database_errors.inc();
+                tracing::warn!(%error, "purge failed; will retry");
+            }
         }
     }
 }

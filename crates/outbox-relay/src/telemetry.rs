@@ -14,6 +14,7 @@
 //! | `outbox_partitions_owned` | gauge | partitions this relay holds |
 //! | `outbox_fenced_out_total` | counter | outcomes not written because the lease was lost |
 //! | `outbox_database_errors_total` | counter | failed relay statements (retried) |
+//! | `outbox_purged_total` | counter | published rows deleted by the relay's purge |
 
 use std::{
     collections::HashSet,
@@ -73,6 +74,8 @@ pub struct Metrics {
     pub fenced_out: Counter,
     /// Failed relay statements.
     pub database_errors: Counter,
+    /// Rows deleted by the relay's purge.
+    pub purged: Counter,
     seen_destinations: Mutex<HashSet<String>>,
 }
 
@@ -101,6 +104,7 @@ impl Metrics {
         let partitions_owned = Gauge::default();
         let fenced_out = Counter::default();
         let database_errors = Counter::default();
+        let purged = Counter::default();
         let r = &mut registry;
         r.register(
             "outbox_oldest_pending_age_seconds",
@@ -149,6 +153,11 @@ impl Metrics {
             "Relay statements that failed and were retried",
             database_errors.clone(),
         );
+        r.register(
+            "outbox_purged",
+            "Published rows deleted by the relay's purge",
+            purged.clone(),
+        );
         Self {
             registry,
             oldest_pending_age,
@@ -162,6 +171,7 @@ impl Metrics {
             partitions_owned,
             fenced_out,
             database_errors,
+            purged,
             seen_destinations: Mutex::new(HashSet::new()),
         }
     }

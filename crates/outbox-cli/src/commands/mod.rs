@@ -1,7 +1,9 @@
 //! One module per subcommand.
 
+pub mod dead_letters;
 pub mod demo;
 pub mod migrate;
+pub mod purge;
 pub mod relay;
 pub mod status;
 

@@ -68,7 +68,7 @@ impl Sql {
 }
 
 /// The statement that follows `-- name: {name}` in a file of named statements.
-fn named<'a>(file: &'a str, name: &str) -> &'a str {
+pub(crate) fn named<'a>(file: &'a str, name: &str) -> &'a str {
     let marker = format!("-- name: {name}\n");
     let start = file.find(&marker).expect("statement exists") + marker.len();
     let rest = &file[start..];

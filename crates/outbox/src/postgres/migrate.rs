@@ -18,6 +18,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "create inbox",
         include_str!("migrations/0002_create_inbox.sql"),
     ),
+    (
+        3,
+        "purge index and audit table",
+        include_str!("migrations/0003_operations.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

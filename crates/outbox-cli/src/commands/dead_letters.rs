@@ -1,0 +1,299 @@
+//! `outbox dead-letters list | show | replay | skip | audit`.
+
+use std::{process::ExitCode, time::Duration};
+
+use chrono::{DateTime, Utc};
+use outbox_relay::admin::{Admin, DeadLetter, DeadLetterFilter};
+
+use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
+
+/// Options of `outbox dead-letters`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Action {
+    /// List dead letters (oldest first).
+    List {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[command(flatten)]
+        filter: Filter,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one dead letter with its headers and payload.
+    Show {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Row id (from `list`).
+        id: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make dead letters pending again (attempts reset); their aggregates resume. Audited.
+    Replay {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[command(flatten)]
+        filter: Filter,
+        /// Replay every dead letter when no filter is given.
+        #[arg(long)]
+        all: bool,
+        /// Show what would be replayed, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// At most this many events per second (default: all at once).
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Why (recorded in the audit table).
+        #[arg(long, default_value = "replay")]
+        reason: String,
+        /// Who (recorded in the audit table).
+        #[arg(long, env = "USER", default_value = "unknown")]
+        actor: String,
+    },
+    /// Abandon dead letters: they stay dead, and stop parking their aggregates' later events.
+    /// The one exception to per-aggregate order; audited, and it needs a reason.
+    Skip {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Row ids to skip.
+        #[arg(long = "id", required = true)]
+        ids: Vec<i64>,
+        /// Why (required; recorded in the audit table).
+        #[arg(long)]
+        reason: String,
+        /// Who (recorded in the audit table).
+        #[arg(long, env = "USER", default_value = "unknown")]
+        actor: String,
+        /// Show what would be skipped, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// The latest operator actions.
+    Audit {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+}
+
+/// Which dead letters.
+#[derive(clap::Args, Debug, Clone)]
+struct Filter {
+    /// Row ids (repeatable).
+    #[arg(long = "id")]
+    ids: Vec<i64>,
+    /// Event type.
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Aggregate type.
+    #[arg(long)]
+    aggregate_type: Option<String>,
+    /// Aggregate id.
+    #[arg(long)]
+    aggregate_id: Option<String>,
+    /// Occurred at or after (RFC 3339, e.g. 2026-11-30T00:00:00Z).
+    #[arg(long)]
+    since: Option<DateTime<Utc>>,
+    /// Occurred before (RFC 3339).
+    #[arg(long)]
+    until: Option<DateTime<Utc>>,
+    /// Last error contains this text (case-insensitive).
+    #[arg(long)]
+    error: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    limit: i64,
+}
+
+impl Filter {
+    fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+            && self.event_type.is_none()
+            && self.aggregate_type.is_none()
+            && self.aggregate_id.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.error.is_none()
+    }
+
+    fn to_filter(&self) -> Result<DeadLetterFilter, String> {
+        let filter = DeadLetterFilter {
+            event_type: self.event_type.clone(),
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            since: self.since,
+            until: self.until,
+            error_contains: self.error.clone(),
+            ids: (!self.ids.is_empty()).then(|| self.ids.clone()),
+            limit: Some(self.limit),
+        };
+        filter.validate()?;
+        Ok(filter)
+    }
+}
+
+async fn admin(db: &DatabaseArgs) -> Result<Admin, Box<dyn std::error::Error>> {
+    let tables = db.tables()?;
+    let Db::Postgres(pool) = connect_any(require_url(db.database_url.as_deref())?, 2).await? else {
+        return Err("outbox dead-letters runs on PostgreSQL outboxes only for now".into());
+    };
+    outbox_relay::store::PgStore::open(pool.clone(), &tables).await?;
+    Ok(Admin::new(pool, &tables))
+}
+
+/// Runs the action.
+pub async fn run(args: Args) -> CommandResult {
+    match args.action {
+        Action::List { db, filter, json } => {
+            let letters = admin(&db).await?.dead_letters(&filter.to_filter()?).await?;
+            if json {
+                super::print(&format!("{}\n", serde_json::to_string_pretty(&letters)?));
+            } else {
+                super::print(&table(&letters));
+            }
+        }
+        Action::Show { db, id, json } => {
+            let admin = admin(&db).await?;
+            let filter = DeadLetterFilter {
+                ids: Some(vec![id]),
+                ..Default::default()
+            };
+            let Some(letter) = admin.dead_letters(&filter).await?.into_iter().next() else {
+                return Err(format!("no dead letter with id {id}").into());
+            };
+            let payload = admin.payload(id).await?.unwrap_or_default();
+            let body = match std::str::from_utf8(&payload) {
+                Ok(text) => text.to_owned(),
+                Err(_) => format!("({} bytes, not UTF-8)", payload.len()),
+            };
+            if json {
+                let mut doc = serde_json::to_value(&letter)?;
+                doc["payload"] = serde_json::Value::String(body);
+                super::print(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
+            } else {
+                super::print(&format!(
+                    "{}\nheaders: {}\npayload: {body}\n",
+                    table(std::slice::from_ref(&letter)),
+                    letter.headers
+                ));
+            }
+        }
+        Action::Replay {
+            db,
+            filter,
+            all,
+            dry_run,
+            rate,
+            reason,
+            actor,
+        } => {
+            if filter.is_empty() && !all {
+                return Err("replay needs --id, a filter, or --all".into());
+            }
+            let admin = admin(&db).await?;
+            let letters = admin.dead_letters(&filter.to_filter()?).await?;
+            if dry_run || letters.is_empty() {
+                super::print(&format!(
+                    "{}{} dead letters would be replayed\n",
+                    table(&letters),
+                    letters.len()
+                ));
+                return Ok(ExitCode::SUCCESS);
+            }
+            let ids: Vec<i64> = letters.iter().map(|l| l.id).collect();
+            let chunk = rate.map_or(ids.len(), |r| r.max(1) as usize);
+            let mut replayed = 0;
+            for (i, part) in ids.chunks(chunk).enumerate() {
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                replayed += admin.replay(part, &actor, &reason).await?;
+            }
+            super::print(&format!("replayed {replayed} dead letters\n"));
+        }
+        Action::Skip {
+            db,
+            ids,
+            reason,
+            actor,
+            dry_run,
+        } => {
+            if reason.trim().is_empty() {
+                return Err("--reason must say why the events are abandoned".into());
+            }
+            let admin = admin(&db).await?;
+            let filter = DeadLetterFilter {
+                ids: Some(ids.clone()),
+                limit: Some(ids.len() as i64),
+                ..Default::default()
+            };
+            let letters = admin.dead_letters(&filter).await?;
+            let found: Vec<i64> = letters.iter().map(|l| l.id).collect();
+            let missing: Vec<&i64> = ids.iter().filter(|id| !found.contains(id)).collect();
+            if !missing.is_empty() {
+                return Err(format!("not dead letters: {missing:?}").into());
+            }
+            if dry_run {
+                super::print(&format!(
+                    "{}{} dead letters would be skipped\n",
+                    table(&letters),
+                    letters.len()
+                ));
+                return Ok(ExitCode::SUCCESS);
+            }
+            let released = admin.skip(&ids, &actor, &reason).await?;
+            super::print(&format!(
+                "skipped {} dead letters; {released} parked aggregates released\n",
+                ids.len()
+            ));
+        }
+        Action::Audit { db, limit } => {
+            let entries = admin(&db).await?.audit(limit).await?;
+            let mut out = String::new();
+            for e in entries {
+                out.push_str(&format!(
+                    "{}  {}  {:<6}  by {:<12} {:?}  {}\n",
+                    e.id,
+                    e.at.format("%Y-%m-%d %H:%M:%S"),
+                    e.action,
+                    e.actor,
+                    e.event_ids,
+                    e.reason
+                ));
+            }
+            super::print(&out);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn table(letters: &[DeadLetter]) -> String {
+    let mut out = format!(
+        "{:>8}  {:<24} {:<28} {:>8} {:>6}  {}\n",
+        "id", "event type", "aggregate", "attempts", "parked", "last error"
+    );
+    for l in letters {
+        let aggregate = format!("{}/{}", l.aggregate_type, l.aggregate_id);
+        let error: String = l.last_error.chars().take(80).collect();
+        out.push_str(&format!(
+            "{:>8}  {:<24} {:<28} {:>8} {:>6}  {}\n",
+            l.id,
+            l.event_type,
+            aggregate,
+            l.attempts,
+            if l.parked { "yes" } else { "no" },
+            error
+        ));
+    }
+    out
+}

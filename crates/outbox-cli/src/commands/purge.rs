@@ -1,0 +1,57 @@
+//! `outbox purge`: delete published events older than a retention, in small batches.
+
+use std::{process::ExitCode, time::Duration};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use outbox_relay::admin::Admin;
+
+use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
+
+/// Options of `outbox purge`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// Delete published events older than this (e.g. "7d", "36h"). Pending and dead events are
+    /// never deleted.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Duration,
+    /// Rows per statement (short transactions, no long locks).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    batch: i64,
+    /// Count what would be deleted, delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// Purges and reports the count.
+pub async fn run(args: Args) -> CommandResult {
+    let tables = args.db.tables()?;
+    let Db::Postgres(pool) = connect_any(require_url(args.db.database_url.as_deref())?, 2).await?
+    else {
+        return Err("outbox purge runs on PostgreSQL outboxes only for now".into());
+    };
+    outbox_relay::store::PgStore::open(pool.clone(), &tables).await?;
+    let admin = Admin::new(pool, &tables);
+    let age = humantime::format_duration(args.older_than);
+    let due = admin.purgeable(args.older_than).await?;
+    if args.dry_run {
+        super::print(&format!(
+            "dry run: {due} published events older than {age} would be deleted\n"
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let bar = ProgressBar::new(due.max(0) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} published events deleted")
+            .expect("valid template"),
+    );
+    let purged = admin
+        .purge(args.older_than, args.batch, |total| bar.set_position(total))
+        .await?;
+    bar.finish_and_clear();
+    super::print(&format!(
+        "purged {purged} published events older than {age}\n"
+    ));
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,261 @@
+//! Operator actions on a PostgreSQL outbox: purge published rows, and list, inspect, replay or
+//! skip dead letters. Every mutating dead-letter action is recorded in `{schema}.audit` in the
+//! same statement that performs it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox::Tables;
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use crate::store::named;
+
+/// Which dead letters an action applies to. Empty fields match everything.
+#[derive(Clone, Debug, Default)]
+pub struct DeadLetterFilter {
+    /// Exact event type.
+    pub event_type: Option<String>,
+    /// Exact aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Exact aggregate id.
+    pub aggregate_id: Option<String>,
+    /// Occurred at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Occurred before.
+    pub until: Option<DateTime<Utc>>,
+    /// Case-insensitive substring of the last error.
+    pub error_contains: Option<String>,
+    /// Only these row ids.
+    pub ids: Option<Vec<i64>>,
+    /// At most this many (default 100).
+    pub limit: Option<i64>,
+}
+
+impl DeadLetterFilter {
+    /// Checks the filter; the error names what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if let (Some(since), Some(until)) = (self.since, self.until) {
+            if since >= until {
+                return Err(format!("--since {since} must be before --until {until}"));
+            }
+        }
+        if matches!(self.limit, Some(n) if n < 1) {
+            return Err("--limit must be 1 or more".into());
+        }
+        if matches!(&self.ids, Some(ids) if ids.is_empty()) {
+            return Err("--id needs at least one id".into());
+        }
+        Ok(())
+    }
+}
+
+/// A dead-lettered event as operators see it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DeadLetter {
+    /// Row id (what `replay` and `skip` take).
+    pub id: i64,
+    /// Event id.
+    pub event_id: Uuid,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Aggregate version.
+    pub aggregate_version: Option<i64>,
+    /// Event type.
+    pub event_type: String,
+    /// Schema version.
+    pub schema_version: i32,
+    /// Destination override.
+    pub destination: Option<String>,
+    /// Content type.
+    pub content_type: String,
+    /// Headers as stored.
+    pub headers: serde_json::Value,
+    /// When it happened.
+    pub occurred_at: DateTime<Utc>,
+    /// Attempts made.
+    pub attempts: i32,
+    /// Why it is dead.
+    pub last_error: String,
+    /// Payload size in bytes.
+    pub payload_size: i64,
+    /// Whether it still parks its aggregate's later events.
+    pub parked: bool,
+}
+
+/// One audit record.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct AuditEntry {
+    /// Sequence number.
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Who.
+    pub actor: String,
+    /// `replay` or `skip`.
+    pub action: String,
+    /// Which rows.
+    pub event_ids: Vec<i64>,
+    /// Why.
+    pub reason: String,
+}
+
+/// Operator actions on one outbox.
+#[derive(Clone, Debug)]
+pub struct Admin {
+    pool: PgPool,
+    purge: String,
+    purgeable: String,
+    list_dead: String,
+    payload: String,
+    replay: String,
+    skip: String,
+    audit: String,
+}
+
+impl Admin {
+    /// Actions on the outbox at `tables`.
+    pub fn new(pool: PgPool, tables: &Tables) -> Self {
+        let file = include_str!("sql/admin.sql");
+        let r = |name: &str| tables.render(named(file, name));
+        Self {
+            pool,
+            purge: r("purge"),
+            purgeable: r("purgeable"),
+            list_dead: r("list_dead"),
+            payload: r("payload"),
+            replay: r("replay"),
+            skip: r("skip"),
+            audit: r("audit"),
+        }
+    }
+
+    /// Published rows older than `retention` (what a purge would delete now).
+    pub async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.purgeable)
+            .bind(retention.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Deletes one batch of published rows older than `retention`; returns how many.
+    pub async fn purge_batch(&self, retention: Duration, batch: i64) -> Result<u64, sqlx::Error> {
+        sqlx::query(&self.purge)
+            .bind(retention.as_secs_f64())
+            .bind(batch.max(1))
+            .execute(&self.pool)
+            .await
+            .map(|done| done.rows_affected())
+    }
+
+    /// Deletes published rows older than `retention` in batches (short transactions, no long
+    /// locks), calling `progress` with the running total; returns the total.
+    pub async fn purge(
+        &self,
+        retention: Duration,
+        batch: i64,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64, sqlx::Error> {
+        let mut total = 0;
+        loop {
+            let deleted = self.purge_batch(retention, batch).await?;
+            total += deleted;
+            progress(total);
+            if deleted < batch.max(1) as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Dead letters matching `filter`, oldest first.
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<DeadLetter>, sqlx::Error> {
+        let rows = sqlx::query(&self.list_dead)
+            .bind(&filter.event_type)
+            .bind(&filter.aggregate_type)
+            .bind(&filter.aggregate_id)
+            .bind(filter.since)
+            .bind(filter.until)
+            .bind(&filter.error_contains)
+            .bind(filter.limit.unwrap_or(100))
+            .bind(&filter.ids)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    id: r.try_get("id")?,
+                    event_id: r.try_get("event_id")?,
+                    aggregate_type: r.try_get("aggregate_type")?,
+                    aggregate_id: r.try_get("aggregate_id")?,
+                    aggregate_version: r.try_get("aggregate_version")?,
+                    event_type: r.try_get("event_type")?,
+                    schema_version: r.try_get("schema_version")?,
+                    destination: r.try_get("destination")?,
+                    content_type: r.try_get("content_type")?,
+                    headers: r.try_get("headers")?,
+                    occurred_at: r.try_get("occurred_at")?,
+                    attempts: r.try_get("attempts")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_size: r.try_get("payload_size")?,
+                    parked: r.try_get("parked")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The payload of row `id`, if it exists.
+    pub async fn payload(&self, id: i64) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        sqlx::query_scalar(&self.payload)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    /// Makes dead events pending again (attempts reset) and unparks their aggregates; returns
+    /// how many were replayed. Recorded in the audit table.
+    pub async fn replay(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.replay)
+            .bind(ids)
+            .bind(actor)
+            .bind(reason)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Abandons dead events: they stay dead but stop parking their aggregates, whose later
+    /// events then flow (the one exception to per-aggregate order, G4). Recorded in the audit
+    /// table; returns how many aggregates were released.
+    pub async fn skip(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.skip)
+            .bind(ids)
+            .bind(actor)
+            .bind(reason)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// The latest `limit` audit records, newest first.
+    pub async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
+        let rows = sqlx::query(&self.audit)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AuditEntry {
+                    id: r.try_get("id")?,
+                    at: r.try_get("at")?,
+                    actor: r.try_get("actor")?,
+                    action: r.try_get("action")?,
+                    event_ids: r.try_get("event_ids")?,
+                    reason: r.try_get("reason")?,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,69 @@
+-- name: purge
+-- One batch of published rows older than the retention; never pending or dead rows.
+-- $1 retention seconds, $2 batch size
+WITH doomed AS (
+    SELECT id FROM {schema}.{events}
+    WHERE status = 'published' AND published_at < now() - make_interval(secs => $1)
+    ORDER BY published_at
+    LIMIT $2
+)
+DELETE FROM {schema}.{events} e USING doomed WHERE e.id = doomed.id;
+-- name: purgeable
+SELECT count(*)::bigint FROM {schema}.{events}
+WHERE status = 'published' AND published_at < now() - make_interval(secs => $1);
+-- name: list_dead
+-- $1 event type, $2 aggregate type, $3 aggregate id, $4 since, $5 until, $6 error text,
+-- $7 limit, $8 ids
+SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
+       e.schema_version, e.destination, e.content_type, e.headers, e.occurred_at, e.attempts,
+       coalesce(e.last_error, '') AS last_error, octet_length(e.payload)::bigint AS payload_size,
+       EXISTS (SELECT 1 FROM {schema}.holds h
+               WHERE h.event_id = e.id AND h.held_until IS NULL) AS parked
+FROM {schema}.{events} e
+WHERE e.status = 'dead'
+  AND ($1::text IS NULL OR e.event_type = $1)
+  AND ($2::text IS NULL OR e.aggregate_type = $2)
+  AND ($3::text IS NULL OR e.aggregate_id = $3)
+  AND ($4::timestamptz IS NULL OR e.occurred_at >= $4)
+  AND ($5::timestamptz IS NULL OR e.occurred_at < $5)
+  AND ($6::text IS NULL OR strpos(lower(e.last_error), lower($6)) > 0)
+  AND ($8::bigint[] IS NULL OR e.id = ANY($8))
+ORDER BY e.id
+LIMIT $7;
+-- name: payload
+SELECT payload FROM {schema}.{events} WHERE id = $1;
+-- name: replay
+-- Dead events become pending again, attempts reset; their holds go, so the aggregate resumes
+-- with them first. Audited in the same statement. $1 ids, $2 actor, $3 reason
+WITH replayed AS (
+    UPDATE {schema}.{events}
+    SET status = 'pending', attempts = 0, next_attempt_at = NULL
+    WHERE id = ANY($1) AND status = 'dead'
+    RETURNING id, aggregate_type, aggregate_id
+), unheld AS (
+    DELETE FROM {schema}.holds h USING replayed r
+    WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id
+      AND h.event_id = r.id
+), audited AS (
+    INSERT INTO {schema}.audit (actor, action, event_ids, reason)
+    SELECT $2, 'replay', array_agg(id ORDER BY id), $3 FROM replayed HAVING count(*) > 0
+)
+SELECT count(*)::bigint FROM replayed;
+-- name: skip
+-- The dead events stay dead (for the record) but stop parking their aggregates. Audited.
+-- $1 ids, $2 actor, $3 reason
+WITH target AS (
+    SELECT id, aggregate_type, aggregate_id FROM {schema}.{events}
+    WHERE id = ANY($1) AND status = 'dead'
+), unheld AS (
+    DELETE FROM {schema}.holds h USING target t
+    WHERE h.aggregate_type = t.aggregate_type AND h.aggregate_id = t.aggregate_id
+      AND h.event_id = t.id
+    RETURNING h.event_id
+), audited AS (
+    INSERT INTO {schema}.audit (actor, action, event_ids, reason)
+    SELECT $2, 'skip', array_agg(event_id ORDER BY event_id), $3 FROM unheld HAVING count(*) > 0
+)
+SELECT count(*)::bigint FROM unheld;
+-- name: audit
+SELECT id, at, actor, action, event_ids, reason FROM {schema}.audit ORDER BY id DESC LIMIT $1;
