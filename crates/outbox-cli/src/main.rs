@@ -32,6 +32,8 @@ enum Command {
     Purge(commands::purge::Args),
     /// List, inspect, replay or skip dead letters (audited).
     DeadLetters(commands::dead_letters::Args),
+    /// Audit a broker stream against the outbox: missing, duplicated, out-of-order events.
+    Verify(commands::verify::Args),
 }
 
 #[tokio::main]
@@ -44,6 +46,7 @@ async fn main() -> ExitCode {
         Command::Status(args) => commands::status::run(args).await,
         Command::Purge(args) => commands::purge::run(args).await,
         Command::DeadLetters(args) => commands::dead_letters::run(args).await,
+        Command::Verify(args) => commands::verify::run(args).await,
     };
     match result {
         Ok(code) => code,

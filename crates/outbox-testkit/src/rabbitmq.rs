@@ -26,13 +26,24 @@ pub struct RabbitReader {
     _connection: Connection,
     /// Exchange name.
     pub exchange: String,
-    queue: String,
+    /// Queue name.
+    pub queue: String,
     seen: Arc<Mutex<Vec<Delivery>>>,
 }
 
 impl RabbitReader {
+    /// Declares exchange, queue and binding like [`RabbitReader::start`], without consuming:
+    /// the messages stay in the queue for another reader.
+    pub async fn declare_only(exchange: &str, binding: &str) -> Self {
+        Self::open(exchange, binding, false).await
+    }
+
     /// Declares exchange `exchange` (durable topic) and a queue bound with `binding`.
     pub async fn start(exchange: &str, binding: &str) -> Self {
+        Self::open(exchange, binding, true).await
+    }
+
+    async fn open(exchange: &str, binding: &str, consume: bool) -> Self {
         let connection = Connection::connect(RABBITMQ_URL, ConnectionProperties::default())
             .await
             .expect("connect to rabbitmq");
@@ -68,6 +79,16 @@ impl RabbitReader {
             )
             .await
             .expect("bind");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        if !consume {
+            return Self {
+                channel,
+                _connection: connection,
+                exchange: exchange.to_owned(),
+                queue,
+                seen,
+            };
+        }
         let mut consumer = channel
             .basic_consume(
                 &queue,
@@ -77,7 +98,6 @@ impl RabbitReader {
             )
             .await
             .expect("consume");
-        let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = seen.clone();
         tokio::spawn(async move {
             while let Some(Ok(delivery)) = consumer.next().await {
