@@ -35,4 +35,11 @@ fi
 if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
   createdb -h 127.0.0.1 -U postgres test
 fi
-echo "services: PostgreSQL, NATS and RabbitMQ are up"
+# The dashboard's browser test drives Debian's headless Chromium through chromedriver.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "services: installing chromium and chromium-driver (dashboard browser test)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+echo "services: PostgreSQL, NATS and RabbitMQ are up; chromium and chromedriver installed"

@@ -28,6 +28,9 @@ pub struct FileConfig {
     pub listen: SocketAddr,
     /// `text` (default) or `json`.
     pub log_format: LogFormatSetting,
+    /// Bearer token for the dashboard's mutating actions (replay, skip); without one the
+    /// dashboard is read-only. Prefer `OUTBOX_ADMIN_TOKEN` to a file. Never logged.
+    pub admin_token: Option<String>,
     /// Relay settings.
     pub relay: RelayConfig,
     /// NATS JetStream settings.
@@ -65,6 +68,7 @@ impl Default for FileConfig {
             broker_url: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 9187)),
             log_format: LogFormatSetting::Text,
+            admin_token: None,
             relay: RelayConfig::default(),
             nats: NatsConfig::default(),
             rabbitmq: RabbitMqConfig::default(),
@@ -72,6 +76,19 @@ impl Default for FileConfig {
         }
     }
 }
+
+/// Top-level keys of the file, the only ones `OUTBOX_*` variables may set.
+const KEYS: &[&str] = &[
+    "database_url",
+    "broker_url",
+    "listen",
+    "log_format",
+    "admin_token",
+    "relay",
+    "nats",
+    "rabbitmq",
+    "webhook",
+];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
 /// `OUTBOX_RELAY__MAX_BATCH_SIZE`: `__` separates nesting levels).
@@ -83,7 +100,12 @@ pub fn load(path: Option<&Path>) -> Result<FileConfig, String> {
         }
         figment = figment.merge(Toml::file_exact(path));
     }
-    figment = figment.merge(Env::prefixed("OUTBOX_").split("__"));
+    // Only variables naming a key of this file are read: other tools (and the test suite's
+    // OUTBOX_TEST_DATABASE_URL) share the prefix and must not be rejected as unknown keys.
+    figment = figment.merge(Env::prefixed("OUTBOX_").split("__").filter(|key| {
+        let first = key.as_str().split('.').next().unwrap_or_default();
+        KEYS.iter().any(|k| k.eq_ignore_ascii_case(first))
+    }));
     figment.extract().map_err(|e| {
         e.into_iter()
             .map(|e| e.to_string())

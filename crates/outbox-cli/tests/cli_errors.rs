@@ -135,3 +135,36 @@ async fn status_reports_backlog_and_partitions_as_json() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("6 pending"), "{text}");
 }
+
+#[test]
+fn unrelated_outbox_variables_are_ignored_but_misspelt_relay_keys_are_not() {
+    let out = support::bin()
+        .args([
+            "relay",
+            "--broker-url",
+            "kafka://x",
+            "--database-url",
+            &database_url(),
+        ])
+        .env("OUTBOX_SOMETHING_ELSE", "1")
+        .output()
+        .unwrap();
+    // It gets as far as the broker scheme: the stray variable was not an error.
+    assert!(
+        stderr(&out).contains("scheme \"kafka\""),
+        "{}",
+        stderr(&out)
+    );
+    let out = support::bin()
+        .args([
+            "relay",
+            "--broker-url",
+            "nats://x",
+            "--database-url",
+            &database_url(),
+        ])
+        .env("OUTBOX_RELAY__MAX_BATCH_SIZ", "5")
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("max_batch_siz"), "{}", stderr(&out));
+}

@@ -26,6 +26,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod dashboard;
 pub mod dispatcher;
 mod error;
 pub mod http;

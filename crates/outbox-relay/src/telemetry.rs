@@ -189,6 +189,18 @@ impl Metrics {
         "other".to_owned()
     }
 
+    /// The sum of every sample of `series` (e.g. `outbox_published_total` over destinations).
+    pub fn sum(&self, series: &str) -> f64 {
+        self.encode()
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(series)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, |total, v| total + v)
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();

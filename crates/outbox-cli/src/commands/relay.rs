@@ -99,14 +99,31 @@ pub async fn run(args: Args) -> CommandResult {
             .into())
         }
     };
-    let relay = match db {
-        Db::Postgres(pool) => Relay::new(pool, publisher, cfg.relay.clone()).await?,
-        Db::Sqlite(pool) => Relay::sqlite(pool, publisher, cfg.relay.clone()).await?,
+    let (relay, dashboard) = match db {
+        Db::Postgres(pool) => {
+            let relay = Relay::new(pool.clone(), publisher, cfg.relay.clone()).await?;
+            let tables = cfg.relay.tables();
+            let dashboard = outbox_relay::dashboard::router(outbox_relay::dashboard::Dashboard {
+                admin: outbox_relay::admin::Admin::new(pool.clone(), &tables),
+                store: outbox_relay::store::PgStore::open(pool, &tables).await?,
+                metrics: relay.metrics(),
+                token: cfg.admin_token.clone().filter(|t| !t.is_empty()),
+            });
+            (relay, Some(dashboard))
+        }
+        Db::Sqlite(pool) => (
+            Relay::sqlite(pool, publisher, cfg.relay.clone()).await?,
+            None,
+        ),
     };
     let shutdown = CancellationToken::new();
-    let router = http::router(relay.metrics(), relay.health());
+    let mut router = http::router(relay.metrics(), relay.health());
+    if let Some(dashboard) = dashboard {
+        router = router.merge(dashboard);
+    }
     let (bound, server) = http::serve(cfg.listen, router, shutdown.clone()).await?;
-    tracing::info!(listen = %bound, relay_id = relay.relay_id(), "serving /metrics, /healthz, /readyz");
+    tracing::info!(listen = %bound, relay_id = relay.relay_id(),
+        "serving the dashboard (/), /api, /metrics, /healthz, /readyz");
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let result = relay.run(shutdown.clone()).await;
     shutdown.cancel();

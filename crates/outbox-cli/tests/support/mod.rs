@@ -55,6 +55,17 @@ pub struct RelayProcess {
 impl RelayProcess {
     /// Starts `outbox relay` on `db` with `broker` and `config`.
     pub fn start(db: &TestDb, broker: &str, config: &PathBuf, listen: &str) -> Self {
+        Self::start_with_env(db, broker, config, listen, &[])
+    }
+
+    /// Same, with extra environment variables.
+    pub fn start_with_env(
+        db: &TestDb,
+        broker: &str,
+        config: &PathBuf,
+        listen: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::env::temp_dir().join(format!("{}.log", outbox_testkit::unique("relay")));
         let child = bin()
             .args([
@@ -66,6 +77,7 @@ impl RelayProcess {
             ])
             .args(["--broker-url", broker, "--listen", listen, "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -102,12 +114,29 @@ impl Drop for RelayProcess {
 
 /// GET `path` from `addr` with a bare HTTP/1.0 request; returns (status, body).
 pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    http(addr, "GET", path, &[], "").await
+}
+
+/// A bare HTTP/1.0 request; returns (status, body).
+pub async fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
+    let mut request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;
     let status = response.split_whitespace().nth(1)?.parse().ok()?;

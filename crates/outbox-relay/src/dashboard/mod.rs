@@ -1,0 +1,201 @@
+//! The dashboard: a small self-contained page (no CDN) and the JSON API under `/api/` it uses.
+//!
+//! | endpoint | token | what |
+//! | --- | --- | --- |
+//! | `GET /` | no | the page |
+//! | `GET /api/status` | no | backlog, lag, dead count, totals, partitions and owners |
+//! | `GET /api/dead-letters?limit=&event_type=&aggregate_type=&aggregate_id=&error=` | no | dead letters with their errors |
+//! | `POST /api/dead-letters/replay` `{"ids": [..], "reason": ".."}` | yes | replay (audited) |
+//! | `POST /api/dead-letters/skip` `{"ids": [..], "reason": ".."}` | yes | skip (audited, reason required) |
+//!
+//! Reading needs no token; every mutating call needs `Authorization: Bearer <admin_token>`.
+//! Without a configured token the mutating calls are refused (403). The token travels in a
+//! header the page sets from an input field, never in a cookie, so another site cannot make a
+//! browser send it (CSRF); requests whose `Origin` is not this server are refused too. Bound to
+//! localhost unless `--listen` says otherwise. No secret is ever returned.
+
+use std::sync::Arc;
+
+use axum::{
+    extract::{Query, State},
+    http::{header, HeaderMap, StatusCode},
+    response::{Html, IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+use serde::Deserialize;
+
+use crate::{
+    admin::{Admin, DeadLetterFilter},
+    store::PgStore,
+    telemetry::Metrics,
+};
+
+const PAGE: &str = include_str!("index.html");
+
+/// What the dashboard reads and acts on.
+#[derive(Clone)]
+pub struct Dashboard {
+    /// Operator actions.
+    pub admin: Admin,
+    /// Backlog and partitions.
+    pub store: PgStore,
+    /// This relay's metrics (totals).
+    pub metrics: Arc<Metrics>,
+    /// Bearer token for mutating calls; `None` makes the dashboard read-only.
+    pub token: Option<String>,
+}
+
+/// The dashboard's routes, to merge with the metrics router.
+pub fn router(dashboard: Dashboard) -> Router {
+    Router::new()
+        .route("/", get(|| async { Html(PAGE) }))
+        .route("/api/status", get(status))
+        .route("/api/dead-letters", get(dead_letters))
+        .route("/api/dead-letters/replay", post(replay))
+        .route("/api/dead-letters/skip", post(skip))
+        .with_state(Arc::new(dashboard))
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+}
+
+async fn status(State(d): State<Arc<Dashboard>>) -> Response {
+    let backlog = match d.store.backlog().await {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
+    };
+    let partitions = d.store.partition_status().await.unwrap_or_default();
+    Json(serde_json::json!({
+        "pending": backlog.pending,
+        "oldest_pending_age_seconds": backlog.oldest_age.map(|a| a.as_secs_f64()),
+        "dead": backlog.dead,
+        "published_total": d.metrics.sum("outbox_published_total"),
+        "failed_total": d.metrics.sum("outbox_failed_total"),
+        "partitions": partitions,
+        "writable": d.token.is_some(),
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<i64>,
+    event_type: Option<String>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    error: Option<String>,
+}
+
+async fn dead_letters(State(d): State<Arc<Dashboard>>, Query(q): Query<ListQuery>) -> Response {
+    let filter = DeadLetterFilter {
+        event_type: q.event_type,
+        aggregate_type: q.aggregate_type,
+        aggregate_id: q.aggregate_id,
+        error_contains: q.error,
+        limit: Some(q.limit.unwrap_or(100).clamp(1, 1000)),
+        ..Default::default()
+    };
+    match d.admin.dead_letters(&filter).await {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
+    }
+}
+
+/// Body of the mutating calls.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Action {
+    ids: Vec<i64>,
+    reason: String,
+}
+
+/// Why a mutating call is refused: the status and a message.
+type Refusal = (StatusCode, &'static str);
+
+/// Checks the bearer token (constant-time) and the request's origin.
+fn authorize(d: &Dashboard, headers: &HeaderMap) -> Result<(), Refusal> {
+    let Some(expected) = &d.token else {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "the dashboard is read-only: no admin_token is configured",
+        ));
+    };
+    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST)) {
+        let origin = origin.to_str().unwrap_or_default();
+        let host = host.to_str().unwrap_or_default();
+        if origin != format!("http://{host}") && origin != format!("https://{host}") {
+            return Err((StatusCode::FORBIDDEN, "cross-origin request refused"));
+        }
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+        return Err((StatusCode::UNAUTHORIZED, "a valid bearer token is required"));
+    }
+    Ok(())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn check_action(action: &Action) -> Result<(), Refusal> {
+    if action.ids.is_empty() || action.ids.len() > 10_000 {
+        return Err((StatusCode::BAD_REQUEST, "ids: give 1 to 10000 row ids"));
+    }
+    if action.reason.trim().is_empty() {
+        return Err((StatusCode::BAD_REQUEST, "reason: say why"));
+    }
+    Ok(())
+}
+
+async fn replay(
+    State(d): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    Json(action): Json<Action>,
+) -> Response {
+    if let Err((status, message)) = authorize(&d, &headers).and_then(|()| check_action(&action)) {
+        return error(status, message);
+    }
+    match d
+        .admin
+        .replay(&action.ids, "dashboard", &action.reason)
+        .await
+    {
+        Ok(n) => Json(serde_json::json!({ "replayed": n })).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
+    }
+}
+
+async fn skip(
+    State(d): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    Json(action): Json<Action>,
+) -> Response {
+    if let Err((status, message)) = authorize(&d, &headers).and_then(|()| check_action(&action)) {
+        return error(status, message);
+    }
+    match d.admin.skip(&action.ids, "dashboard", &action.reason).await {
+        Ok(n) => Json(serde_json::json!({ "released": n })).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn compares_tokens_exactly() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}
