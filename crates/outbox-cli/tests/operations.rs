@@ -250,3 +250,47 @@ async fn dead_letters_are_listed_replayed_in_order_and_skipped_with_an_audit_tra
     reader.cleanup().await;
     let _ = std::fs::remove_file(config);
 }
+
+#[tokio::test]
+async fn purge_can_archive_instead_and_purge_the_inbox_too() {
+    let db = TestDb::new(4).await;
+    insert_sequences(&db, "order", 4, 2, 10).await;
+    db.exec(
+        "UPDATE {schema}.{events} SET status = 'published', published_at = now() - interval '3 days';
+         INSERT INTO {schema}.inbox (consumer, event_id, processed_at)
+         SELECT 'billing', event_id, now() - interval '40 days' FROM {schema}.{events};",
+    )
+    .await;
+    let url = database_url();
+    let o = run(&[
+        "purge",
+        "--database-url",
+        &url,
+        "--schema",
+        &db.schema,
+        "--older-than",
+        "1d",
+        "--archive",
+        "--inbox-older-than",
+        "30d",
+    ]);
+    let (stdout, stderr) = out(&o);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("archived 8 published events older than 1day"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("purged 8 inbox rows older than 30days"),
+        "{stdout}"
+    );
+    let archived: i64 = sqlx::query_scalar(
+        &db.tables
+            .render("SELECT count(*) FROM {schema}.events_archive WHERE status = 'published'"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(archived, 8);
+    assert_eq!(db.count("published").await, 0);
+}

@@ -583,7 +583,7 @@ async fn purge_periodically(
         }
         let mut last = 0;
         let purged = admin
-            .purge(retention, 1000, |total| {
+            .purge(retention, 1000, false, |total| {
                 metrics.purged.inc_by(total - last);
                 last = total;
             })

@@ -19,6 +19,12 @@ pub struct Args {
     /// Rows per statement (short transactions, no long locks).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     batch: i64,
+    /// Move the rows into `{table}_archive` instead of deleting them.
+    #[arg(long)]
+    archive: bool,
+    /// Also delete inbox rows older than this; it must exceed any redelivery window.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    inbox_older_than: Option<Duration>,
     /// Count what would be deleted, delete nothing.
     #[arg(long)]
     dry_run: bool,
@@ -47,11 +53,21 @@ pub async fn run(args: Args) -> CommandResult {
             .expect("valid template"),
     );
     let purged = admin
-        .purge(args.older_than, args.batch, |total| bar.set_position(total))
+        .purge(args.older_than, args.batch, args.archive, |total| {
+            bar.set_position(total)
+        })
         .await?;
     bar.finish_and_clear();
+    let verb = if args.archive { "archived" } else { "purged" };
     super::print(&format!(
-        "purged {purged} published events older than {age}\n"
+        "{verb} {purged} published events older than {age}\n"
     ));
+    if let Some(retention) = args.inbox_older_than {
+        let removed = admin.purge_inbox(retention, args.batch).await?;
+        super::print(&format!(
+            "purged {removed} inbox rows older than {}\n",
+            humantime::format_duration(retention)
+        ));
+    }
     Ok(ExitCode::SUCCESS)
 }

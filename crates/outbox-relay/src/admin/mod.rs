@@ -106,7 +106,9 @@ pub struct AuditEntry {
 #[derive(Clone, Debug)]
 pub struct Admin {
     pool: PgPool,
+    tables: Tables,
     purge: String,
+    archive: String,
     purgeable: String,
     list_dead: String,
     payload: String,
@@ -122,7 +124,9 @@ impl Admin {
         let r = |name: &str| tables.render(named(file, name));
         Self {
             pool,
+            tables: tables.clone(),
             purge: r("purge"),
+            archive: r("archive"),
             purgeable: r("purgeable"),
             list_dead: r("list_dead"),
             payload: r("payload"),
@@ -140,9 +144,16 @@ impl Admin {
             .await
     }
 
-    /// Deletes one batch of published rows older than `retention`; returns how many.
-    pub async fn purge_batch(&self, retention: Duration, batch: i64) -> Result<u64, sqlx::Error> {
-        sqlx::query(&self.purge)
+    /// Deletes (or, with `archive`, moves to `{table}_archive`) one batch of published rows
+    /// older than `retention`; returns how many.
+    pub async fn purge_batch(
+        &self,
+        retention: Duration,
+        batch: i64,
+        archive: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = if archive { &self.archive } else { &self.purge };
+        sqlx::query(sql)
             .bind(retention.as_secs_f64())
             .bind(batch.max(1))
             .execute(&self.pool)
@@ -156,17 +167,26 @@ impl Admin {
         &self,
         retention: Duration,
         batch: i64,
+        archive: bool,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, sqlx::Error> {
         let mut total = 0;
         loop {
-            let deleted = self.purge_batch(retention, batch).await?;
+            let deleted = self.purge_batch(retention, batch, archive).await?;
             total += deleted;
             progress(total);
             if deleted < batch.max(1) as u64 {
                 return Ok(total);
             }
         }
+    }
+
+    /// Deletes inbox rows older than `retention` (see `outbox::postgres::PgInbox::purge` for
+    /// the rule on choosing it); returns how many.
+    pub async fn purge_inbox(&self, retention: Duration, batch: i64) -> Result<u64, outbox::Error> {
+        outbox::postgres::PgInbox::new(&self.tables)
+            .purge(&self.pool, retention, batch)
+            .await
     }
 
     /// Dead letters matching `filter`, oldest first.

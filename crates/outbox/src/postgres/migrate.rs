@@ -23,6 +23,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "purge index and audit table",
         include_str!("migrations/0003_operations.sql"),
     ),
+    (
+        4,
+        "archive table",
+        include_str!("migrations/0004_archive.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

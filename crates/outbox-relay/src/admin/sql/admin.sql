@@ -8,6 +8,17 @@ WITH doomed AS (
     LIMIT $2
 )
 DELETE FROM {schema}.{events} e USING doomed WHERE e.id = doomed.id;
+-- name: archive
+-- The same batch, moved into the archive table in the same statement.
+WITH doomed AS (
+    SELECT id FROM {schema}.{events}
+    WHERE status = 'published' AND published_at < now() - make_interval(secs => $1)
+    ORDER BY published_at
+    LIMIT $2
+), moved AS (
+    DELETE FROM {schema}.{events} e USING doomed WHERE e.id = doomed.id RETURNING e.*
+)
+INSERT INTO {schema}.{events_name}_archive SELECT * FROM moved;
 -- name: purgeable
 SELECT count(*)::bigint FROM {schema}.{events}
 WHERE status = 'published' AND published_at < now() - make_interval(secs => $1);
