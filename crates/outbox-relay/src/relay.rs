@@ -261,6 +261,12 @@ impl Shared {
                         let full = rows.len() as i64 >= batch_size;
                         batch_size = adapt(batch_size, rows.len(), &self.config);
                         more = full;
+                        if !full {
+                            // Keeping up: the next claim scans from the start, so a row that
+                            // committed after later ones is found at once. Floors only pay
+                            // while a backlog keeps claims full.
+                            floors.clear();
+                        }
                         if rows.is_empty() {
                             continue;
                         }
@@ -273,7 +279,9 @@ impl Shared {
                             let id = lowest.entry(row.partition).or_insert(row.id);
                             *id = (*id).min(row.id);
                         }
-                        floors.extend(lowest);
+                        if full {
+                            floors.extend(lowest);
+                        }
                         let taken: HashSet<i32> = rows.iter().map(|r| r.partition).collect();
                         busy.extend(&taken);
                         let fences: Vec<Fence> = free
