@@ -200,6 +200,15 @@ impl Bench {
         Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
     }
 
+    /// Whether any event is pending (a cheap probe, unlike the count).
+    pub async fn any_pending(&self, scope: &Scope) -> Result<bool> {
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE status = 'pending')",
+            scope.events_table()
+        );
+        Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
+    }
+
     /// Average payload size of the scenario's events, in bytes.
     pub async fn average_payload(&self, scope: &Scope) -> Result<f64> {
         let sql = format!(
@@ -346,50 +355,6 @@ pub fn payload(g: u64) -> serde_json::Value {
     })
 }
 
-/// Throughput at the start and at the end of a drain, from the pending counts polled during it.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Progress {
-    total: i64,
-    /// First poll at or under three quarters of the backlog: (elapsed, events done).
-    early: Option<(Duration, i64)>,
-    /// First poll at or under a quarter of the backlog: (elapsed, events left).
-    late: Option<(Duration, i64)>,
-}
-
-impl Progress {
-    /// Tracks the drain of `total` events.
-    pub fn new(total: u64) -> Self {
-        Self {
-            total: total as i64,
-            ..Default::default()
-        }
-    }
-
-    /// Records a poll: `pending` events left `elapsed` after the start.
-    pub fn observe(&mut self, elapsed: Duration, pending: i64) {
-        if self.early.is_none() && pending * 4 <= self.total * 3 {
-            self.early = Some((elapsed, self.total - pending));
-        }
-        if self.late.is_none() && pending * 4 <= self.total {
-            self.late = Some((elapsed, pending));
-        }
-    }
-
-    /// Events/s over the first quarter (or a little more) of the backlog.
-    pub fn early_rate(&self) -> Option<f64> {
-        self.early
-            .filter(|(t, _)| !t.is_zero())
-            .map(|(t, done)| done as f64 / t.as_secs_f64())
-    }
-
-    /// Events/s over the last quarter (or a little less) of the backlog, which ended at `end`.
-    pub fn late_rate(&self, end: Duration) -> Option<f64> {
-        self.late
-            .filter(|(t, left)| *t < end && *left > 0)
-            .map(|(t, left)| left as f64 / (end - t).as_secs_f64())
-    }
-}
-
 /// Runs `work`, or fails with "interrupted" on SIGINT or SIGTERM, so that the caller can still
 /// remove its schema and stream (dropping `work` kills a relay child process).
 pub async fn interruptible<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
@@ -428,18 +393,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn progress_measures_the_first_and_last_quarters() {
-        let mut p = Progress::new(1000);
-        p.observe(Duration::from_secs(1), 900);
-        p.observe(Duration::from_secs(2), 700);
-        p.observe(Duration::from_secs(6), 200);
-        p.observe(Duration::from_secs(10), 0);
-        assert_eq!(p.early_rate(), Some(150.0));
-        assert_eq!(p.late_rate(Duration::from_secs(10)), Some(50.0));
-        assert_eq!(Progress::new(10).early_rate(), None);
-    }
 
     #[test]
     fn payload_is_about_200_bytes() {

@@ -15,8 +15,9 @@ use outbox_relay::{
 use sqlx::postgres::PgPoolOptions;
 
 use crate::{
-    common::{interruptible, Bench, Progress, Result, Scope},
+    common::{interruptible, Bench, Result, Scope},
     process::MachineCpu,
+    progress::Progress,
 };
 
 /// How often the pending count is polled, as in (a).
@@ -117,7 +118,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DbBoundResult> {
     // Poll the pending count as (a) does: the same extra load, and the same progress figures.
     let mut progress = Progress::new(events);
     while !tasks.iter().all(|t| t.is_finished()) {
-        progress.observe(started.elapsed(), bench.pending(scope).await?);
+        progress.poll(bench, scope, started.elapsed()).await?;
         tokio::time::sleep(POLL).await;
     }
     let mut marked = 0;

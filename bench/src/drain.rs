@@ -3,8 +3,9 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    common::{interruptible, Bench, Progress, Result, Scope},
+    common::{interruptible, Bench, Result, Scope},
     process::{MachineCpu, RelayProcess, RelayStats},
+    progress::Progress,
 };
 
 /// How often the pending count is polled.
@@ -77,8 +78,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
     let mut last_report = Instant::now();
     let mut progress = Progress::new(events);
     let drain_time = loop {
-        let pending = bench.pending(scope).await?;
-        progress.observe(started.elapsed(), pending);
+        let pending = progress.poll(bench, scope, started.elapsed()).await?;
         if pending == 0 {
             break started.elapsed();
         }

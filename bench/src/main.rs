@@ -6,6 +6,7 @@ mod dbbound;
 mod drain;
 mod naive;
 mod process;
+mod progress;
 mod report;
 mod steady;
 mod writers;
@@ -84,6 +85,10 @@ pub struct Options {
     /// Do not ANALYZE backlogs after inserting them (the planner then knows nothing of them).
     #[arg(long, global = true)]
     pub skip_analyze: bool,
+    /// Poll the backlog of (a) and (b) with a cheap `EXISTS` probe every 250 ms, counting it
+    /// only every 2 s (the count itself loads PostgreSQL on large backlogs).
+    #[arg(long, global = true)]
+    pub light_poll: bool,
     /// Duration of (c) naive, in seconds.
     #[arg(long, global = true, default_value_t = 20)]
     pub naive_seconds: u64,

@@ -51,8 +51,9 @@ pub struct LogSummary {
     pub warnings: usize,
     /// Number of ERROR lines.
     pub errors: usize,
-    /// The first few distinct WARN/ERROR messages (without timestamps).
-    pub samples: Vec<String>,
+    /// Distinct WARN/ERROR messages (without timestamps, timings and SQL text), each with its
+    /// number of lines, in order of first appearance; at most 8.
+    pub samples: Vec<(String, usize)>,
 }
 
 impl RelayProcess {
@@ -263,16 +264,29 @@ fn summarize_log(path: &Path) -> LogSummary {
             "ERROR" => summary.errors += 1,
             _ => continue,
         }
-        // Drop the timestamp; keep the level, target and message.
-        let message = line
-            .split_once(' ')
-            .map_or(line.as_str(), |(_, m)| m.trim());
-        let message: String = message.chars().take(240).collect();
-        if summary.samples.len() < 6 && !summary.samples.contains(&message) {
-            summary.samples.push(message);
+        let message = message_key(&line);
+        let samples = &mut summary.samples;
+        if let Some(i) = samples.iter().position(|(m, _)| *m == message) {
+            samples[i].1 += 1;
+        } else if samples.len() < 8 {
+            samples.push((message, 1));
         }
     }
     summary
+}
+
+/// A log line without its timestamp, and without the fields that differ between occurrences of
+/// the same warning (sqlx's slow-statement SQL text and timings).
+fn message_key(line: &str) -> String {
+    let message = line.split_once(' ').map_or(line, |(_, m)| m.trim());
+    let message = message
+        .split(" db.statement=")
+        .next()
+        .unwrap_or(message)
+        .split(" elapsed=")
+        .next()
+        .unwrap_or(message);
+    message.chars().take(200).collect()
 }
 
 fn strip_ansi(line: &str) -> String {
@@ -308,6 +322,18 @@ mod tests {
         assert_eq!(field_kb(status, "VmHWM:"), Some(51234));
         assert_eq!(field_kb(status, "VmRSS:"), Some(40000));
         assert_eq!(field_kb(status, "VmSwap:"), None);
+    }
+
+    #[test]
+    fn groups_warnings_by_message() {
+        let line = "2026-01-01T00:00:00Z  WARN sqlx::query: slow statement: execution time \
+                    exceeded alert threshold summary=\"ANALYZE x\" db.statement=\"\" \
+                    elapsed=1.2s";
+        assert_eq!(
+            message_key(line),
+            "WARN sqlx::query: slow statement: execution time exceeded alert threshold \
+             summary=\"ANALYZE x\""
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use std::{fmt::Write, time::Duration};
 
 use crate::{
-    common::Progress, dbbound::DbBoundResult, drain::DrainResult, naive::NaiveResult,
-    process::RelayStats, steady::SteadyResult,
+    dbbound::DbBoundResult, drain::DrainResult, naive::NaiveResult, process::RelayStats,
+    progress::Progress, steady::SteadyResult,
 };
 
 /// Facts about the machine the figures come from.
@@ -164,8 +164,8 @@ fn drain_rows(r: &DrainResult, rows: &mut Vec<Row>) {
     index_row(s, &r.index_reads, r.events, rows);
     rows.push(row(
         s,
-        "planner statistics refreshed during the drain",
-        format!("{} times", r.analyzed),
+        "ANALYZE runs during the drain (relay's statistics refresh)",
+        r.analyzed.to_string(),
     ));
     rss_row(s, &r.relay, rows);
     rows.push(row(
@@ -210,8 +210,8 @@ fn dbbound_rows(r: &DbBoundResult, rows: &mut Vec<Row>) {
     index_row(s, &r.index_reads, r.events, rows);
     rows.push(row(
         s,
-        "planner statistics refreshed during the run",
-        format!("{} times", r.analyzed),
+        "ANALYZE runs during the run (as the relay refreshes statistics)",
+        r.analyzed.to_string(),
     ));
     rows.push(row(
         s,
@@ -276,8 +276,23 @@ fn steady_rows(r: &SteadyResult, rows: &mut Vec<Row>) {
     let ms = |q: f64| r.latency(q).map_or("n/a".to_owned(), |v| format!("{v:.1}"));
     rows.push(row(
         s,
-        "commit-to-delivery latency p50 / p99 / max",
-        format!("**{} / {} / {} ms**", ms(0.5), ms(0.99), ms(1.0)),
+        "commit-to-delivery latency p50 / p99 / p99.9 / max",
+        format!(
+            "**{} / {} / {} / {} ms**",
+            ms(0.5),
+            ms(0.99),
+            ms(0.999),
+            ms(1.0)
+        ),
+    ));
+    let slow = r.latencies_ms.iter().filter(|&&l| l >= 1000.0).count();
+    rows.push(row(
+        s,
+        "events delivered 1 s or more after their commit",
+        format!(
+            "{slow} ({:.2}%)",
+            100.0 * slow as f64 / r.latencies_ms.len().max(1) as f64
+        ),
     ));
     rows.push(row(
         s,
@@ -322,6 +337,16 @@ fn progress_row(scenario: &str, progress: &Progress, end: Duration, rows: &mut V
             "{} / {} events/s",
             rate(progress.early_rate()),
             rate(progress.late_rate(end))
+        ),
+    ));
+    let (polls, busy) = progress.polls();
+    rows.push(row(
+        scenario,
+        "harness's pending-count polls (measurement load)",
+        format!(
+            "{polls} polls, {:.0} ms each on average: a backend busy {:.0}% of the time",
+            busy.as_secs_f64() * 1000.0 / f64::from(polls.max(1)),
+            100.0 * busy.as_secs_f64() / end.as_secs_f64().max(f64::MIN_POSITIVE)
         ),
     ));
 }
@@ -369,8 +394,8 @@ fn log_notes(scenario: &str, relay: &RelayStats, notes: &mut Vec<String>) {
         log.errors,
         relay.exit
     ));
-    for sample in &log.samples {
-        notes.push(format!("{scenario}: `{sample}`"));
+    for (sample, count) in &log.samples {
+        notes.push(format!("{scenario}: {count}× `{sample}`"));
     }
 }
 
