@@ -35,7 +35,7 @@ pub struct RelayConfig {
     pub max_batch_size: i64,
     /// Batches in flight at once (default 4): the next claim runs while earlier batches publish.
     pub max_inflight_batches: usize,
-    /// Aggregates published concurrently within one batch (default 256).
+    /// Aggregates published concurrently within one batch (default 1024).
     pub lane_concurrency: usize,
     /// Longest wait for one broker acknowledgement (default 30s); then the attempt counts as a
     /// transient failure (the message may have been delivered: the retry is a duplicate).
@@ -90,7 +90,7 @@ impl Default for RelayConfig {
             min_batch_size: 50,
             max_batch_size: 1000,
             max_inflight_batches: 4,
-            lane_concurrency: 256,
+            lane_concurrency: 1024,
             publish_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             rescan_interval: Duration::from_secs(2),

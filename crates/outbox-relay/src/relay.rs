@@ -378,25 +378,28 @@ impl Shared {
         };
         let mut published = Vec::new();
         let mut failures = Vec::new();
+        // Counted per destination for the whole batch, then added to the metrics once each.
+        let mut published_by_destination: std::collections::HashMap<&str, u64> =
+            std::collections::HashMap::new();
+        let now = (Instant::now(), chrono::Utc::now());
         let policy = &self.config.retry;
         for (item, outcome) in &results {
             match outcome {
                 Outcome::Published(at) => {
                     published.push(item.id);
                     if let Ok(m) = &item.message {
-                        let latency = chrono::Utc::now()
-                            - m.occurred_at
-                            - chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
+                        // The ack's wall-clock time, from one clock reading per batch.
+                        let acked = now.1
+                            - chrono::Duration::from_std(now.0.saturating_duration_since(*at))
+                                .unwrap_or_default();
+                        let latency = acked - m.occurred_at;
                         self.metrics
                             .latency
                             .observe(latency.num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
                     }
-                    self.metrics
-                        .published
-                        .get_or_create(&DestinationLabel {
-                            destination: self.metrics.destination_label(&item.destination),
-                        })
-                        .inc();
+                    *published_by_destination
+                        .entry(item.destination.as_str())
+                        .or_insert(0) += 1;
                 }
                 Outcome::Failed(error) => {
                     let attempts = item.attempts + 1;
@@ -436,6 +439,14 @@ impl Shared {
                 }
                 Outcome::Skipped => {}
             }
+        }
+        for (destination, n) in published_by_destination {
+            self.metrics
+                .published
+                .get_or_create(&DestinationLabel {
+                    destination: self.metrics.destination_label(destination),
+                })
+                .inc_by(n);
         }
         done.published = published.len();
         let park = self.config.on_dead == OnDead::Park;
