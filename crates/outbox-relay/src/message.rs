@@ -58,6 +58,41 @@ pub struct Message {
 }
 
 impl Message {
+    /// Calls `f` for every header to put on the broker message, without building a map: the
+    /// writer's headers (except those the relay sets), then the relay's standard ones.
+    pub fn visit_headers(&self, mut f: impl FnMut(&str, &str)) {
+        const STANDARD: &[&str] = &[
+            header::EVENT_ID,
+            header::EVENT_TYPE,
+            header::SCHEMA_VERSION,
+            header::AGGREGATE_TYPE,
+            header::AGGREGATE_ID,
+            header::AGGREGATE_VERSION,
+            header::OCCURRED_AT,
+            header::CONTENT_TYPE,
+        ];
+        for (name, value) in &self.headers {
+            if !STANDARD.contains(&name.as_str()) {
+                f(name, value);
+            }
+        }
+        f(header::EVENT_ID, &self.event_id.to_string());
+        f(header::EVENT_TYPE, &self.event_type);
+        f(header::SCHEMA_VERSION, &self.schema_version.to_string());
+        f(header::AGGREGATE_TYPE, &self.aggregate_type);
+        f(header::AGGREGATE_ID, &self.aggregate_id);
+        if let Some(v) = self.aggregate_version {
+            f(header::AGGREGATE_VERSION, &v.to_string());
+        }
+        f(
+            header::OCCURRED_AT,
+            &self
+                .occurred_at
+                .to_rfc3339_opts(SecondsFormat::Micros, true),
+        );
+        f(header::CONTENT_TYPE, &self.content_type);
+    }
+
     /// All headers to put on the broker message: the writer's, then the relay's standard ones
     /// (which win on a name clash).
     pub fn broker_headers(&self) -> Vec<(String, String)> {
@@ -107,6 +142,15 @@ pub(crate) fn sample(id: i64, aggregate_id: &str) -> Message {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn visiting_gives_the_same_headers_as_the_list() {
+        let m = super::sample(7, "a1");
+        let mut visited = Vec::new();
+        m.visit_headers(|k, v| visited.push((k.to_owned(), v.to_owned())));
+        visited.sort();
+        assert_eq!(visited, m.broker_headers());
+    }
+
     #[test]
     fn standard_headers_win_over_user_headers() {
         let m = super::sample(7, "a1");

@@ -95,13 +95,13 @@ impl NatsPublisher {
         message: &Message,
     ) -> Result<(), async_nats::jetstream::context::PublishError> {
         let mut headers = HeaderMap::new();
-        for (name, value) in message.broker_headers() {
+        message.visit_headers(|name, value| {
             headers.insert(
                 name.parse::<HeaderName>()
                     .unwrap_or_else(|_| HeaderName::from_static("x-invalid-header")),
-                HeaderValue::from(value.as_str()),
+                HeaderValue::from(value),
             );
-        }
+        });
         let publish = PublishMessage::build()
             .payload(message.payload.clone())
             .headers(headers)
