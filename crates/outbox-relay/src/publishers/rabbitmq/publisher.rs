@@ -5,16 +5,27 @@ use lapin::{
     types::{AMQPValue, FieldTable, LongString, ShortString},
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
-use tokio::sync::RwLock;
+use tokio::sync::{Mutex, RwLock, Semaphore};
 
 use super::RabbitMqConfig;
 use crate::{Error, Message, PublishError, Publisher};
 
+/// Channels (so publishes) in flight at once.
+const CHANNELS: usize = 64;
+
 /// Publishes to a RabbitMQ exchange with publisher confirms. Reconnects lazily after a
 /// connection loss; publishes in the meantime fail as transient.
+///
+/// Each publish has a channel to itself until its confirmation arrives. RabbitMQ sends an
+/// unroutable message's `basic.return` before the ack, and lapin hands a return to the next
+/// confirmation it resolves: with several publishes outstanding on one channel, the return of
+/// one message could be attached to another's confirmation, marking an unroutable event
+/// published (seen in a test). One outstanding publish per channel makes the attribution exact.
 pub struct RabbitMqPublisher {
     config: RabbitMqConfig,
     channel: RwLock<Option<(Connection, Channel)>>,
+    idle: Mutex<Vec<Channel>>,
+    slots: Semaphore,
 }
 
 impl RabbitMqPublisher {
@@ -25,6 +36,8 @@ impl RabbitMqPublisher {
         let publisher = Self {
             config,
             channel: RwLock::new(None),
+            idle: Mutex::new(Vec::new()),
+            slots: Semaphore::new(CHANNELS),
         };
         if let Err(e) = publisher.channel().await {
             tracing::warn!(error = %e, url = %publisher.config.redacted_url(),
@@ -45,6 +58,7 @@ impl RabbitMqPublisher {
                 return Ok(ch.clone());
             }
         }
+        self.idle.lock().await.clear();
         let (conn, ch) = tokio::time::timeout(self.config.connect_timeout, self.open())
             .await
             .map_err(|_| {
@@ -108,9 +122,26 @@ impl RabbitMqPublisher {
 }
 
 /// Classifies a confirmation: the one place RabbitMQ outcomes become retry decisions.
-fn classify(confirmation: Confirmation, exchange: &str, key: &str) -> Result<(), PublishError> {
+fn classify(
+    confirmation: Confirmation,
+    exchange: &str,
+    key: &str,
+    event_id: &str,
+) -> Result<(), PublishError> {
     match confirmation {
         Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))
+            if returned
+                .properties
+                .message_id()
+                .as_ref()
+                .is_some_and(|id| id.as_str() != event_id) =>
+        {
+            // Another message's return: never conclude anything from it; retry this one.
+            Err(PublishError::transient(
+                "rabbitmq: confirmation carried another message's return",
+            ))
+        }
         Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
             Err(PublishError::permanent(format!(
                 "rabbitmq: unroutable: exchange {exchange:?} has no queue bound for routing key \
@@ -127,10 +158,38 @@ fn classify(confirmation: Confirmation, exchange: &str, key: &str) -> Result<(),
     }
 }
 
+impl RabbitMqPublisher {
+    /// A confirm-mode channel no other publish is using.
+    async fn exclusive_channel(&self) -> Result<Channel, PublishError> {
+        if let Some(ch) = self.idle.lock().await.pop() {
+            if ch.status().connected() {
+                return Ok(ch);
+            }
+        }
+        // The shared channel also proves the connection is up (and reconnects it if not).
+        self.channel().await?;
+        let transient = |e: lapin::Error| PublishError::transient(format!("rabbitmq: {e}"));
+        let conn = self.channel.read().await;
+        let (conn, _) = conn
+            .as_ref()
+            .ok_or_else(|| PublishError::transient("rabbitmq: not connected"))?;
+        let ch = conn.create_channel().await.map_err(transient)?;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(transient)?;
+        Ok(ch)
+    }
+}
+
 impl Publisher for RabbitMqPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
-            let channel = self.channel().await?;
+            let _slot = self
+                .slots
+                .acquire()
+                .await
+                .map_err(|_| PublishError::transient("rabbitmq: publisher closed"))?;
+            let channel = self.exclusive_channel().await?;
             let transient = |e: lapin::Error| PublishError::transient(format!("rabbitmq: {e}"));
             let confirm = channel
                 .basic_publish(
@@ -146,7 +205,14 @@ impl Publisher for RabbitMqPublisher {
                 .await
                 .map_err(transient)?;
             let confirmation = confirm.await.map_err(transient)?;
-            classify(confirmation, &self.config.exchange, &message.destination)
+            let outcome = classify(
+                confirmation,
+                &self.config.exchange,
+                &message.destination,
+                &message.event_id.to_string(),
+            );
+            self.idle.lock().await.push(channel);
+            outcome
         })
     }
 
