@@ -192,16 +192,20 @@ impl Relay {
 }
 
 impl Shared {
+    /// Largest payload published: the configured limit, never above the broker's.
+    fn max_payload_bytes(&self) -> usize {
+        self.config
+            .max_payload_bytes
+            .unwrap_or(usize::MAX)
+            .min(self.publisher.max_payload_bytes())
+    }
+
     async fn main_loop(
         self: &Arc<Self>,
         wake: &tokio::sync::Notify,
         shutdown: &CancellationToken,
     ) -> Result<(), Error> {
-        let max_payload = self
-            .config
-            .max_payload_bytes
-            .unwrap_or(usize::MAX)
-            .min(self.publisher.max_payload_bytes());
+        let max_payload = self.max_payload_bytes();
         // A JoinSet aborts its tasks when dropped: an aborted relay leaves nothing running.
         let mut inflight = tokio::task::JoinSet::new();
         let mut busy: HashSet<i32> = HashSet::new();
@@ -337,11 +341,7 @@ impl Shared {
     async fn process(self: Arc<Self>, rows: Vec<ClaimedRow>, fences: Vec<Fence>) -> BatchDone {
         let partitions: Vec<i32> = fences.iter().map(|f| f.0).collect();
         let epoch_of = |p: i32| fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
-        let max_payload = self
-            .config
-            .max_payload_bytes
-            .unwrap_or(usize::MAX)
-            .min(self.publisher.max_payload_bytes());
+        let max_payload = self.max_payload_bytes();
         let items: Vec<Item> = rows
             .into_iter()
             .map(|row| {
