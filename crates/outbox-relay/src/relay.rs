@@ -147,7 +147,7 @@ impl Relay {
         let _stop_background = background.clone().drop_guard();
         tracing::info!(relay_id = %this.relay_id, publisher = this.publisher.name(),
             partitions = this.store.partitions(), "relay starting");
-        tokio::spawn(lease::run(
+        let lease_task = tokio::spawn(lease::run(
             this.store.clone(),
             this.leases.clone(),
             LeaseSettings {
@@ -180,6 +180,10 @@ impl Relay {
             ));
         }
         let result = this.main_loop(&wake, &shutdown).await;
+        // Stop the lease task and wait for it: a heartbeat in progress could otherwise acquire
+        // partitions (freed by relays shutting down alongside) after the release below.
+        background.cancel();
+        let _ = lease_task.await;
         let leases = this.leases.take_all();
         if let Err(error) = this.store.release(&this.relay_id, &leases).await {
             tracing::warn!(%error, "could not release leases; they expire by themselves");
