@@ -43,5 +43,5 @@ pub mod telemetry;
 pub use config::RelayConfig;
 pub use error::Error;
 pub use message::Message;
-pub use publisher::{FailureClass, PublishError, Publisher};
+pub use publisher::{check_payload_size, FailureClass, PublishError, Publisher};
 pub use relay::{Relay, RelayHandle};

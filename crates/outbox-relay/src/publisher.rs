@@ -42,6 +42,18 @@ pub trait Publisher: Send + Sync + 'static {
     }
 }
 
+/// Refuses, as permanent, a message whose payload is over `limit` bytes: every publisher calls
+/// it before sending, so a message too large for the broker never reaches it, whoever calls.
+pub fn check_payload_size(message: &Message, limit: usize) -> Result<(), PublishError> {
+    if message.payload.len() > limit {
+        return Err(PublishError::permanent(format!(
+            "payload is {} bytes, over the broker limit of {limit} bytes",
+            message.payload.len()
+        )));
+    }
+    Ok(())
+}
+
 /// How the relay reacts to a failure. Decided in one place per publisher, from the broker's
 /// error, and nowhere else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::{future::Future, time::Duration};
 pub use db::{database_url, insert_sequences, TestDb};
 pub use delivery::{Delivery, Report};
 pub use nats::{NatsReader, NATS_URL};
-pub use process::{free_port, NatsServer};
+pub use process::{free_port, BrokerProcess, NatsServer};
 pub use rabbitmq::{RabbitReader, RABBITMQ_URL};
 
 /// A name no other test (or earlier run) uses: `{prefix}_{12 hex digits}`, lowercase.

@@ -26,7 +26,16 @@ pub struct NatsReader {
 impl NatsReader {
     /// Creates stream `{name}` capturing `{prefix}.>` on the server at `url` and starts reading.
     pub async fn start(url: &str, name: &str, prefix: &str) -> Self {
-        let client = async_nats::connect(url).await.expect("connect to nats");
+        Self::try_start(url, name, prefix)
+            .await
+            .expect("nats reader")
+    }
+
+    /// Like [`NatsReader::start`]; an error if the server (or JetStream) is unreachable.
+    pub async fn try_start(url: &str, name: &str, prefix: &str) -> Result<Self, String> {
+        let client = async_nats::connect(url)
+            .await
+            .map_err(|e| format!("connect to nats: {e}"))?;
         let js = jetstream::new(client);
         let stream = js
             .get_or_create_stream(stream::Config {
@@ -35,14 +44,14 @@ impl NatsReader {
                 ..Default::default()
             })
             .await
-            .expect("create stream");
+            .map_err(|e| format!("create stream: {e}"))?;
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::All,
                 ..Default::default()
             })
             .await
-            .expect("create consumer");
+            .map_err(|e| format!("create consumer: {e}"))?;
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = seen.clone();
         let task = tokio::spawn(async move {
@@ -66,13 +75,13 @@ impl NatsReader {
                 ));
             }
         });
-        Self {
+        Ok(Self {
             js,
             stream: name.to_owned(),
             prefix: prefix.to_owned(),
             seen,
             task,
-        }
+        })
     }
 
     /// Everything delivered so far, in stream order.

@@ -95,3 +95,78 @@ impl Drop for NatsServer {
         let _ = std::fs::remove_dir_all(&self.store);
     }
 }
+
+/// Any broker a test runs privately: a foreground command on its own port and data folder,
+/// started in a process group of its own and killed by that group's id (wrappers such as
+/// Debian's `rabbitmq-server` fork the real server under `su`). Never by name: the shared
+/// servers are untouched.
+pub struct BrokerProcess {
+    /// The port the broker listens on.
+    pub port: u16,
+    /// Its data folder (deleted on drop).
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl BrokerProcess {
+    /// A data folder for a broker that will listen on `port`; nothing runs yet.
+    pub fn prepare(port: u16) -> Self {
+        let dir = std::env::temp_dir().join(crate::unique("broker"));
+        std::fs::create_dir_all(&dir).expect("broker data folder");
+        // Some brokers drop privileges (RabbitMQ runs as its own user).
+        let _ = Command::new("chmod").arg("777").arg(&dir).status();
+        Self {
+            port,
+            dir,
+            child: None,
+        }
+    }
+
+    /// Runs `command` (which must stay in the foreground) and waits until the port accepts
+    /// connections.
+    pub async fn start(&mut self, mut command: Command) {
+        use std::os::unix::process::CommandExt;
+        self.stop();
+        let log = std::fs::File::create(self.dir.join("broker.log")).expect("broker log");
+        let child = command
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {command:?}: {e} (is it installed?)"));
+        self.child = Some(child);
+        let port = self.port;
+        crate::wait_until(
+            &format!(
+                "private broker on port {port} (log in {})",
+                self.dir.display()
+            ),
+            Duration::from_secs(60),
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+            },
+        )
+        .await;
+    }
+
+    /// Kills the broker's whole process group (SIGKILL), if it runs.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

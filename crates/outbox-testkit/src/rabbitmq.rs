@@ -35,19 +35,31 @@ impl RabbitReader {
     /// Declares exchange, queue and binding like [`RabbitReader::start`], without consuming:
     /// the messages stay in the queue for another reader.
     pub async fn declare_only(exchange: &str, binding: &str) -> Self {
-        Self::open(exchange, binding, false).await
+        Self::open(RABBITMQ_URL, exchange, binding, false)
+            .await
+            .expect("rabbitmq reader")
     }
 
     /// Declares exchange `exchange` (durable topic) and a queue bound with `binding`.
     pub async fn start(exchange: &str, binding: &str) -> Self {
-        Self::open(exchange, binding, true).await
+        Self::open(RABBITMQ_URL, exchange, binding, true)
+            .await
+            .expect("rabbitmq reader")
     }
 
-    async fn open(exchange: &str, binding: &str, consume: bool) -> Self {
-        let connection = Connection::connect(RABBITMQ_URL, ConnectionProperties::default())
+    /// Like [`RabbitReader::start`] on the server at `url`; an error if it is unreachable.
+    pub async fn try_start(url: &str, exchange: &str, binding: &str) -> Result<Self, String> {
+        Self::open(url, exchange, binding, true).await
+    }
+
+    async fn open(url: &str, exchange: &str, binding: &str, consume: bool) -> Result<Self, String> {
+        let connection = Connection::connect(url, ConnectionProperties::default())
             .await
-            .expect("connect to rabbitmq");
-        let channel = connection.create_channel().await.expect("channel");
+            .map_err(|e| format!("connect to rabbitmq: {e}"))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| format!("channel: {e}"))?;
         channel
             .exchange_declare(
                 exchange,
@@ -59,7 +71,7 @@ impl RabbitReader {
                 FieldTable::default(),
             )
             .await
-            .expect("declare exchange");
+            .map_err(|e| format!("declare exchange: {e}"))?;
         let queue = format!("{exchange}.q");
         channel
             .queue_declare(
@@ -68,7 +80,7 @@ impl RabbitReader {
                 FieldTable::default(),
             )
             .await
-            .expect("declare queue");
+            .map_err(|e| format!("declare queue: {e}"))?;
         channel
             .queue_bind(
                 &queue,
@@ -78,16 +90,16 @@ impl RabbitReader {
                 FieldTable::default(),
             )
             .await
-            .expect("bind");
+            .map_err(|e| format!("bind: {e}"))?;
         let seen = Arc::new(Mutex::new(Vec::new()));
         if !consume {
-            return Self {
+            return Ok(Self {
                 channel,
                 _connection: connection,
                 exchange: exchange.to_owned(),
                 queue,
                 seen,
-            };
+            });
         }
         let mut consumer = channel
             .basic_consume(
@@ -97,7 +109,7 @@ impl RabbitReader {
                 FieldTable::default(),
             )
             .await
-            .expect("consume");
+            .map_err(|e| format!("consume: {e}"))?;
         let sink = seen.clone();
         tokio::spawn(async move {
             while let Some(Ok(delivery)) = consumer.next().await {
@@ -126,13 +138,13 @@ impl RabbitReader {
                 let _ = delivery.ack(BasicAckOptions::default()).await;
             }
         });
-        Self {
+        Ok(Self {
             channel,
             _connection: connection,
             exchange: exchange.to_owned(),
             queue,
             seen,
-        }
+        })
     }
 
     /// Everything delivered so far, in queue order.

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 
 use super::NatsConfig;
-use crate::{Error, Message, PublishError, Publisher};
+use crate::{check_payload_size, Error, Message, PublishError, Publisher};
 
 /// Fallback when the server has not told its `max_payload` yet.
 const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
@@ -137,6 +137,7 @@ fn classify(error: &async_nats::jetstream::context::PublishError) -> PublishErro
 impl Publisher for NatsPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
+            check_payload_size(message, self.max_payload_bytes())?;
             match self.send(message).await {
                 Ok(()) => Ok(()),
                 Err(e)

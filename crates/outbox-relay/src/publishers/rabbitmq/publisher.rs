@@ -8,7 +8,7 @@ use lapin::{
 use tokio::sync::{Mutex, RwLock, Semaphore};
 
 use super::RabbitMqConfig;
-use crate::{Error, Message, PublishError, Publisher};
+use crate::{check_payload_size, Error, Message, PublishError, Publisher};
 
 /// Channels (so publishes) in flight at once.
 const CHANNELS: usize = 64;
@@ -184,6 +184,7 @@ impl RabbitMqPublisher {
 impl Publisher for RabbitMqPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
+            check_payload_size(message, self.config.max_payload_bytes)?;
             let _slot = self
                 .slots
                 .acquire()

@@ -4,7 +4,7 @@ use reqwest::StatusCode;
 use sha2::Sha256;
 
 use super::WebhookConfig;
-use crate::{Error, Message, PublishError, Publisher};
+use crate::{check_payload_size, Error, Message, PublishError, Publisher};
 
 /// Header carrying the body's signature: `sha256=<lowercase hex HMAC-SHA256(secret, body)>`.
 pub const SIGNATURE_HEADER: &str = "x-outbox-signature";
@@ -54,6 +54,7 @@ fn classify(status: StatusCode) -> Result<(), PublishError> {
 impl Publisher for WebhookPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
+            check_payload_size(message, self.config.max_payload_bytes)?;
             let url = self
                 .config
                 .url
