@@ -9,7 +9,10 @@ use figment::{
     Figment,
 };
 use outbox_relay::{
-    publishers::{nats::NatsConfig, rabbitmq::RabbitMqConfig, webhook::WebhookConfig},
+    publishers::{
+        mqtt::MqttConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig, redis::RedisConfig,
+        webhook::WebhookConfig,
+    },
     RelayConfig,
 };
 use serde::{Deserialize, Serialize};
@@ -22,7 +25,7 @@ use crate::logging::LogFormat;
 pub struct FileConfig {
     /// PostgreSQL URL (`postgres://user@host/db`).
     pub database_url: Option<String>,
-    /// Broker URL: `nats://…`, `amqp://…` or `http(s)://…` (webhook).
+    /// Broker URL: `nats://…`, `amqp://…`, `redis://…`, `mqtt://…` or `http(s)://…` (webhook).
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -39,6 +42,10 @@ pub struct FileConfig {
     pub rabbitmq: RabbitMqConfig,
     /// HTTP webhook settings.
     pub webhook: WebhookConfig,
+    /// Redis Streams settings.
+    pub redis: RedisConfig,
+    /// MQTT settings.
+    pub mqtt: MqttConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -73,6 +80,8 @@ impl Default for FileConfig {
             nats: NatsConfig::default(),
             rabbitmq: RabbitMqConfig::default(),
             webhook: WebhookConfig::default(),
+            redis: RedisConfig::default(),
+            mqtt: MqttConfig::default(),
         }
     }
 }
@@ -88,6 +97,8 @@ const KEYS: &[&str] = &[
     "nats",
     "rabbitmq",
     "webhook",
+    "redis",
+    "mqtt",
 ];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,

@@ -75,10 +75,10 @@ fn unsupported_broker_schemes_and_missing_outboxes_are_explained() {
         "--database-url",
         &database_url(),
         "--broker-url",
-        "kafka://127.0.0.1:9092",
+        "pulsar://127.0.0.1:6650",
     ]);
     assert!(
-        stderr(&out).contains("broker URL scheme \"kafka\" is not supported"),
+        stderr(&out).contains("broker URL scheme \"pulsar\" is not supported"),
         "{}",
         stderr(&out)
     );

@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use outbox_relay::{
     http,
-    publishers::{nats::NatsPublisher, rabbitmq::RabbitMqPublisher, webhook::WebhookPublisher},
+    publishers::{
+        mqtt::MqttPublisher, nats::NatsPublisher, rabbitmq::RabbitMqPublisher,
+        redis::RedisPublisher, webhook::WebhookPublisher,
+    },
     Publisher, Relay,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,8 +21,9 @@ pub struct Args {
     /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost, or
-    /// http(s)://host/path (webhook; `{destination}` in the path is replaced).
+    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost (RabbitMQ),
+    /// redis://host:6379 (Streams), mqtt://host:1883 (MQTT 5), or http(s)://host/path
+    /// (webhook; `{destination}` in the path is replaced).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     /// TOML config file (see README: configuration reference).
@@ -87,13 +91,22 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.rabbitmq.url = broker_url;
             Arc::new(RabbitMqPublisher::connect(cfg.rabbitmq.clone()).await?)
         }
+        Some("redis" | "rediss") => {
+            cfg.redis.url = broker_url;
+            Arc::new(RedisPublisher::connect(cfg.redis.clone())?)
+        }
+        Some("mqtt" | "mqtts") => {
+            cfg.mqtt.url = broker_url;
+            Arc::new(MqttPublisher::connect(cfg.mqtt.clone())?)
+        }
         Some("http" | "https") => {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
         }
         other => {
             return Err(format!(
-                "broker URL scheme {:?} is not supported: use nats://, amqp:// or http(s)://",
+                "broker URL scheme {:?} is not supported: use nats://, amqp(s)://, redis(s)://, \
+                 mqtt(s):// or http(s)://",
                 other.unwrap_or("")
             )
             .into())

@@ -15,5 +15,7 @@
 
 mod suite;
 
+mod mqtt;
 mod nats;
 mod rabbitmq;
+mod redis;

@@ -51,36 +51,13 @@ impl RabbitMqConfig {
 
     /// The URL with its password hidden, for logs.
     pub fn redacted_url(&self) -> String {
-        redact(&self.url)
-    }
-}
-
-/// Replaces the password in `scheme://user:password@host` with `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
+        crate::publishers::redact_url(&self.url)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hides_the_password() {
-        assert_eq!(
-            redact("amqp://guest:s3cret@host:5672/%2f"),
-            "amqp://guest:***@host:5672/%2f"
-        );
-        assert_eq!(redact("amqp://host"), "amqp://host");
-    }
 
     #[test]
     fn errors_name_the_field() {
