@@ -31,6 +31,20 @@ if ! port_open 5672; then
   wait_port RabbitMQ 5672 120
 fi
 
+if ! port_open 6379; then
+  echo "services: starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_port Redis 6379 30
+fi
+
+if ! port_open 1883; then
+  echo "services: starting Mosquitto"
+  mosquitto -d -c /etc/mosquitto/mosquitto.conf
+  wait_port Mosquitto 1883 30
+fi
+
 # The test database must exist (the machine creates it; a fresh cluster may not have it).
 if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
   createdb -h 127.0.0.1 -U postgres test
@@ -42,4 +56,4 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   apt-get update -qq
   apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-echo "services: PostgreSQL, NATS and RabbitMQ are up; chromium and chromedriver installed"
+echo "services: PostgreSQL, NATS, RabbitMQ, Redis and Mosquitto are up; chromium and chromedriver installed"
