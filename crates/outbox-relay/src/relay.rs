@@ -170,10 +170,10 @@ impl Relay {
             this.config.stats_interval,
             background.clone(),
         ));
-        if let (Some(admin), Some(retention)) = (this.admin.clone(), this.config.purge_retention) {
-            tokio::spawn(purge_periodically(
+        if let Some(admin) = this.admin.clone() {
+            tokio::spawn(maintain_periodically(
                 admin,
-                retention,
+                this.config.purge_retention,
                 this.config.purge_interval,
                 this.metrics.clone(),
                 background.clone(),
@@ -590,19 +590,54 @@ async fn sample_stats(
     }
 }
 
-/// The relay's purge: published rows older than `retention`, in batches of 1000, every
-/// `every`. Never touches pending or dead rows.
-async fn purge_periodically(
+/// The relay's upkeep (PostgreSQL), every `every`: on a time-partitioned outbox, creates the
+/// partitions a week ahead and, with a retention, drops expired partitions that hold only
+/// published events; then, with a retention, deletes published rows older than it in batches
+/// of 1000. Never touches pending or dead rows.
+async fn maintain_periodically(
     admin: crate::admin::Admin,
-    retention: Duration,
+    retention: Option<Duration>,
     every: Duration,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
+    let mut first = true;
     loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
+        if !first {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+        first = false;
+        match admin.create_partitions_ahead().await {
+            Ok(created) if !created.is_empty() => {
+                tracing::info!(?created, "created time partitions ahead");
+            }
+            Ok(_) => {}
+            Err(error) => {
+                metrics.database_errors.inc();
+                tracing::warn!(%error, "creating time partitions failed; will retry");
+            }
+        }
+        let Some(retention) = retention else {
+            continue;
+        };
+        match admin.drop_expired_partitions(retention, false, false).await {
+            Ok(report) => {
+                for (name, rows) in &report.dropped {
+                    metrics.purged.inc_by(*rows as u64);
+                    tracing::info!(partition = %name, rows, "dropped expired time partition");
+                }
+                if !report.kept.is_empty() {
+                    tracing::info!(kept = ?report.kept,
+                        "expired time partitions kept: they still hold pending or dead events");
+                }
+            }
+            Err(error) => {
+                metrics.database_errors.inc();
+                tracing::warn!(%error, "dropping expired time partitions failed; will retry");
+            }
         }
         let mut last = 0;
         let purged = admin

@@ -23,6 +23,15 @@ pub struct TestDb {
 impl TestDb {
     /// Creates and migrates a new schema with `partitions` partitions.
     pub async fn new(partitions: i32) -> Self {
+        Self::with_options(MigrateOptions {
+            partitions: Some(partitions),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Creates and migrates a new schema with these options.
+    pub async fn with_options(options: MigrateOptions) -> Self {
         let schema = crate::unique("t");
         let pool = PgPoolOptions::new()
             .max_connections(20)
@@ -31,12 +40,7 @@ impl TestDb {
             .expect("connect to the test database");
         let tables = Tables::new(&schema, "events").expect("valid names");
         PgOutbox::new(tables.clone())
-            .migrate(
-                &pool,
-                MigrateOptions {
-                    partitions: Some(partitions),
-                },
-            )
+            .migrate(&pool, options)
             .await
             .expect("migrate");
         Self {

@@ -82,6 +82,8 @@ pub enum SchemaError {
     BadPartitionCount(i32),
     /// The outbox tables do not exist: run `outbox migrate` first.
     Missing,
+    /// A time-partitioning setting that cannot be applied; the text says why.
+    TimePartitioning(String),
 }
 
 impl fmt::Display for SchemaError {
@@ -108,6 +110,7 @@ impl fmt::Display for SchemaError {
                 write!(f, "partitions must be between 1 and 4096, got {n}")
             }
             Self::Missing => write!(f, "outbox tables not found; run `outbox migrate` first"),
+            Self::TimePartitioning(why) => write!(f, "time partitioning: {why}"),
         }
     }
 }

@@ -139,6 +139,7 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
                     &pool,
                     MigrateOptions {
                         partitions: Some(8),
+                        ..Default::default()
                     },
                 )
                 .await
@@ -161,6 +162,7 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
             &pool,
             MigrateOptions {
                 partitions: Some(16),
+                ..Default::default()
             },
         )
         .await

@@ -56,6 +56,7 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Summary, B
             pool,
             MigrateOptions {
                 partitions: Some(8),
+                ..Default::default()
             },
         )
         .await?;

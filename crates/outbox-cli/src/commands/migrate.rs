@@ -14,6 +14,10 @@ pub struct Args {
     /// Partition count of a new outbox (default 32); on an existing one it must match.
     #[arg(long)]
     partitions: Option<i32>,
+    /// Create the events table range-partitioned by occurred_at in slices of this many days,
+    /// so purge drops whole partitions (PostgreSQL; only when the outbox is created).
+    #[arg(long, value_name = "DAYS")]
+    time_partition_days: Option<i32>,
 }
 
 /// Applies pending migrations.
@@ -26,6 +30,7 @@ pub async fn run(args: Args) -> CommandResult {
                     &pool,
                     MigrateOptions {
                         partitions: args.partitions,
+                        time_partition_days: args.time_partition_days,
                     },
                 )
                 .await?
@@ -37,6 +42,9 @@ pub async fn run(args: Args) -> CommandResult {
                             time); omit the flag"
                         .into(),
                 );
+            }
+            if args.time_partition_days.is_some() {
+                return Err("--time-partition-days: time partitioning needs PostgreSQL".into());
             }
             outbox::sqlite::SqliteOutbox::new(tables.clone())
                 .migrate(&pool)

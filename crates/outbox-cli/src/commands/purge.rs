@@ -40,6 +40,20 @@ pub async fn run(args: Args) -> CommandResult {
     outbox_relay::store::PgStore::open(pool.clone(), &tables).await?;
     let admin = Admin::new(pool, &tables);
     let age = humantime::format_duration(args.older_than);
+    let partitions = admin
+        .drop_expired_partitions(args.older_than, args.archive, args.dry_run)
+        .await?;
+    let would = if args.dry_run { "would be " } else { "" };
+    for (name, rows) in &partitions.dropped {
+        super::print(&format!(
+            "partition {name} ({rows} published events) {would}dropped\n"
+        ));
+    }
+    for name in &partitions.kept {
+        super::print(&format!(
+            "partition {name} kept: it still holds pending or dead events\n"
+        ));
+    }
     let due = admin.purgeable(args.older_than).await?;
     if args.dry_run {
         super::print(&format!(

@@ -136,6 +136,40 @@ impl Admin {
         }
     }
 
+    /// On a time-partitioned outbox, creates the partitions from today to a week ahead that
+    /// do not exist yet and returns their names (nothing on a plain table).
+    pub async fn create_partitions_ahead(&self) -> Result<Vec<String>, outbox::Error> {
+        outbox::postgres::time_partitions::ensure_ahead(
+            &self.pool,
+            &self.tables,
+            outbox::postgres::time_partitions::DEFAULT_PREMAKE_DAYS,
+        )
+        .await
+    }
+
+    /// On a time-partitioned outbox, drops (or, with `archive`, archives then drops) the
+    /// partitions that ended more than `retention` ago and hold only published events.
+    pub async fn drop_expired_partitions(
+        &self,
+        retention: Duration,
+        archive: bool,
+        dry_run: bool,
+    ) -> Result<outbox::postgres::time_partitions::DropReport, outbox::Error> {
+        let retention = chrono::Duration::from_std(retention).map_err(|_| {
+            outbox::Error::Schema(outbox::SchemaError::TimePartitioning(
+                "retention too long".into(),
+            ))
+        })?;
+        outbox::postgres::time_partitions::drop_expired(
+            &self.pool,
+            &self.tables,
+            chrono::Utc::now() - retention,
+            archive,
+            dry_run,
+        )
+        .await
+    }
+
     /// Published rows older than `retention` (what a purge would delete now).
     pub async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(&self.purgeable)

@@ -28,6 +28,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "archive table",
         include_str!("migrations/0004_archive.sql"),
     ),
+    (
+        5,
+        "time partitioning setting",
+        include_str!("migrations/0005_time_partitioning.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.
@@ -37,6 +42,10 @@ pub struct MigrateOptions {
     /// the work. Used when the outbox is created (`None`: [`DEFAULT_PARTITIONS`]); on an existing
     /// outbox, `Some(n)` must match the count it was created with and `None` accepts it.
     pub partitions: Option<i32>,
+    /// Range-partition the events table by `occurred_at` in slices of this many days, so that
+    /// retention drops whole partitions (see [`super::time_partitions`]). Only when the outbox
+    /// is created; on an existing one, `Some(n)` must match what it was created with.
+    pub time_partition_days: Option<i32>,
 }
 
 /// Partition count of a new outbox when none is given.
@@ -78,6 +87,7 @@ pub(super) async fn run(
     .await
     .map_err(Error::Database)?;
 
+    let creating = applied.is_empty();
     for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
         let checksum = crate::migration::checksum(template);
         let sql = tables
@@ -97,11 +107,28 @@ pub(super) async fn run(
         .await
         .map_err(Error::Database)?;
     }
-    let existing: i32 = sqlx::query(&tables.render("SELECT partitions FROM {schema}.meta"))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(Error::Database)?
-        .get(0);
+    if let (true, Some(days)) = (creating, options.time_partition_days) {
+        super::time_partitions::convert(&mut tx, tables, days).await?;
+    }
+    let meta =
+        sqlx::query(&tables.render("SELECT partitions, time_partition_days FROM {schema}.meta"))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(Error::Database)?;
+    let existing: i32 = meta.get(0);
+    let days: Option<i32> = meta.get(1);
+    if let Some(requested) = options.time_partition_days {
+        if days != Some(requested) {
+            return Err(Error::Schema(SchemaError::TimePartitioning(match days {
+                Some(d) => {
+                    format!("the outbox was created with {d}-day partitions, {requested} requested")
+                }
+                None => "the outbox exists as a plain table; time partitioning is chosen when \
+                         it is created"
+                    .into(),
+            })));
+        }
+    }
     match options.partitions {
         Some(requested) if requested != existing => {
             return Err(Error::Schema(SchemaError::PartitionMismatch {

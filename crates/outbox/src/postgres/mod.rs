@@ -2,6 +2,7 @@
 
 mod inbox;
 mod migrate;
+pub mod time_partitions;
 
 use sqlx::{types::Json, PgConnection};
 use uuid::Uuid;
