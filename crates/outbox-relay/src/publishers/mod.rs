@@ -4,5 +4,7 @@
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 #[cfg(feature = "webhook")]
 pub mod webhook;
