@@ -17,3 +17,4 @@ mod suite;
 
 mod nats;
 mod rabbitmq;
+mod sqs;

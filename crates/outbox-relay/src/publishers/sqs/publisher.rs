@@ -7,7 +7,7 @@ use std::{
 use aws_config::{meta::region::RegionProviderChain, BehaviorVersion, SdkConfig};
 use aws_sdk_sqs::{
     config::{retry::RetryConfig, timeout::TimeoutConfig, Region},
-    error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
+    error::{ProvideErrorMetadata, SdkError},
     types::{MessageAttributeValue, SendMessageBatchRequestEntry},
     Client,
 };
@@ -160,10 +160,7 @@ impl SqsPublisher {
             .map_err(|e| {
                 classify(
                     failure_of(&e),
-                    format!(
-                        "sqs: GetQueueUrl {destination:?}: {}",
-                        DisplayErrorContext(&e)
-                    ),
+                    format!("sqs: GetQueueUrl {destination:?}: {}", describe(&e)),
                 )
             })?;
         let url = answer.queue_url().ok_or_else(|| {
@@ -269,6 +266,7 @@ impl SendBatch for SdkSender {
         Box::pin(async move {
             let count = entries.len();
             debug_assert!(count <= MAX_ENTRIES);
+            tracing::debug!(queue = %queue_url, entries = count, "sending SendMessageBatch");
             let mut request = self.client.send_message_batch().queue_url(&queue_url);
             for (i, entry) in entries.into_iter().enumerate() {
                 request = request.entries(batch_entry(i, entry)?);
@@ -284,7 +282,7 @@ impl SendBatch for SdkSender {
                     }
                     return Err(classify(
                         failure,
-                        format!("sqs: SendMessageBatch: {}", DisplayErrorContext(&e)),
+                        format!("sqs: SendMessageBatch: {}", describe(&e)),
                     ));
                 }
             };
@@ -378,6 +376,33 @@ fn failure_of<E: ProvideErrorMetadata>(
         SdkError::ConstructionFailure(_) => Failure::Construction,
         _ => Failure::Dispatch,
     }
+}
+
+/// A one-line account of an SDK error for `last_error`: the service's code and message, or the
+/// chain of causes (the SDK's `Debug` output would carry whole responses).
+fn describe<E>(error: &SdkError<E, aws_sdk_sqs::config::http::HttpResponse>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    if let SdkError::ServiceError(e) = error {
+        return format!(
+            "{} (HTTP {}): {}",
+            e.err().code().unwrap_or("unknown error"),
+            e.raw().status().as_u16(),
+            e.err().message().unwrap_or("no message")
+        );
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 fn is_missing_queue(code: &str) -> bool {
