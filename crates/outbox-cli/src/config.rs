@@ -9,7 +9,9 @@ use figment::{
     Figment,
 };
 use outbox_relay::{
-    publishers::{nats::NatsConfig, rabbitmq::RabbitMqConfig, webhook::WebhookConfig},
+    publishers::{
+        nats::NatsConfig, rabbitmq::RabbitMqConfig, sqs::SqsConfig, webhook::WebhookConfig,
+    },
     RelayConfig,
 };
 use serde::{Deserialize, Serialize};
@@ -22,7 +24,8 @@ use crate::logging::LogFormat;
 pub struct FileConfig {
     /// PostgreSQL URL (`postgres://user@host/db`).
     pub database_url: Option<String>,
-    /// Broker URL: `nats://…`, `amqp://…` or `http(s)://…` (webhook).
+    /// Broker URL: `nats://…`, `amqp://…`, `sqs://REGION` / `sqs+http(s)://host:port` (SQS) or
+    /// `http(s)://…` (webhook).
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -39,6 +42,8 @@ pub struct FileConfig {
     pub rabbitmq: RabbitMqConfig,
     /// HTTP webhook settings.
     pub webhook: WebhookConfig,
+    /// AWS SQS settings (credentials come from the standard AWS chain, never from here).
+    pub sqs: SqsConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -73,6 +78,7 @@ impl Default for FileConfig {
             nats: NatsConfig::default(),
             rabbitmq: RabbitMqConfig::default(),
             webhook: WebhookConfig::default(),
+            sqs: SqsConfig::default(),
         }
     }
 }
@@ -88,6 +94,7 @@ const KEYS: &[&str] = &[
     "nats",
     "rabbitmq",
     "webhook",
+    "sqs",
 ];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
@@ -168,6 +175,9 @@ mod tests {
             destination = "payments"
             [nats]
             stream = "EVENTS"
+            [sqs]
+            region = "eu-west-1"
+            batch_linger = "2ms"
             "#,
         );
         let c = load(Some(&f.0)).unwrap();
@@ -176,6 +186,8 @@ mod tests {
         assert_eq!(c.relay.retry.max_attempts, 3);
         assert_eq!(c.relay.routing.rules[0].destination, "payments");
         assert_eq!(c.nats.stream, "EVENTS");
+        assert_eq!(c.sqs.region, "eu-west-1");
+        assert_eq!(c.sqs.batch_linger, std::time::Duration::from_millis(2));
         assert_eq!(c.listen.port(), 9999);
     }
 
@@ -190,6 +202,9 @@ mod tests {
         let f = write("listen = \"nowhere\"\n");
         let err = load(Some(&f.0)).unwrap_err();
         assert!(err.contains("listen"), "{err}");
+        let f = write("[sqs]\naccess_key = \"x\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("access_key"), "{err}");
         let err = load(Some(Path::new("/nonexistent/outbox.toml"))).unwrap_err();
         assert!(err.contains("does not exist"), "{err}");
     }

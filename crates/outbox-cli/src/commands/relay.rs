@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use outbox_relay::{
     http,
-    publishers::{nats::NatsPublisher, rabbitmq::RabbitMqPublisher, webhook::WebhookPublisher},
+    publishers::{
+        nats::NatsPublisher, rabbitmq::RabbitMqPublisher, sqs::SqsPublisher,
+        webhook::WebhookPublisher,
+    },
     Publisher, Relay,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,8 +21,9 @@ pub struct Args {
     /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost, or
-    /// http(s)://host/path (webhook; `{destination}` in the path is replaced).
+    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost,
+    /// sqs://REGION (AWS SQS) or sqs+http(s)://host:port (an SQS endpoint such as an emulator),
+    /// or http(s)://host/path (webhook; `{destination}` in the path is replaced).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     /// TOML config file (see README: configuration reference).
@@ -70,7 +74,7 @@ pub async fn run(args: Args) -> CommandResult {
          config file",
     )?;
     let broker_url = cfg.broker_url.clone().ok_or(
-        "no broker URL: pass --broker-url (nats://… or amqp://…), set OUTBOX_BROKER_URL or \
+        "no broker URL: pass --broker-url (nats://…, amqp://…, sqs://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
     let db = connect_any(
@@ -87,13 +91,18 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.rabbitmq.url = broker_url;
             Arc::new(RabbitMqPublisher::connect(cfg.rabbitmq.clone()).await?)
         }
+        Some("sqs" | "sqs+http" | "sqs+https") => {
+            cfg.sqs.apply_broker_url(&broker_url)?;
+            Arc::new(SqsPublisher::connect(cfg.sqs.clone()).await?)
+        }
         Some("http" | "https") => {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
         }
         other => {
             return Err(format!(
-                "broker URL scheme {:?} is not supported: use nats://, amqp:// or http(s)://",
+                "broker URL scheme {:?} is not supported: use nats://, amqp://, sqs://, sqs+http(s):// \
+                 or http(s)://",
                 other.unwrap_or("")
             )
             .into())

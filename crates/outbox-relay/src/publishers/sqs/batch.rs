@@ -192,11 +192,14 @@ mod tests {
     use super::*;
     use crate::FailureClass;
 
+    /// Every batch sent: its queue URL and its entries' bodies.
+    type Sent = Arc<StdMutex<Vec<(String, Vec<String>)>>>;
+
     /// Records the batches; an entry whose body starts with `transient`/`permanent` fails so;
     /// a batch containing `boom` fails as a whole; `short` makes the answer one entry short.
     #[derive(Default)]
     struct Fake {
-        batches: Arc<StdMutex<Vec<(String, Vec<String>)>>>,
+        batches: Sent,
     }
 
     impl SendBatch for Fake {
@@ -245,10 +248,7 @@ mod tests {
         }
     }
 
-    fn batcher(
-        linger_ms: u64,
-        max_bytes: usize,
-    ) -> (Batcher<Fake>, Arc<StdMutex<Vec<(String, Vec<String>)>>>) {
+    fn batcher(linger_ms: u64, max_bytes: usize) -> (Batcher<Fake>, Sent) {
         let fake = Fake::default();
         let batches = fake.batches.clone();
         let limits = Limits {
