@@ -3,6 +3,9 @@
 //! the `outbox-headers` JSON attribute decoded back into headers. Read back with the SDK's
 //! `ReceiveMessage` (all attributes, long poll of 1s) and deleted once read.
 //!
+//! Standard queues promise no order on AWS. moto delivers them in order, so the order test
+//! passes on the standard harness too; that says nothing about AWS (docs/brokers/sqs.md).
+//!
 //! The shared moto runs on 127.0.0.1:4566 (`scripts/tools/sqs.sh`); the binary is
 //! `/opt/outbox-tools/moto/bin/moto_server` unless `OUTBOX_MOTO_SERVER` names another.
 
