@@ -11,7 +11,7 @@ use figment::{
 use outbox_relay::{
     publishers::{
         mqtt::MqttConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig, redis::RedisConfig,
-        webhook::WebhookConfig,
+        sqs::SqsConfig, webhook::WebhookConfig,
     },
     RelayConfig,
 };
@@ -25,7 +25,8 @@ use crate::logging::LogFormat;
 pub struct FileConfig {
     /// PostgreSQL URL (`postgres://user@host/db`).
     pub database_url: Option<String>,
-    /// Broker URL: `nats://…`, `amqp://…`, `redis://…`, `mqtt://…` or `http(s)://…` (webhook).
+    /// Broker URL: `nats://…`, `amqp://…`, `redis://…`, `mqtt://…`, `sqs://REGION` /
+    /// `sqs+http(s)://host:port` (SQS) or `http(s)://…` (webhook).
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -46,6 +47,8 @@ pub struct FileConfig {
     pub redis: RedisConfig,
     /// MQTT settings.
     pub mqtt: MqttConfig,
+    /// AWS SQS settings (credentials come from the standard AWS chain, never from here).
+    pub sqs: SqsConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -82,6 +85,7 @@ impl Default for FileConfig {
             webhook: WebhookConfig::default(),
             redis: RedisConfig::default(),
             mqtt: MqttConfig::default(),
+            sqs: SqsConfig::default(),
         }
     }
 }
@@ -99,6 +103,7 @@ const KEYS: &[&str] = &[
     "webhook",
     "redis",
     "mqtt",
+    "sqs",
 ];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
@@ -179,6 +184,9 @@ mod tests {
             destination = "payments"
             [nats]
             stream = "EVENTS"
+            [sqs]
+            region = "eu-west-1"
+            batch_linger = "2ms"
             "#,
         );
         let c = load(Some(&f.0)).unwrap();
@@ -187,6 +195,8 @@ mod tests {
         assert_eq!(c.relay.retry.max_attempts, 3);
         assert_eq!(c.relay.routing.rules[0].destination, "payments");
         assert_eq!(c.nats.stream, "EVENTS");
+        assert_eq!(c.sqs.region, "eu-west-1");
+        assert_eq!(c.sqs.batch_linger, std::time::Duration::from_millis(2));
         assert_eq!(c.listen.port(), 9999);
     }
 
@@ -201,6 +211,9 @@ mod tests {
         let f = write("listen = \"nowhere\"\n");
         let err = load(Some(&f.0)).unwrap_err();
         assert!(err.contains("listen"), "{err}");
+        let f = write("[sqs]\naccess_key = \"x\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("access_key"), "{err}");
         let err = load(Some(Path::new("/nonexistent/outbox.toml"))).unwrap_err();
         assert!(err.contains("does not exist"), "{err}");
     }

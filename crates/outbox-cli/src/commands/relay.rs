@@ -6,7 +6,7 @@ use outbox_relay::{
     http,
     publishers::{
         mqtt::MqttPublisher, nats::NatsPublisher, rabbitmq::RabbitMqPublisher,
-        redis::RedisPublisher, webhook::WebhookPublisher,
+        redis::RedisPublisher, sqs::SqsPublisher, webhook::WebhookPublisher,
     },
     Publisher, Relay,
 };
@@ -22,7 +22,8 @@ pub struct Args {
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost (RabbitMQ),
-    /// redis://host:6379 (Streams), mqtt://host:1883 (MQTT 5), or http(s)://host/path
+    /// redis://host:6379 (Streams), mqtt://host:1883 (MQTT 5), sqs://REGION (AWS SQS) or
+    /// sqs+http(s)://host:port (an SQS endpoint such as an emulator), or http(s)://host/path
     /// (webhook; `{destination}` in the path is replaced).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
@@ -74,7 +75,7 @@ pub async fn run(args: Args) -> CommandResult {
          config file",
     )?;
     let broker_url = cfg.broker_url.clone().ok_or(
-        "no broker URL: pass --broker-url (nats://… or amqp://…), set OUTBOX_BROKER_URL or \
+        "no broker URL: pass --broker-url (nats://…, amqp://…, sqs://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
     let db = connect_any(
@@ -99,6 +100,10 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.mqtt.url = broker_url;
             Arc::new(MqttPublisher::connect(cfg.mqtt.clone())?)
         }
+        Some("sqs" | "sqs+http" | "sqs+https") => {
+            cfg.sqs.apply_broker_url(&broker_url)?;
+            Arc::new(SqsPublisher::connect(cfg.sqs.clone()).await?)
+        }
         Some("http" | "https") => {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
@@ -106,7 +111,7 @@ pub async fn run(args: Args) -> CommandResult {
         other => {
             return Err(format!(
                 "broker URL scheme {:?} is not supported: use nats://, amqp(s)://, redis(s)://, \
-                 mqtt(s):// or http(s)://",
+                 mqtt(s)://, sqs://, sqs+http(s):// or http(s)://",
                 other.unwrap_or("")
             )
             .into())

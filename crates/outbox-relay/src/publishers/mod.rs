@@ -8,6 +8,8 @@ pub mod nats;
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 

@@ -19,3 +19,4 @@ mod mqtt;
 mod nats;
 mod rabbitmq;
 mod redis;
+mod sqs;
