@@ -4,5 +4,7 @@
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "servicebus")]
+pub mod servicebus;
 #[cfg(feature = "webhook")]
 pub mod webhook;
