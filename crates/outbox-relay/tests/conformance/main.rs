@@ -15,5 +15,6 @@
 
 mod suite;
 
+mod amqp1;
 mod nats;
 mod rabbitmq;

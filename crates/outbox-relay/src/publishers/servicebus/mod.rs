@@ -18,9 +18,12 @@
 //! * **Body and metadata.** One `Data` section holds the payload bytes unchanged; every relay
 //!   and writer header is an application property (string); `subject` is the event type,
 //!   `content-type` and `creation-time` are set; the message is durable.
-//! * **Connections.** One connection and session, one sender link per target address,
-//!   attached on first use and cached. A lost connection is replaced on the next publish
-//!   (lazily, within `connect_timeout`), a broken link is re-attached.
+//! * **Connections.** One connection; per target address one session with one sender link,
+//!   begun and attached on first use and cached (a broker that ends a session over a bad
+//!   address, as RabbitMQ does for a missing exchange, breaks no other address). A lost
+//!   connection is replaced on the next publish (lazily, within `connect_timeout`), a broken
+//!   link is re-attached. Publishes to one address overlap: the link is locked only while a
+//!   transfer is handed over, and each caller awaits its own disposition.
 //!
 //! Authentication is SASL PLAIN with the shared access key name and key (Service Bus accepts
 //! it), or ANONYMOUS for a generic broker without credentials. CBS token authentication

@@ -2,7 +2,7 @@ use std::{collections::HashMap, fmt, sync::Arc, time::Duration};
 
 use fe2o3_amqp::{
     connection::{ConnectionHandle, OpenError},
-    link::{LinkStateError, SendError, SenderAttachError},
+    link::{SendError, SenderAttachError, SessionStopReason},
     sasl_profile::SaslProfile,
     session::{BeginError, SessionHandle},
     Connection, Sendable, Sender, Session,
@@ -38,7 +38,7 @@ const TRANSIENT_REJECTIONS: &[&str] = &[
 ];
 
 /// Publishes over AMQP 1.0 to Azure Service Bus or any AMQP 1.0 broker: one connection and
-/// session, one sender link per target address (attached on first use, cached), unsettled
+/// session per target address, each with one sender link (attached on first use, cached), unsettled
 /// transfers, `Ok` only on the `accepted` disposition. Reconnects lazily after a connection
 /// loss; publishes in the meantime fail as transient.
 ///
@@ -64,10 +64,22 @@ struct State {
 
 struct Conn {
     generation: u64,
-    /// Kept so the connection lives as long as its session; closed on drop.
     connection: ConnectionHandle<()>,
-    session: SessionHandle<()>,
-    senders: HashMap<String, Arc<Mutex<Sender>>>,
+    /// One session per link: a broker that ends the session over one bad address (RabbitMQ
+    /// does, for a missing exchange) leaves the other addresses' links alone.
+    links: HashMap<String, Arc<Link>>,
+}
+
+struct Link {
+    sender: Mutex<Sender>,
+    /// Kept open as long as the sender; ended on drop.
+    session: std::sync::Mutex<SessionHandle<()>>,
+}
+
+impl Link {
+    fn is_usable(&self) -> bool {
+        self.session.lock().map(|s| !s.is_ended()).unwrap_or(false)
+    }
 }
 
 /// Everything that can go wrong on the way to a disposition, before it is classified.
@@ -143,12 +155,10 @@ fn classify(failure: &Failure, address: &str) -> PublishError {
         Failure::Send(SendError::MessageEncodeError) => {
             PublishError::permanent("amqp1: the message could not be encoded")
         }
-        Failure::Attach(SenderAttachError::RemoteClosedWithError(e))
-            if is_missing_address(&e.condition) =>
-        {
+        Failure::Attach(e) if attach_refusal(e).is_some_and(is_missing_address) => {
             PublishError::permanent(format!(
                 "amqp1: the broker has no node at address {address:?}: {}",
-                describe(e)
+                attach_refusal(e).map(describe).unwrap_or_default()
             ))
         }
         Failure::Attach(e) => {
@@ -183,22 +193,30 @@ fn broken(failure: &Failure) -> Broken {
             | SendError::NonTerminalDeliveryState
             | SendError::IllegalDeliveryState,
         ) => Broken::Nothing,
-        Failure::Send(SendError::LinkStateError(LinkStateError::SessionStopped(_))) => {
-            Broken::Connection
+        // The link (and its session) is dropped; a lost connection is noticed before the next
+        // use.
+        Failure::Send(_) | Failure::Attach(_) | Failure::Begin(_) | Failure::AckTimeout(_) => {
+            Broken::Link
         }
-        // A refused attach leaves the link unusable; the session may survive (checked before
-        // the next use).
-        Failure::Send(_) | Failure::Attach(_) | Failure::AckTimeout(_) => Broken::Link,
-        Failure::Io(_) | Failure::Open(_) | Failure::Begin(_) | Failure::ConnectTimeout(_) => {
-            Broken::Connection
-        }
+        Failure::Io(_) | Failure::Open(_) | Failure::ConnectTimeout(_) => Broken::Connection,
+    }
+}
+
+/// The error with which the broker refused a sender link, whether it closed the link
+/// (Service Bus, for a missing entity) or ended its session (RabbitMQ 3.10, for a missing
+/// exchange).
+fn attach_refusal(error: &SenderAttachError) -> Option<&definitions::Error> {
+    match error {
+        SenderAttachError::RemoteClosedWithError(e)
+        | SenderAttachError::SessionStopped(SessionStopReason::RemoteEndedWithError(e)) => Some(e),
+        _ => None,
     }
 }
 
 /// `amqp:not-found` and friends: the address names nothing the broker can deliver to.
-fn is_missing_address(condition: &ErrorCondition) -> bool {
+fn is_missing_address(error: &definitions::Error) -> bool {
     matches!(
-        condition_text(condition).as_str(),
+        condition_text(&error.condition).as_str(),
         "amqp:not-found" | "amqp:resource-deleted" | "com.microsoft:entity-disabled"
     )
 }
@@ -274,29 +292,28 @@ impl ServiceBusPublisher {
     /// Makes `state.conn` a live connection and session, connecting if needed.
     async fn ensure_connected(&self, state: &mut State) -> Result<(), Failure> {
         if let Some(conn) = &state.conn {
-            if !conn.connection.is_closed() && !conn.session.is_ended() {
+            if !conn.connection.is_closed() {
                 return Ok(());
             }
             tracing::info!(endpoint = %self.endpoint, "amqp 1.0 connection lost; reconnecting");
             state.conn = None;
         }
         let timeout = self.config.connect_timeout;
-        let (connection, session) = tokio::time::timeout(timeout, self.open())
+        let connection = tokio::time::timeout(timeout, self.open())
             .await
             .map_err(|_| Failure::ConnectTimeout(timeout))??;
         state.generation += 1;
         state.conn = Some(Conn {
             generation: state.generation,
             connection,
-            session,
-            senders: HashMap::new(),
+            links: HashMap::new(),
         });
         tracing::info!(endpoint = %self.endpoint, address = %self.address,
             "connected to the amqp 1.0 broker");
         Ok(())
     }
 
-    async fn open(&self) -> Result<(ConnectionHandle<()>, SessionHandle<()>), Failure> {
+    async fn open(&self) -> Result<ConnectionHandle<()>, Failure> {
         let host = self.endpoint.host.as_str();
         let tcp = TcpStream::connect((host, self.endpoint.port))
             .await
@@ -318,7 +335,7 @@ impl ServiceBusPublisher {
             .sasl_profile(sasl)
             .idle_time_out(IDLE_TIMEOUT_MS)
             .scheme("amqp");
-        let mut connection = match &self.tls {
+        let connection = match &self.tls {
             Some(tls) => {
                 let name = ServerName::try_from(host.to_owned()).map_err(|e| {
                     Failure::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
@@ -329,24 +346,21 @@ impl ServiceBusPublisher {
             None => builder.open_with_stream(tcp).await,
         }
         .map_err(Failure::Open)?;
-        let session = Session::begin(&mut connection)
-            .await
-            .map_err(Failure::Begin)?;
-        Ok((connection, session))
+        Ok(connection)
     }
 
-    /// The cached sender for `address` (attaching it, and connecting, if needed), with the
+    /// The cached link for `address` (attaching it, and connecting, if needed), with the
     /// generation of the connection it belongs to.
-    async fn sender(&self, address: &str) -> Result<(u64, Arc<Mutex<Sender>>), Failure> {
+    async fn link(&self, address: &str) -> Result<(u64, Arc<Link>), Failure> {
         let asked = Instant::now();
         let mut state = self.state.lock().await;
-        if let Some(conn) = state
-            .conn
-            .as_ref()
-            .filter(|c| !c.connection.is_closed() && !c.session.is_ended())
-        {
-            if let Some(sender) = conn.senders.get(address) {
-                return Ok((conn.generation, sender.clone()));
+        if let Some(conn) = state.conn.as_mut().filter(|c| !c.connection.is_closed()) {
+            match conn.links.get(address) {
+                Some(link) if link.is_usable() => return Ok((conn.generation, link.clone())),
+                Some(_) => {
+                    conn.links.remove(address);
+                }
+                None => {}
             }
         } else if let Some((at, e)) = &state.failure {
             if *at > asked {
@@ -361,18 +375,28 @@ impl ServiceBusPublisher {
         state.failure = None;
         let conn = state.conn.as_mut().expect("connected above");
         let timeout = self.config.connect_timeout;
-        let attach = Sender::builder()
-            .name(format!("outbox-{}", uuid::Uuid::now_v7()))
-            .target(address.to_owned())
-            .sender_settle_mode(SenderSettleMode::Unsettled)
-            .attach(&mut conn.session);
-        let sender = tokio::time::timeout(timeout, attach)
+        let attach = async {
+            let mut session = Session::begin(&mut conn.connection)
+                .await
+                .map_err(Failure::Begin)?;
+            let sender = Sender::builder()
+                .name(format!("outbox-{}", uuid::Uuid::now_v7()))
+                .target(address.to_owned())
+                .sender_settle_mode(SenderSettleMode::Unsettled)
+                .attach(&mut session)
+                .await
+                .map_err(Failure::Attach)?;
+            Ok::<_, Failure>(Link {
+                sender: Mutex::new(sender),
+                session: std::sync::Mutex::new(session),
+            })
+        };
+        let link = tokio::time::timeout(timeout, attach)
             .await
-            .map_err(|_| Failure::ConnectTimeout(timeout))?
-            .map_err(Failure::Attach)?;
-        let sender = Arc::new(Mutex::new(sender));
-        conn.senders.insert(address.to_owned(), sender.clone());
-        Ok((conn.generation, sender))
+            .map_err(|_| Failure::ConnectTimeout(timeout))??;
+        let link = Arc::new(link);
+        conn.links.insert(address.to_owned(), link.clone());
+        Ok((conn.generation, link))
     }
 
     /// Tears down what `failure` broke, if it is still the same connection and link.
@@ -391,14 +415,14 @@ impl ServiceBusPublisher {
         match broken {
             Broken::Nothing => {}
             Broken::Link => {
-                conn.senders.remove(address);
+                conn.links.remove(address);
             }
             Broken::Connection => state.conn = None,
         }
     }
 
     async fn send(&self, message: &Message, address: &str) -> Result<(), PublishError> {
-        let (generation, sender) = match self.sender(address).await {
+        let (generation, link) = match self.link(address).await {
             Ok(found) => found,
             Err(failure) => {
                 self.repair(&failure, None, address).await;
@@ -411,7 +435,7 @@ impl ServiceBusPublisher {
             .build();
         let timeout = self.config.ack_timeout;
         let result = tokio::time::timeout(timeout, async {
-            let delivery = sender.lock().await.send_batchable(sendable).await?;
+            let delivery = link.sender.lock().await.send_batchable(sendable).await?;
             delivery.await
         })
         .await;
@@ -566,6 +590,17 @@ mod tests {
         ));
         let e = classify(&missing, "/exchange/x/k");
         assert_eq!(e.class, FailureClass::Permanent, "{e}");
+        let session_ended = Failure::Attach(SenderAttachError::SessionStopped(
+            SessionStopReason::RemoteEndedWithError(definitions::Error::new(
+                AmqpError::NotFound,
+                Some("NOT_FOUND - no exchange 'x' in vhost '/'".into()),
+                None,
+            )),
+        ));
+        let e = classify(&session_ended, "/exchange/x/k");
+        assert_eq!(e.class, FailureClass::Permanent, "{e}");
+        assert!(e.message.contains("no exchange 'x'"), "{e}");
+        assert_eq!(broken(&session_ended), Broken::Link);
         let refused = Failure::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(classify(&refused, "q").class, FailureClass::Transient);
         assert_eq!(broken(&refused), Broken::Connection);

@@ -1,0 +1,381 @@
+//! AMQP 1.0 (the Service Bus publisher's generic flavour) against RabbitMQ's `rabbitmq_amqp1_0`
+//! plugin (3.10): unsettled transfers to `/exchange/X/routing-key`. The test's exchange, queue
+//! and binding are declared with lapin (AMQP 0-9-1); messages are read back over AMQP 1.0 with
+//! an fe2o3 receiver on `/amq/queue/Q`, because RabbitMQ 3.10 hands 0-9-1 consumers the
+//! AMQP 1.0 application properties as one encoded `x-amqp-1.0-app-properties` header, not as
+//! headers (asserted in `what_a_091_consumer_sees`). RabbitMQ has no broker-side dedupe.
+//! Azure Service Bus itself is exercised by `servicebus_live`, skipped unless a namespace is
+//! configured.
+
+use std::{
+    collections::BTreeMap,
+    process::Command,
+    sync::{Arc, Mutex},
+};
+
+use fe2o3_amqp::{types::messaging::Data, Connection, Receiver, Session};
+use fe2o3_amqp_types::primitives::SimpleValue;
+use futures::StreamExt;
+use lapin::{
+    options::{
+        BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+        QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    },
+    types::{AMQPValue, FieldTable},
+    ConnectionProperties, ExchangeKind,
+};
+use outbox_relay::{
+    publishers::servicebus::{ServiceBusConfig, ServiceBusPublisher},
+    Publisher,
+};
+use outbox_testkit::{unique, wait_until, BrokerProcess, Delivery};
+
+use crate::{
+    rabbitmq::private_rabbitmq,
+    suite::{message, publish_until_acked, Harness, WAIT},
+};
+
+/// A topic exchange and a queue bound to it (declared over 0-9-1), read over AMQP 1.0.
+struct Reader {
+    channel: lapin::Channel,
+    _connection: lapin::Connection,
+    exchange: String,
+    queue: String,
+    seen: Arc<Mutex<Vec<Delivery>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reader {
+    async fn start(port: u16, exchange: &str, binding: &str) -> Result<Self, String> {
+        let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+        let connection = lapin::Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .map_err(|e| format!("connect to rabbitmq: {e}"))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| format!("channel: {e}"))?;
+        let queue = format!("{exchange}.q");
+        declare(&channel, exchange, &queue, binding).await?;
+        let mut amqp1 = Connection::open(
+            unique("reader"),
+            format!("amqp://guest:guest@127.0.0.1:{port}").as_str(),
+        )
+        .await
+        .map_err(|e| format!("amqp 1.0 connect: {e}"))?;
+        let mut session = Session::begin(&mut amqp1)
+            .await
+            .map_err(|e| format!("amqp 1.0 session: {e}"))?;
+        let mut receiver = Receiver::attach(
+            &mut session,
+            unique("reader"),
+            format!("/amq/queue/{queue}"),
+        )
+        .await
+        .map_err(|e| format!("amqp 1.0 receiver: {e}"))?;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let task = tokio::spawn(async move {
+            let _keep = (amqp1, session);
+            while let Ok(delivery) = receiver.recv::<Data>().await {
+                sink.lock().unwrap().push(decode(delivery.message()));
+                let _ = receiver.accept(&delivery).await;
+            }
+        });
+        Ok(Self {
+            channel,
+            _connection: connection,
+            exchange: exchange.to_owned(),
+            queue,
+            seen,
+            task,
+        })
+    }
+
+    async fn wait_for(&self, n: usize) -> Vec<Delivery> {
+        wait_until(&format!("{n} messages on {}", self.queue), WAIT, || {
+            let len = self.seen.lock().unwrap().len();
+            async move { len >= n }
+        })
+        .await;
+        self.seen.lock().unwrap().clone()
+    }
+
+    async fn cleanup(self) {
+        self.task.abort();
+        let _ = self
+            .channel
+            .queue_delete(&self.queue, QueueDeleteOptions::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
+async fn declare(
+    channel: &lapin::Channel,
+    exchange: &str,
+    queue: &str,
+    binding: &str,
+) -> Result<(), String> {
+    channel
+        .exchange_declare(
+            exchange,
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| format!("declare exchange: {e}"))?;
+    channel
+        .queue_declare(queue, QueueDeclareOptions::default(), FieldTable::default())
+        .await
+        .map_err(|e| format!("declare queue: {e}"))?;
+    channel
+        .queue_bind(
+            queue,
+            exchange,
+            binding,
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| format!("bind: {e}"))?;
+    Ok(())
+}
+
+/// A delivery's application properties as headers, plus its AMQP 1.0 properties as
+/// `amqp.*` entries.
+fn decode(m: &fe2o3_amqp::types::messaging::Message<Data>) -> Delivery {
+    let mut headers = BTreeMap::new();
+    for (name, value) in m.application_properties.iter().flat_map(|a| a.iter()) {
+        let text = match value {
+            SimpleValue::String(s) => s.clone(),
+            other => format!("{other:?}"),
+        };
+        headers.insert(name.clone(), text);
+    }
+    if let Some(p) = &m.properties {
+        let fields = [
+            (
+                "amqp.message_id",
+                p.message_id.as_ref().map(|id| match id {
+                    fe2o3_amqp::types::messaging::MessageId::String(s) => s.clone(),
+                    other => format!("{other:?}"),
+                }),
+            ),
+            ("amqp.group_id", p.group_id.clone()),
+            ("amqp.subject", p.subject.clone()),
+            (
+                "amqp.content_type",
+                p.content_type.as_ref().map(|s| s.0.clone()),
+            ),
+            (
+                "amqp.creation_time",
+                p.creation_time
+                    .as_ref()
+                    .map(|t| t.milliseconds().to_string()),
+            ),
+        ];
+        for (name, value) in fields {
+            if let Some(value) = value {
+                headers.insert(name.to_owned(), value);
+            }
+        }
+    }
+    if let Some(h) = &m.header {
+        headers.insert("amqp.durable".into(), h.durable.to_string());
+    }
+    Delivery::from_headers(String::new(), headers, m.body.0.to_vec())
+}
+
+pub struct Amqp1 {
+    /// AMQP 1.0 URL (the publisher's).
+    url: String,
+    /// The broker's port (the reader's, over both protocols).
+    port: u16,
+    exchange: String,
+    prefix: String,
+    reader: Option<Reader>,
+}
+
+impl Harness for Amqp1 {
+    const DEDUPES: bool = false;
+
+    fn shared_url() -> String {
+        "amqp1://guest:guest@127.0.0.1:5672".into()
+    }
+
+    fn private_url(port: u16) -> String {
+        format!("amqp1://guest:guest@127.0.0.1:{port}")
+    }
+
+    fn private_server(broker: &BrokerProcess) -> Command {
+        private_rabbitmq(broker, "rabbitmq_amqp1_0")
+    }
+
+    fn new(url: String) -> Self {
+        let port = url
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .expect("url with a port");
+        Self {
+            url,
+            port,
+            exchange: unique("amqp1"),
+            prefix: unique("amqp1"),
+            reader: None,
+        }
+    }
+
+    async fn prepare(&mut self) -> Result<(), String> {
+        if self.reader.is_none() {
+            let binding = format!("{}.#", self.prefix);
+            self.reader = Some(Reader::start(self.port, &self.exchange, &binding).await?);
+        }
+        Ok(())
+    }
+
+    /// `EXCHANGE/ROUTING-KEY`: the publisher's address template is `/exchange/{destination}`,
+    /// so a test can also name an exchange that does not exist.
+    fn destination(&self, i: usize) -> String {
+        format!("{}/{}.d{i}.OrderPlaced", self.exchange, self.prefix)
+    }
+
+    fn unroutable(&self) -> Option<String> {
+        // RabbitMQ 3.10's AMQP 1.0 plugin accepts (and drops) a message its exchange routes to
+        // no queue: that is not detectable. An exchange that does not exist is: the broker
+        // refuses the sender link with amqp:not-found.
+        Some(format!("{}/{}.OrderPlaced", unique("missing"), self.prefix))
+    }
+
+    async fn publisher(&self) -> Arc<dyn Publisher> {
+        Arc::new(
+            ServiceBusPublisher::connect(ServiceBusConfig {
+                connection_string: self.url.clone(),
+                address: Some("/exchange/{destination}".into()),
+                ..Default::default()
+            })
+            .await
+            .expect("amqp 1.0 publisher"),
+        )
+    }
+
+    async fn read(&self, n: usize) -> Vec<Delivery> {
+        self.reader.as_ref().expect("prepared").wait_for(n).await
+    }
+
+    async fn cleanup(self) {
+        if let Some(reader) = self.reader {
+            reader.cleanup().await;
+        }
+    }
+}
+
+crate::conformance_tests!(Amqp1);
+
+/// The AMQP 1.0 properties arrive as set: message-id = event id, group-id = aggregate id,
+/// subject = event type, content type, creation time, durable.
+#[tokio::test]
+async fn amqp_properties_arrive() {
+    let mut harness = Amqp1::new(Amqp1::shared_url());
+    harness.prepare().await.expect("prepare");
+    let publisher = harness.publisher().await;
+    let m = message(harness.destination(0), "agg-props", 1, b"{\"a\":1}");
+    publish_until_acked(&*publisher, &m).await;
+    let read = harness.read(1).await;
+    let h = &read[0].headers;
+    let get = |k: &str| h.get(k).map(String::as_str);
+    assert_eq!(
+        get("amqp.message_id"),
+        Some(m.event_id.to_string().as_str())
+    );
+    assert_eq!(get("amqp.group_id"), Some("agg-props"));
+    assert_eq!(get("amqp.subject"), Some("OrderPlaced"));
+    assert_eq!(get("amqp.content_type"), Some("application/json"));
+    assert_eq!(
+        get("amqp.creation_time"),
+        Some(m.occurred_at.timestamp_millis().to_string().as_str())
+    );
+    assert_eq!(get("amqp.durable"), Some("true"));
+    assert_eq!(get("aggregate-type"), Some("order"));
+    harness.cleanup().await;
+}
+
+/// What an AMQP 0-9-1 consumer of the same queue gets from RabbitMQ 3.10: the payload, the
+/// message id and persistence, but the application properties only as one encoded AMQP 1.0
+/// section in the `x-amqp-1.0-app-properties` header (RabbitMQ 4's native AMQP 1.0 maps them
+/// to headers; not tested here).
+#[tokio::test]
+async fn what_a_091_consumer_sees() {
+    let exchange = unique("amqp1");
+    let connection = lapin::Connection::connect(
+        outbox_testkit::RABBITMQ_URL,
+        ConnectionProperties::default(),
+    )
+    .await
+    .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    let queue = format!("{exchange}.q");
+    declare(&channel, &exchange, &queue, "#")
+        .await
+        .expect("declare");
+    let publisher = ServiceBusPublisher::connect(ServiceBusConfig {
+        connection_string: Amqp1::shared_url(),
+        address: Some(format!("/exchange/{exchange}/{{destination}}")),
+        ..Default::default()
+    })
+    .await
+    .expect("publisher");
+    let m = message("order.placed".into(), "agg-091", 1, b"{}");
+    publish_until_acked(&publisher, &m).await;
+    let mut consumer = channel
+        .basic_consume(
+            &queue,
+            "test",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let delivery = tokio::time::timeout(WAIT, consumer.next())
+        .await
+        .expect("a delivery within the wait")
+        .expect("stream open")
+        .expect("delivery");
+    delivery.ack(BasicAckOptions::default()).await.expect("ack");
+    let props = &delivery.properties;
+    assert_eq!(delivery.data, b"{}");
+    assert_eq!(
+        props.message_id().as_ref().map(|s| s.to_string()),
+        Some(m.event_id.to_string())
+    );
+    assert_eq!(*props.delivery_mode(), Some(2));
+    let headers = props.headers().clone().unwrap_or_default();
+    let names: Vec<String> = headers.inner().keys().map(|k| k.to_string()).collect();
+    assert!(
+        !names.iter().any(|n| n == "event-id"),
+        "RabbitMQ 3.10 does not map application properties to headers: {names:?}"
+    );
+    let Some(AMQPValue::LongString(section)) = headers.inner().get("x-amqp-1.0-app-properties")
+    else {
+        panic!("the application properties section is kept as a header: {names:?}");
+    };
+    let app: fe2o3_amqp::types::messaging::ApplicationProperties =
+        serde_amqp::from_slice(section.as_bytes()).expect("an encoded application-properties");
+    assert_eq!(
+        app.get("event-id"),
+        Some(&SimpleValue::String(m.event_id.to_string()))
+    );
+    let _ = channel
+        .queue_delete(&queue, QueueDeleteOptions::default())
+        .await;
+    let _ = channel
+        .exchange_delete(&exchange, ExchangeDeleteOptions::default())
+        .await;
+}
