@@ -9,7 +9,10 @@ use figment::{
     Figment,
 };
 use outbox_relay::{
-    publishers::{nats::NatsConfig, rabbitmq::RabbitMqConfig, webhook::WebhookConfig},
+    publishers::{
+        nats::NatsConfig, rabbitmq::RabbitMqConfig, servicebus::ServiceBusConfig,
+        webhook::WebhookConfig,
+    },
     RelayConfig,
 };
 use serde::{Deserialize, Serialize};
@@ -22,7 +25,8 @@ use crate::logging::LogFormat;
 pub struct FileConfig {
     /// PostgreSQL URL (`postgres://user@host/db`).
     pub database_url: Option<String>,
-    /// Broker URL: `nats://…`, `amqp://…` or `http(s)://…` (webhook).
+    /// Broker URL: `nats://…`, `amqp://…`, `http(s)://…` (webhook), `sb://…` or an Azure
+    /// connection string (Service Bus), `amqp1://…` / `amqps1://…` (any AMQP 1.0 broker).
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -39,6 +43,8 @@ pub struct FileConfig {
     pub rabbitmq: RabbitMqConfig,
     /// HTTP webhook settings.
     pub webhook: WebhookConfig,
+    /// AMQP 1.0 / Azure Service Bus settings.
+    pub servicebus: ServiceBusConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -73,6 +79,7 @@ impl Default for FileConfig {
             nats: NatsConfig::default(),
             rabbitmq: RabbitMqConfig::default(),
             webhook: WebhookConfig::default(),
+            servicebus: ServiceBusConfig::default(),
         }
     }
 }
@@ -88,6 +95,7 @@ const KEYS: &[&str] = &[
     "nats",
     "rabbitmq",
     "webhook",
+    "servicebus",
 ];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
@@ -177,6 +185,30 @@ mod tests {
         assert_eq!(c.relay.routing.rules[0].destination, "payments");
         assert_eq!(c.nats.stream, "EVENTS");
         assert_eq!(c.listen.port(), 9999);
+    }
+
+    #[test]
+    fn reads_the_servicebus_section() {
+        let f = write(
+            r#"
+            [servicebus]
+            connection_string = "amqp1://guest:guest@localhost:5672"
+            address = "/exchange/events/{destination}"
+            ack_timeout = "3s"
+            max_payload_bytes = 1048576
+            "#,
+        );
+        let c = load(Some(&f.0)).unwrap();
+        assert_eq!(
+            c.servicebus.address.as_deref(),
+            Some("/exchange/events/{destination}")
+        );
+        assert_eq!(c.servicebus.ack_timeout, std::time::Duration::from_secs(3));
+        assert_eq!(c.servicebus.max_payload_bytes, 1024 * 1024);
+        assert!(c.servicebus.validate().is_ok());
+        let f = write("[servicebus]\nack_timout = \"3s\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("ack_timout"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use outbox_relay::{
     http,
-    publishers::{nats::NatsPublisher, rabbitmq::RabbitMqPublisher, webhook::WebhookPublisher},
+    publishers::{
+        nats::NatsPublisher, rabbitmq::RabbitMqPublisher, servicebus::ServiceBusPublisher,
+        webhook::WebhookPublisher,
+    },
     Publisher, Relay,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,8 +21,11 @@ pub struct Args {
     /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost, or
-    /// http(s)://host/path (webhook; `{destination}` in the path is replaced).
+    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost,
+    /// http(s)://host/path (webhook; `{destination}` in the path is replaced), an Azure
+    /// Service Bus connection string (Endpoint=sb://…;SharedAccessKeyName=…;SharedAccessKey=…)
+    /// or sb://NAMESPACE.servicebus.windows.net with the key in the config, or
+    /// amqp1://user:pass@host:5672 (any AMQP 1.0 broker).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     /// TOML config file (see README: configuration reference).
@@ -87,13 +93,22 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.rabbitmq.url = broker_url;
             Arc::new(RabbitMqPublisher::connect(cfg.rabbitmq.clone()).await?)
         }
+        Some("sb" | "amqp1" | "amqps1") => {
+            cfg.servicebus.set_broker_url(broker_url);
+            Arc::new(ServiceBusPublisher::connect(cfg.servicebus.clone()).await?)
+        }
+        _ if broker_url.to_ascii_lowercase().contains("endpoint=") => {
+            cfg.servicebus.set_broker_url(broker_url);
+            Arc::new(ServiceBusPublisher::connect(cfg.servicebus.clone()).await?)
+        }
         Some("http" | "https") => {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
         }
         other => {
             return Err(format!(
-                "broker URL scheme {:?} is not supported: use nats://, amqp:// or http(s)://",
+                "broker URL scheme {:?} is not supported: use nats://, amqp://, http(s)://, \
+                 sb://, amqp1://, amqps1:// or an Azure Service Bus connection string",
                 other.unwrap_or("")
             )
             .into())

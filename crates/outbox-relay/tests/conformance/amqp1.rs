@@ -379,3 +379,143 @@ async fn what_a_091_consumer_sees() {
         .exchange_delete(&exchange, ExchangeDeleteOptions::default())
         .await;
 }
+
+/// Azure Service Bus itself, when a namespace is configured (skipped otherwise, with the
+/// reason printed): `OUTBOX_TEST_SERVICEBUS_CONNECTION_STRING` (a SAS connection string with
+/// Send and Listen rights) and `OUTBOX_TEST_SERVICEBUS_QUEUE` (a queue with sessions enabled).
+/// Publishes two aggregates' events with their aggregate ids as session ids and reads each
+/// session back over AMQP 1.0 with a session receiver, checking order, ids and properties.
+/// With `OUTBOX_TEST_SERVICEBUS_DUPLICATE_DETECTION=true` (the queue has duplicate detection
+/// on), a second publish of one event must not arrive: the next message in its session is a
+/// marker published after it.
+#[tokio::test]
+async fn servicebus_live() {
+    let (Ok(connection_string), Ok(queue)) = (
+        std::env::var("OUTBOX_TEST_SERVICEBUS_CONNECTION_STRING"),
+        std::env::var("OUTBOX_TEST_SERVICEBUS_QUEUE"),
+    ) else {
+        println!(
+            "skipped: set OUTBOX_TEST_SERVICEBUS_CONNECTION_STRING and \
+             OUTBOX_TEST_SERVICEBUS_QUEUE (a session-enabled queue) to run against Azure \
+             Service Bus"
+        );
+        return;
+    };
+    let dedupe = std::env::var("OUTBOX_TEST_SERVICEBUS_DUPLICATE_DETECTION")
+        .is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    let publisher = ServiceBusPublisher::connect(ServiceBusConfig {
+        connection_string: connection_string.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("service bus publisher");
+    assert_eq!(publisher.name(), "servicebus");
+    let sessions = [unique("agg"), unique("agg")];
+    let mut sent = Vec::new();
+    for session in &sessions {
+        for v in 1..=3 {
+            let m = message(queue.clone(), session, v, b"{\"live\":true}");
+            publish_until_acked(&publisher, &m).await;
+            sent.push(m);
+        }
+    }
+    if dedupe {
+        publish_until_acked(&publisher, &sent[0]).await;
+        let marker = message(queue.clone(), &sessions[0], 4, b"{\"live\":true}");
+        publish_until_acked(&publisher, &marker).await;
+        sent.push(marker);
+    }
+    let (host, key_name, key) = azure_parts(&connection_string);
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), 5671))
+        .await
+        .expect("tcp to the namespace");
+    let roots = tokio_rustls::rustls::RootCertStore::from_iter(
+        webpki_roots::TLS_SERVER_ROOTS.iter().cloned(),
+    );
+    let tls = tokio_rustls::rustls::ClientConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("tls versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(
+            tokio_rustls::rustls::pki_types::ServerName::try_from(host.clone()).expect("name"),
+            tcp,
+        )
+        .await
+        .expect("tls handshake");
+    let mut connection = Connection::builder()
+        .container_id(unique("reader"))
+        .hostname(host.as_str())
+        .sasl_profile(fe2o3_amqp::sasl_profile::SaslProfile::Plain {
+            username: key_name,
+            password: key,
+        })
+        .scheme("amqp")
+        .open_with_stream(stream)
+        .await
+        .expect("open");
+    let mut session = Session::begin(&mut connection).await.expect("session");
+    for id in &sessions {
+        let source = fe2o3_amqp::types::messaging::Source::builder()
+            .address(queue.clone())
+            .add_to_filter_using_legacy_format(
+                "com.microsoft:session-filter",
+                fe2o3_amqp::types::primitives::Value::String(id.clone()),
+            )
+            .build();
+        let mut receiver = Receiver::builder()
+            .name(unique("session-reader"))
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("session receiver");
+        let expected: Vec<_> = sent.iter().filter(|m| &m.aggregate_id == id).collect();
+        for m in expected {
+            let delivery = tokio::time::timeout(WAIT, receiver.recv::<Data>())
+                .await
+                .expect("a message within the wait")
+                .expect("receive");
+            let d = decode(delivery.message());
+            receiver.accept(&delivery).await.expect("accept");
+            assert_eq!(d.event_id, m.event_id.to_string(), "session {id} in order");
+            assert_eq!(
+                d.headers.get("amqp.message_id"),
+                Some(&m.event_id.to_string())
+            );
+            assert_eq!(d.headers.get("amqp.group_id"), Some(id));
+            assert_eq!(d.payload, b"{\"live\":true}");
+        }
+        let _ = receiver.close().await;
+    }
+    let _ = session.end().await;
+    let _ = connection.close().await;
+}
+
+/// Host, key name and key of an Azure connection string.
+fn azure_parts(connection_string: &str) -> (String, String, String) {
+    let mut host = None;
+    let mut key_name = None;
+    let mut key = None;
+    for part in connection_string.split(';') {
+        match part.split_once('=') {
+            Some(("Endpoint", v)) => {
+                host = v
+                    .trim_start_matches("sb://")
+                    .split('/')
+                    .next()
+                    .map(str::to_owned)
+            }
+            Some(("SharedAccessKeyName", v)) => key_name = Some(v.to_owned()),
+            Some(("SharedAccessKey", v)) => key = Some(v.to_owned()),
+            _ => {}
+        }
+    }
+    (
+        host.expect("Endpoint in the connection string"),
+        key_name.expect("SharedAccessKeyName in the connection string"),
+        key.expect("SharedAccessKey in the connection string"),
+    )
+}
