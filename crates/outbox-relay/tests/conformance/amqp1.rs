@@ -28,7 +28,7 @@ use outbox_relay::{
     publishers::servicebus::{ServiceBusConfig, ServiceBusPublisher},
     Publisher,
 };
-use outbox_testkit::{unique, wait_until, BrokerProcess, Delivery};
+use outbox_testkit::{free_port, unique, wait_until, BrokerProcess, Delivery};
 
 use crate::{
     rabbitmq::private_rabbitmq,
@@ -378,6 +378,54 @@ async fn what_a_091_consumer_sees() {
     let _ = channel
         .exchange_delete(&exchange, ExchangeDeleteOptions::default())
         .await;
+}
+
+/// Prepares `harness`, retrying while its (private) broker is still booting.
+async fn prepare_when_up(harness: &mut Amqp1) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while let Err(e) = harness.prepare().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "private broker never became ready: {e}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// A connection that was up and is lost (the broker is killed) makes publishes fail as
+/// transient, and the same publisher reconnects by itself once a broker is back on the port.
+#[tokio::test]
+async fn reconnects_after_the_connection_is_lost() {
+    let port = free_port();
+    let mut broker = BrokerProcess::prepare(port);
+    broker.start(Amqp1::private_server(&broker)).await;
+    let mut before = Amqp1::new(Amqp1::private_url(port));
+    prepare_when_up(&mut before).await;
+    let publisher = before.publisher().await;
+    let first = message(before.destination(0), "agg-loss", 1, b"{}");
+    publish_until_acked(&*publisher, &first).await;
+    assert_eq!(before.read(1).await.len(), 1);
+
+    broker.stop();
+    let lost = message(before.destination(0), "agg-loss", 2, b"{}");
+    let outcome = tokio::time::timeout(WAIT, publisher.publish(&lost))
+        .await
+        .expect("a publish on a lost connection must give up, not hang");
+    match outcome {
+        Err(e) if e.is_transient() => println!("connection lost: {}", e.message),
+        other => panic!("a lost connection must fail as transient, got {other:?}"),
+    }
+
+    // A fresh node on the same port (its exchanges are new, so a new namespace).
+    broker.start(Amqp1::private_server(&broker)).await;
+    let mut after = Amqp1::new(Amqp1::private_url(port));
+    prepare_when_up(&mut after).await;
+    let again = message(after.destination(0), "agg-loss", 2, b"{}");
+    publish_until_acked(&*publisher, &again).await;
+    let read = after.read(1).await;
+    assert_eq!(read[0].event_id, again.event_id.to_string());
+    after.cleanup().await;
+    broker.stop();
 }
 
 /// Azure Service Bus itself, when a namespace is configured (skipped otherwise, with the
