@@ -11,7 +11,7 @@ use figment::{
 use outbox_relay::{
     publishers::{
         mqtt::MqttConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig, redis::RedisConfig,
-        sqs::SqsConfig, webhook::WebhookConfig,
+        servicebus::ServiceBusConfig, sqs::SqsConfig, webhook::WebhookConfig,
     },
     RelayConfig,
 };
@@ -26,7 +26,8 @@ pub struct FileConfig {
     /// PostgreSQL URL (`postgres://user@host/db`).
     pub database_url: Option<String>,
     /// Broker URL: `nats://…`, `amqp://…`, `redis://…`, `mqtt://…`, `sqs://REGION` /
-    /// `sqs+http(s)://host:port` (SQS) or `http(s)://…` (webhook).
+    /// `sqs+http(s)://host:port` (SQS), `http(s)://…` (webhook), `sb://…` or an Azure
+    /// connection string (Service Bus), `amqp1://…` / `amqps1://…` (any AMQP 1.0 broker).
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -49,6 +50,8 @@ pub struct FileConfig {
     pub mqtt: MqttConfig,
     /// AWS SQS settings (credentials come from the standard AWS chain, never from here).
     pub sqs: SqsConfig,
+    /// AMQP 1.0 / Azure Service Bus settings.
+    pub servicebus: ServiceBusConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -86,6 +89,7 @@ impl Default for FileConfig {
             redis: RedisConfig::default(),
             mqtt: MqttConfig::default(),
             sqs: SqsConfig::default(),
+            servicebus: ServiceBusConfig::default(),
         }
     }
 }
@@ -104,6 +108,7 @@ const KEYS: &[&str] = &[
     "redis",
     "mqtt",
     "sqs",
+    "servicebus",
 ];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
@@ -198,6 +203,30 @@ mod tests {
         assert_eq!(c.sqs.region, "eu-west-1");
         assert_eq!(c.sqs.batch_linger, std::time::Duration::from_millis(2));
         assert_eq!(c.listen.port(), 9999);
+    }
+
+    #[test]
+    fn reads_the_servicebus_section() {
+        let f = write(
+            r#"
+            [servicebus]
+            connection_string = "amqp1://guest:guest@localhost:5672"
+            address = "/exchange/events/{destination}"
+            ack_timeout = "3s"
+            max_payload_bytes = 1048576
+            "#,
+        );
+        let c = load(Some(&f.0)).unwrap();
+        assert_eq!(
+            c.servicebus.address.as_deref(),
+            Some("/exchange/events/{destination}")
+        );
+        assert_eq!(c.servicebus.ack_timeout, std::time::Duration::from_secs(3));
+        assert_eq!(c.servicebus.max_payload_bytes, 1024 * 1024);
+        assert!(c.servicebus.validate().is_ok());
+        let f = write("[servicebus]\nack_timout = \"3s\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("ack_timout"), "{err}");
     }
 
     #[test]

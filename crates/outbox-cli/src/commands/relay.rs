@@ -6,7 +6,8 @@ use outbox_relay::{
     http,
     publishers::{
         mqtt::MqttPublisher, nats::NatsPublisher, rabbitmq::RabbitMqPublisher,
-        redis::RedisPublisher, sqs::SqsPublisher, webhook::WebhookPublisher,
+        redis::RedisPublisher, servicebus::ServiceBusPublisher, sqs::SqsPublisher,
+        webhook::WebhookPublisher,
     },
     Publisher, Relay,
 };
@@ -24,7 +25,10 @@ pub struct Args {
     /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost (RabbitMQ),
     /// redis://host:6379 (Streams), mqtt://host:1883 (MQTT 5), sqs://REGION (AWS SQS) or
     /// sqs+http(s)://host:port (an SQS endpoint such as an emulator), or http(s)://host/path
-    /// (webhook; `{destination}` in the path is replaced).
+    /// (webhook; `{destination}` in the path is replaced), an Azure Service Bus connection
+    /// string (Endpoint=sb://…;SharedAccessKeyName=…;SharedAccessKey=…) or
+    /// sb://NAMESPACE.servicebus.windows.net with the key in the config, or
+    /// amqp1://user:pass@host:5672 (any AMQP 1.0 broker).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     /// TOML config file (see README: configuration reference).
@@ -104,6 +108,14 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.sqs.apply_broker_url(&broker_url)?;
             Arc::new(SqsPublisher::connect(cfg.sqs.clone()).await?)
         }
+        Some("sb" | "amqp1" | "amqps1") => {
+            cfg.servicebus.set_broker_url(broker_url);
+            Arc::new(ServiceBusPublisher::connect(cfg.servicebus.clone()).await?)
+        }
+        _ if broker_url.to_ascii_lowercase().contains("endpoint=") => {
+            cfg.servicebus.set_broker_url(broker_url);
+            Arc::new(ServiceBusPublisher::connect(cfg.servicebus.clone()).await?)
+        }
         Some("http" | "https") => {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
@@ -111,7 +123,8 @@ pub async fn run(args: Args) -> CommandResult {
         other => {
             return Err(format!(
                 "broker URL scheme {:?} is not supported: use nats://, amqp(s)://, redis(s)://, \
-                 mqtt(s)://, sqs://, sqs+http(s):// or http(s)://",
+                 mqtt(s)://, sqs://, sqs+http(s)://, sb://, amqp1://, amqps1://, http(s):// \
+                 or an Azure Service Bus connection string",
                 other.unwrap_or("")
             )
             .into())

@@ -10,6 +10,8 @@ pub mod rabbitmq;
 pub mod redis;
 #[cfg(feature = "sqs")]
 pub mod sqs;
+#[cfg(feature = "servicebus")]
+pub mod servicebus;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 

@@ -16,6 +16,7 @@
 mod suite;
 
 mod mqtt;
+mod amqp1;
 mod nats;
 mod rabbitmq;
 mod redis;

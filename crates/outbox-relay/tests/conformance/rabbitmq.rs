@@ -18,12 +18,23 @@ pub struct RabbitMq {
     reader: Option<RabbitReader>,
 }
 
-/// A private RabbitMQ node (Debian's wrapper runs it as the `rabbitmq` user) with its own
-/// node name, ports and data folder, so it never meets the shared node.
+/// A private RabbitMQ node with its own node name, ports and data folder, so it never meets
+/// the shared node.
+///
+/// It runs RabbitMQ's own start script as the `rabbitmq` user directly (uid/gid set before
+/// exec), not through Debian's `/usr/sbin/rabbitmq-server` wrapper: the wrapper switches
+/// user with `su`, which starts a new session, so the node escaped `BrokerProcess::stop`
+/// (which kills the process group it started) and kept running after the test.
 pub fn private_rabbitmq(broker: &BrokerProcess, plugins: &str) -> Command {
+    use std::os::unix::process::CommandExt;
     let dir = &broker.dir;
     std::fs::write(dir.join("enabled_plugins"), format!("[{plugins}].")).expect("plugins file");
-    let mut command = Command::new("rabbitmq-server");
+    let (uid, gid) = rabbitmq_user();
+    let mut command = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
+    command.current_dir(dir).env("HOME", dir);
+    if uid != 0 && nix_is_root() {
+        command.uid(uid).gid(gid);
+    }
     command
         .env(
             "RABBITMQ_NODENAME",
@@ -38,6 +49,27 @@ pub fn private_rabbitmq(broker: &BrokerProcess, plugins: &str) -> Command {
         .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
         .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq"));
     command
+}
+
+/// The `rabbitmq` user's uid and gid, from `/etc/passwd` (0, 0 if there is none).
+fn rabbitmq_user() -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd
+        .lines()
+        .map(|line| line.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&"rabbitmq") && f.len() > 3)
+        .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+        .unwrap_or((0, 0))
+}
+
+/// Whether the tests run as root (only root may switch to the `rabbitmq` user).
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next().map(|uid| uid == "0"))
+        .unwrap_or(false)
 }
 
 impl Harness for RabbitMq {

@@ -76,6 +76,8 @@ impl MqttPublisher {
             options.set_credentials(user, password);
         }
         if self.endpoint.tls {
+            // rumqttc's TLS uses the process's rustls provider: ring, as everywhere else here.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             options.set_transport(Transport::tls_with_default_config());
         }
         options
