@@ -9,7 +9,9 @@ use figment::{
     Figment,
 };
 use outbox_relay::{
-    publishers::{nats::NatsConfig, rabbitmq::RabbitMqConfig, webhook::WebhookConfig},
+    publishers::{
+        kafka::KafkaConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig, webhook::WebhookConfig,
+    },
     RelayConfig,
 };
 use serde::{Deserialize, Serialize};
@@ -22,7 +24,7 @@ use crate::logging::LogFormat;
 pub struct FileConfig {
     /// PostgreSQL URL (`postgres://user@host/db`).
     pub database_url: Option<String>,
-    /// Broker URL: `nats://…`, `amqp://…` or `http(s)://…` (webhook).
+    /// Broker URL: `nats://…`, `amqp://…`, `kafka://…` or `http(s)://…` (webhook).
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -39,6 +41,8 @@ pub struct FileConfig {
     pub rabbitmq: RabbitMqConfig,
     /// HTTP webhook settings.
     pub webhook: WebhookConfig,
+    /// Kafka settings.
+    pub kafka: KafkaConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -73,6 +77,7 @@ impl Default for FileConfig {
             nats: NatsConfig::default(),
             rabbitmq: RabbitMqConfig::default(),
             webhook: WebhookConfig::default(),
+            kafka: KafkaConfig::default(),
         }
     }
 }
@@ -88,6 +93,7 @@ const KEYS: &[&str] = &[
     "nats",
     "rabbitmq",
     "webhook",
+    "kafka",
 ];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
@@ -177,6 +183,38 @@ mod tests {
         assert_eq!(c.relay.routing.rules[0].destination, "payments");
         assert_eq!(c.nats.stream, "EVENTS");
         assert_eq!(c.listen.port(), 9999);
+    }
+
+    #[test]
+    fn reads_the_kafka_section() {
+        let f = write(
+            r#"
+            broker_url = "kafka://k1:9092,k2:9092"
+            [kafka]
+            client_id = "orders-relay"
+            security_protocol = "sasl_ssl"
+            sasl_mechanism = "SCRAM-SHA-512"
+            sasl_username = "relay"
+            sasl_password = "s3cret"
+            message_timeout = "5s"
+            compression = "lz4"
+            [kafka.properties]
+            "linger.ms" = 20
+            "ssl.ca.location" = "/etc/ssl/ca.pem"
+            "#,
+        );
+        let c = load(Some(&f.0)).unwrap();
+        c.kafka.validate().unwrap();
+        assert_eq!(c.kafka.client_id, "orders-relay");
+        assert_eq!(c.kafka.message_timeout, std::time::Duration::from_secs(5));
+        assert_eq!(c.kafka.properties["linger.ms"], "20");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let f = write("[kafka]\ncompression = \"zstd\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("compression"), "{err}");
+        let f = write("[kafka]\nbrokerz = \"x:1\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("brokerz"), "{err}");
     }
 
     #[test]

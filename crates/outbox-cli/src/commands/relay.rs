@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use outbox_relay::{
     http,
-    publishers::{nats::NatsPublisher, rabbitmq::RabbitMqPublisher, webhook::WebhookPublisher},
+    publishers::{
+        kafka::KafkaPublisher, nats::NatsPublisher, rabbitmq::RabbitMqPublisher,
+        webhook::WebhookPublisher,
+    },
     Publisher, Relay,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,8 +21,9 @@ pub struct Args {
     /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost, or
-    /// http(s)://host/path (webhook; `{destination}` in the path is replaced).
+    /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost,
+    /// kafka://host:9092[,host:port] or http(s)://host/path (webhook; `{destination}` in the
+    /// path is replaced).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     /// TOML config file (see README: configuration reference).
@@ -70,7 +74,7 @@ pub async fn run(args: Args) -> CommandResult {
          config file",
     )?;
     let broker_url = cfg.broker_url.clone().ok_or(
-        "no broker URL: pass --broker-url (nats://… or amqp://…), set OUTBOX_BROKER_URL or \
+        "no broker URL: pass --broker-url (nats://…, amqp://…, kafka://… or http(s)://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
     let db = connect_any(
@@ -87,17 +91,19 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.rabbitmq.url = broker_url;
             Arc::new(RabbitMqPublisher::connect(cfg.rabbitmq.clone()).await?)
         }
+        Some("kafka") => {
+            cfg.kafka.brokers = kafka_brokers(&broker_url)?;
+            Arc::new(KafkaPublisher::connect(cfg.kafka.clone()).await?)
+        }
         Some("http" | "https") => {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
         }
-        other => {
-            return Err(format!(
-                "broker URL scheme {:?} is not supported: use nats://, amqp:// or http(s)://",
-                other.unwrap_or("")
-            )
-            .into())
-        }
+        other => return Err(format!(
+            "broker URL scheme {:?} is not supported: use nats://, amqp://, kafka:// or http(s)://",
+            other.unwrap_or("")
+        )
+        .into()),
     };
     let (relay, dashboard) = match db {
         Db::Postgres(pool) => {
@@ -130,6 +136,21 @@ pub async fn run(args: Args) -> CommandResult {
     let _ = server.await;
     result?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The bootstrap list of `kafka://host:port[,host:port]` (a trailing `/` is allowed).
+fn kafka_brokers(url: &str) -> Result<String, String> {
+    let list = url
+        .strip_prefix("kafka://")
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    if list.is_empty() || list.contains(['/', '@', '?']) {
+        return Err(format!(
+            "broker URL {url:?}: expected kafka://host:port[,host:port] (credentials go in \
+             [kafka] sasl_username / sasl_password)"
+        ));
+    }
+    Ok(list.to_owned())
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

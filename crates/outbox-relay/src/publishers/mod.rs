@@ -1,5 +1,7 @@
 //! One folder per broker, each behind its cargo feature.
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]

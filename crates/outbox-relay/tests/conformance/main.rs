@@ -15,5 +15,7 @@
 
 mod suite;
 
+#[cfg(feature = "kafka")]
+mod kafka;
 mod nats;
 mod rabbitmq;
