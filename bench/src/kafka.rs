@@ -18,8 +18,6 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An admin connection to the cluster at `--kafka-brokers`.
 pub struct KafkaAdmin {
-    /// Bootstrap list, `host:port[,host:port]`.
-    pub brokers: String,
     admin: Arc<AdminClient<DefaultClientContext>>,
     /// What the cluster told about itself, for the report.
     pub description: String,
@@ -48,7 +46,6 @@ impl KafkaAdmin {
         .map_err(|e| format!("cannot reach Kafka at {brokers}: {e}"))?;
         let (count, name, id) = metadata;
         Ok(Self {
-            brokers: brokers.to_owned(),
             admin,
             description: format!("Kafka protocol at {name} (broker id {id}, {count} broker(s))"),
         })
