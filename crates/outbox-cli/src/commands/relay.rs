@@ -99,11 +99,13 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
         }
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "broker URL scheme {:?} is not supported: use nats://, amqp://, kafka:// or http(s)://",
             other.unwrap_or("")
         )
-        .into()),
+            .into())
+        }
     };
     let (relay, dashboard) = match db {
         Db::Postgres(pool) => {

@@ -21,7 +21,7 @@ use rdkafka::{
     ClientConfig, Offset, TopicPartitionList,
 };
 
-use crate::suite::{Harness, WAIT};
+use crate::suite::{message, publish_until_acked, Harness, WAIT};
 
 /// The shared broker (`scripts/tools/kafka.sh`); `OUTBOX_TEST_KAFKA_BROKERS` overrides it.
 fn shared_brokers() -> String {
@@ -234,3 +234,23 @@ fn read_from_start(brokers: &str, topics: &[String], n: usize) -> Vec<Delivery> 
 }
 
 crate::conformance_tests!(Kafka);
+
+/// A topic created after the producer saw it missing: the publish before fails as permanent,
+/// the ones after go through at once (librdkafka would otherwise keep the topic cached as
+/// missing until its next periodic metadata refresh, 5 minutes later).
+#[tokio::test]
+async fn a_topic_created_after_a_failed_publish_is_found() {
+    let mut harness = Kafka::new(Kafka::shared_url());
+    let publisher = harness.publisher().await;
+    let m = message(harness.destination(0), "agg-late", 1, b"{}");
+    let e = publisher
+        .publish(&m)
+        .await
+        .expect_err("the topic does not exist yet");
+    assert!(!e.is_transient(), "a missing topic is permanent: {e}");
+    harness.prepare().await.expect("create the topics");
+    // Panics on a permanent failure: after the creation only transient ones are acceptable.
+    publish_until_acked(&*publisher, &m).await;
+    assert_eq!(harness.read(1).await.len(), 1);
+    harness.cleanup().await;
+}

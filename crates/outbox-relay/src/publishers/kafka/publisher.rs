@@ -1,4 +1,4 @@
-use std::sync::RwLock;
+use std::{sync::RwLock, time::Duration};
 
 use futures::future::BoxFuture;
 use rdkafka::{
@@ -119,8 +119,50 @@ fn create(config: &ClientConfig) -> Result<FutureProducer, Error> {
     })
 }
 
-/// Classifies a librdkafka error: the one place Kafka errors become retry decisions.
-fn classify(error: &KafkaError) -> PublishError {
+/// What a fresh metadata look-up said about a message's topic, after librdkafka called it
+/// unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TopicLookup {
+    /// The cluster has it: it was created after librdkafka cached it as missing.
+    Exists,
+    /// The cluster does not have it.
+    Missing,
+    /// The look-up itself failed (cluster unreachable).
+    Failed,
+}
+
+/// Whether `error` says the message's topic does not exist.
+fn is_unknown_topic(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition)
+    )
+}
+
+/// Asks the cluster whether `topic` exists. The answer also refreshes librdkafka's cache, so a
+/// topic created after the producer first saw it missing is found by the next attempt (instead
+/// of after `topic.metadata.refresh.interval.ms`, 5 minutes).
+async fn lookup_topic(producer: FutureProducer, topic: String, timeout: Duration) -> TopicLookup {
+    let answer = tokio::task::spawn_blocking(move || {
+        let metadata = producer.client().fetch_metadata(Some(&topic), timeout)?;
+        Ok::<_, KafkaError>(
+            metadata
+                .topics()
+                .iter()
+                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()),
+        )
+    })
+    .await;
+    match answer {
+        Ok(Ok(true)) => TopicLookup::Exists,
+        Ok(Ok(false)) => TopicLookup::Missing,
+        _ => TopicLookup::Failed,
+    }
+}
+
+/// Classifies a librdkafka error: the one place Kafka errors become retry decisions. `topic`
+/// is what a fresh look-up said of the message's topic when the error called it unknown.
+fn classify(error: &KafkaError, topic: Option<TopicLookup>) -> PublishError {
     use RDKafkaErrorCode as E;
     let text = format!("kafka: {error}");
     let Some(code) = error.rdkafka_error_code() else {
@@ -142,10 +184,23 @@ fn classify(error: &KafkaError) -> PublishError {
         | E::UnsupportedForMessageFormat
         | E::PolicyViolation
         | E::InvalidArgument => PublishError::permanent(text),
-        // Its destination does not exist or may not be written to.
+        // The topic does not exist (auto-creation is off)… unless the cluster says it does now,
+        // or cannot be asked.
+        E::UnknownTopic | E::UnknownTopicOrPartition => match topic {
+            Some(TopicLookup::Exists) => PublishError::transient(format!(
+                "{text} (the topic exists now: it was created after the producer saw it \
+                 missing; the next attempt sees it)"
+            )),
+            Some(TopicLookup::Failed) => {
+                PublishError::transient(format!("{text} (the cluster could not confirm it)"))
+            }
+            Some(TopicLookup::Missing) | None => PublishError::permanent(format!(
+                "{text} (the topic does not exist and the relay does not create topics: create \
+                 it, or set kafka.allow_auto_create_topics)"
+            )),
+        },
+        // Its destination is not a topic or may not be written to.
         E::InvalidTopic
-        | E::UnknownTopic
-        | E::UnknownTopicOrPartition
         | E::UnknownPartition
         | E::TopicAuthorizationFailed
         | E::ClusterAuthorizationFailed => PublishError::permanent(text),
@@ -192,7 +247,12 @@ impl Publisher for KafkaPublisher {
                 .await
             {
                 Ok(_) => Ok(()),
-                Err((error, _)) => Err(classify(&error)),
+                Err((error, _)) if is_unknown_topic(&error) => {
+                    let timeout = self.config.message_timeout.min(Duration::from_secs(5));
+                    let topic = lookup_topic(producer, message.destination.clone(), timeout).await;
+                    Err(classify(&error, Some(topic)))
+                }
+                Err((error, _)) => Err(classify(&error, None)),
             }
         })
     }
@@ -223,7 +283,7 @@ mod tests {
     use crate::FailureClass::{Permanent, Transient};
 
     fn class(error: KafkaError) -> crate::FailureClass {
-        classify(&error).class
+        classify(&error, None).class
     }
 
     #[test]
@@ -279,11 +339,28 @@ mod tests {
 
     #[test]
     fn errors_name_the_cause() {
-        let e = classify(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::MessageTimedOut,
-        ));
+        let e = classify(
+            &KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut),
+            None,
+        );
         assert!(e.message.starts_with("kafka: "), "{e}");
         assert!(e.message.contains("timed out"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_topic_is_permanent_only_if_the_cluster_confirms_it() {
+        let unknown = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopic);
+        let e = classify(&unknown, Some(TopicLookup::Missing));
+        assert_eq!(e.class, Permanent);
+        assert!(e.message.contains("does not exist"), "{e}");
+        assert_eq!(
+            classify(&unknown, Some(TopicLookup::Exists)).class,
+            Transient
+        );
+        assert_eq!(
+            classify(&unknown, Some(TopicLookup::Failed)).class,
+            Transient
+        );
     }
 
     #[test]
