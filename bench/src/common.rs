@@ -332,7 +332,11 @@ impl Bench {
                 let mut stream = self.js()?.get_stream(&scope.stream).await?;
                 Ok(stream.info().await?.state.messages)
             }
-            Broker::Kafka => self.kafka()?.messages(&scope.topic).await,
+            Broker::Kafka => {
+                self.kafka()?
+                    .messages(&scope.topic, self.options.events)
+                    .await
+            }
         }
     }
 
