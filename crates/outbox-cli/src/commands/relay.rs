@@ -164,3 +164,25 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     }
     shutdown.cancel();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::kafka_brokers;
+
+    #[test]
+    fn kafka_urls_give_the_bootstrap_list() {
+        assert_eq!(kafka_brokers("kafka://k1:9092").unwrap(), "k1:9092");
+        assert_eq!(
+            kafka_brokers("kafka://k1:9092,k2:9093/").unwrap(),
+            "k1:9092,k2:9093"
+        );
+        for bad in [
+            "kafka://",
+            "kafka://user:pw@k1:9092",
+            "kafka://k1:9092/topic",
+        ] {
+            let e = kafka_brokers(bad).unwrap_err();
+            assert!(e.contains("expected kafka://host:port"), "{bad}: {e}");
+        }
+    }
+}
