@@ -1,5 +1,5 @@
 //! Shared helpers: the benchmark context (connections, run id, options), per-scenario outbox
-//! schemas and backlogs, per-scenario JetStream streams, machine facts.
+//! schemas and backlogs, per-scenario JetStream streams or Kafka topics, machine facts.
 
 use std::{
     path::{Path, PathBuf},
@@ -13,7 +13,7 @@ use outbox::{
 };
 use sqlx::{postgres::PgPoolOptions, PgPool};
 
-use crate::{report::Machine, Options};
+use crate::{kafka::KafkaAdmin, report::Machine, Broker, Options};
 
 /// Error type of the harness: any error, printed with its message.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -24,10 +24,10 @@ pub struct Bench {
     pub options: Options,
     /// A small pool for setup, polling and the naive loop.
     pub pool: PgPool,
-    /// NATS connection (core and JetStream).
-    pub nats: async_nats::Client,
-    /// JetStream context on [`Bench::nats`].
-    pub js: jetstream::Context,
+    /// NATS connection (core and JetStream), when a scenario of the run needs it.
+    nats: Option<(async_nats::Client, jetstream::Context)>,
+    /// Kafka admin connection, with `--broker kafka`.
+    kafka: Option<KafkaAdmin>,
     /// Unique id of this run: part of every schema, stream and subject name.
     pub run_id: String,
     started: Instant,
@@ -44,6 +44,9 @@ pub struct Scope {
     pub stream: String,
     /// Subject prefix `bench.<run>.<scenario>`; the stream captures `<prefix>.>`.
     pub subjects: String,
+    /// Kafka topic of the backlog's events (`<subjects>.order.OrderPlaced`, where the relay's
+    /// routing sends them), with `--broker kafka`.
+    pub topic: String,
 }
 
 impl Scope {
@@ -54,20 +57,30 @@ impl Scope {
 }
 
 impl Bench {
-    /// Connects to PostgreSQL and NATS and picks a run id.
-    pub async fn connect(options: Options) -> Result<Self> {
+    /// Connects to PostgreSQL, to NATS and Kafka where the run needs them, and picks a run id.
+    pub async fn connect(options: Options, needs_nats: bool, needs_kafka: bool) -> Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(30))
             .connect(&options.database_url)
             .await
             .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
-        let nats = async_nats::ConnectOptions::new()
-            .name("outbox-bench")
-            .connect(&options.nats_url)
-            .await
-            .map_err(|e| format!("cannot connect to NATS at {}: {e}", options.nats_url))?;
-        let js = jetstream::new(nats.clone());
+        let nats = if needs_nats {
+            let nats = async_nats::ConnectOptions::new()
+                .name("outbox-bench")
+                .connect(&options.nats_url)
+                .await
+                .map_err(|e| format!("cannot connect to NATS at {}: {e}", options.nats_url))?;
+            let js = jetstream::new(nats.clone());
+            Some((nats, js))
+        } else {
+            None
+        };
+        let kafka = if needs_kafka {
+            Some(KafkaAdmin::connect(&options.kafka_brokers).await?)
+        } else {
+            None
+        };
         let now = chrono::Utc::now();
         let run_id = format!(
             "{}{:04x}",
@@ -80,10 +93,42 @@ impl Bench {
             options,
             pool,
             nats,
-            js,
+            kafka,
             run_id,
             started: Instant::now(),
         })
+    }
+
+    /// The NATS connection.
+    pub fn nats(&self) -> Result<&async_nats::Client> {
+        Ok(&self.nats.as_ref().ok_or("this scenario needs NATS")?.0)
+    }
+
+    /// The JetStream context.
+    pub fn js(&self) -> Result<&jetstream::Context> {
+        Ok(&self.nats.as_ref().ok_or("this scenario needs NATS")?.1)
+    }
+
+    /// The Kafka admin connection.
+    fn kafka(&self) -> Result<&KafkaAdmin> {
+        Ok(self.kafka.as_ref().ok_or("this scenario needs Kafka")?)
+    }
+
+    /// The broker URL the relay of `scope` is started with.
+    pub fn relay_broker_url(&self, scope: &Scope) -> String {
+        match self.broker_of(scope) {
+            Broker::Nats => self.options.nats_url.clone(),
+            Broker::Kafka => format!("kafka://{}", self.options.kafka_brokers),
+        }
+    }
+
+    /// The broker the scenario publishes to: `--broker` for (a) drain, NATS otherwise.
+    pub fn broker_of(&self, scope: &Scope) -> Broker {
+        if scope.scenario == "drain" {
+            self.options.broker
+        } else {
+            Broker::Nats
+        }
     }
 
     /// Prints a progress line on stderr, stamped with the time since the run started.
@@ -131,6 +176,7 @@ impl Bench {
             tables: Tables::new(&format!("bench_{scenario}_{}", self.run_id), "events")?,
             stream: format!("BENCH_{}_{}", self.run_id, scenario.to_uppercase()),
             subjects: format!("bench.{}.{scenario}", self.run_id),
+            topic: format!("bench.{}.{scenario}.order.OrderPlaced", self.run_id),
         })
     }
 
@@ -249,36 +295,73 @@ impl Bench {
         .await?)
     }
 
+    /// Creates where the scenario's relay publishes: its stream, or with `--broker kafka` its
+    /// topic (`--kafka-partitions` partitions).
+    pub async fn create_destination(&self, scope: &Scope) -> Result<()> {
+        match self.broker_of(scope) {
+            Broker::Nats => self.create_stream(scope).await,
+            Broker::Kafka => {
+                self.kafka()?
+                    .create_topic(&scope.topic, self.options.kafka_partitions)
+                    .await
+            }
+        }
+    }
+
     /// Creates the scenario's stream, capturing `<subjects>.>` (deleting a leftover one first).
     /// Its settings are those the relay would create (file storage, 2-minute dedupe window).
     pub async fn create_stream(&self, scope: &Scope) -> Result<()> {
-        let _ = self.js.delete_stream(&scope.stream).await;
-        self.js
-            .create_stream(stream::Config {
-                name: scope.stream.clone(),
-                subjects: vec![format!("{}.>", scope.subjects)],
-                storage: stream::StorageType::File,
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| format!("cannot create stream {}: {e}", scope.stream))?;
+        let js = self.js()?;
+        let _ = js.delete_stream(&scope.stream).await;
+        js.create_stream(stream::Config {
+            name: scope.stream.clone(),
+            subjects: vec![format!("{}.>", scope.subjects)],
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot create stream {}: {e}", scope.stream))?;
         Ok(())
     }
 
-    /// Messages held by the scenario's stream.
+    /// Messages held by the scenario's stream (or Kafka topic).
     pub async fn stream_messages(&self, scope: &Scope) -> Result<u64> {
-        let mut stream = self.js.get_stream(&scope.stream).await?;
-        Ok(stream.info().await?.state.messages)
+        match self.broker_of(scope) {
+            Broker::Nats => {
+                let mut stream = self.js()?.get_stream(&scope.stream).await?;
+                Ok(stream.info().await?.state.messages)
+            }
+            Broker::Kafka => {
+                self.kafka()?
+                    .messages(&scope.topic, self.options.events)
+                    .await
+            }
+        }
     }
 
-    /// Deletes the scenario's stream and drops its schema; failures are only reported.
+    /// Deletes the scenario's stream (or Kafka topic) and drops its schema; failures are only
+    /// reported.
     pub async fn cleanup(&self, scope: &Scope) {
-        if let Err(e) = self.js.delete_stream(&scope.stream).await {
-            self.log(
-                scope.scenario,
-                format!("could not delete stream {}: {e}", scope.stream),
-            );
+        let deleted = match self.broker_of(scope) {
+            Broker::Nats => match self.js() {
+                Ok(js) => js
+                    .delete_stream(&scope.stream)
+                    .await
+                    .map(drop)
+                    .map_err(|e| format!("could not delete stream {}: {e}", scope.stream)),
+                Err(e) => Err(e.to_string()),
+            },
+            Broker::Kafka => match self.kafka() {
+                Ok(kafka) => kafka
+                    .delete_topic(&scope.topic)
+                    .await
+                    .map_err(|e| format!("could not delete topic {}: {e}", scope.topic)),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        if let Err(e) = deleted {
+            self.log(scope.scenario, e);
         }
         self.cleanup_schema(scope).await;
     }
@@ -325,8 +408,28 @@ impl Bench {
             synchronous_commit: setting("synchronous_commit").await?,
             load_average: load_average(),
             autovacuum: setting("autovacuum").await?,
-            nats: self.nats.server_info().version,
+            brokers: self.brokers(),
         })
+    }
+}
+
+impl Bench {
+    /// The brokers of this run, for the report.
+    fn brokers(&self) -> String {
+        let mut brokers = Vec::new();
+        if let Some((nats, _)) = &self.nats {
+            brokers.push(format!(
+                "NATS {} (JetStream, file storage)",
+                nats.server_info().version
+            ));
+        }
+        if let Some(kafka) = &self.kafka {
+            brokers.push(format!(
+                "{} for (a) drain, topic of {} partitions",
+                kafka.description, self.options.kafka_partitions
+            ));
+        }
+        brokers.join("; ")
     }
 }
 

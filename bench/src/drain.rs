@@ -1,4 +1,5 @@
-//! (a) `drain`: a backlog of N events drained by the real relay binary into JetStream.
+//! (a) `drain`: a backlog of N events drained by the real relay binary into JetStream (or
+//! Kafka with `--broker kafka`).
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,7 @@ pub struct DrainResult {
     pub index_reads: Vec<(String, i64, i64)>,
     /// Times the planner statistics were refreshed while the relay ran.
     pub analyzed: i64,
-    /// Messages in the stream afterwards.
+    /// Messages in the stream (or topic) afterwards.
     pub stream_messages: u64,
     /// The relay's memory, exit and log.
     pub relay: RelayStats,
@@ -45,12 +46,12 @@ impl DrainResult {
     }
 }
 
-/// Runs the scenario in its own schema and stream, removed afterwards.
+/// Runs the scenario in its own schema and stream (or topic), removed afterwards.
 pub async fn run(bench: &Bench) -> Result<DrainResult> {
     let scope = bench.scope("drain")?;
     bench.create_outbox(&scope).await?;
     let result = interruptible(async {
-        bench.create_stream(&scope).await?;
+        bench.create_destination(&scope).await?;
         measure(bench, &scope).await
     })
     .await;

@@ -4,6 +4,7 @@
 mod common;
 mod dbbound;
 mod drain;
+mod kafka;
 mod naive;
 mod process;
 mod progress;
@@ -17,7 +18,8 @@ use clap::{Parser, Subcommand};
 
 use crate::{common::Bench, report::Report};
 
-/// Benchmarks of the outbox relay against PostgreSQL and NATS JetStream on this machine.
+/// Benchmarks of the outbox relay against PostgreSQL and NATS JetStream (or Kafka) on this
+/// machine.
 #[derive(Parser, Debug)]
 #[command(name = "outbox-bench", version, about)]
 struct Cli {
@@ -61,6 +63,26 @@ pub struct Options {
         default_value = "nats://127.0.0.1:4222"
     )]
     pub nats_url: String,
+    /// Broker the relay publishes to in (a) drain. (c) naive and (d) steady always use NATS.
+    #[arg(
+        long,
+        global = true,
+        env = "BENCH_BROKER",
+        value_enum,
+        default_value_t = Broker::Nats
+    )]
+    pub broker: Broker,
+    /// Kafka bootstrap brokers (`host:port[,host:port]`) for `--broker kafka`.
+    #[arg(
+        long,
+        global = true,
+        env = "BENCH_KAFKA_BROKERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub kafka_brokers: String,
+    /// Partitions of the topic (a) drains into with `--broker kafka`.
+    #[arg(long, global = true, default_value_t = 8)]
+    pub kafka_partitions: i32,
     /// The `outbox` binary [default: `outbox` next to this executable].
     #[arg(long, global = true)]
     pub relay_bin: Option<PathBuf>,
@@ -113,6 +135,15 @@ pub struct Options {
     pub rate_fraction: f64,
 }
 
+/// The broker of (a) drain.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broker {
+    /// NATS JetStream at `--nats-url`.
+    Nats,
+    /// Kafka at `--kafka-brokers`.
+    Kafka,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -126,7 +157,15 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> common::Result<()> {
-    let bench = Bench::connect(cli.options).await?;
+    // NATS is needed by (a) unless it drains into Kafka, and always by (c) and (d).
+    let needs_nats = match cli.command {
+        Command::Drain => cli.options.broker == Broker::Nats,
+        Command::Dbbound => false,
+        Command::Naive | Command::Steady | Command::All => true,
+    };
+    let needs_kafka =
+        cli.options.broker == Broker::Kafka && matches!(cli.command, Command::Drain | Command::All);
+    let bench = Bench::connect(cli.options, needs_nats, needs_kafka).await?;
     let mut report = Report::new(bench.machine().await?, bench.command_line());
     let wanted = |c: Command| cli.command == c || cli.command == Command::All;
     // Each scenario is recorded as soon as it finishes, so a later failure keeps earlier figures.

@@ -82,7 +82,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<NaiveResult> {
                 row.get::<String, _>("event_type")
             );
             let payload: Vec<u8> = row.get("payload");
-            bench.js.publish(subject, payload.into()).await?.await?;
+            bench.js()?.publish(subject, payload.into()).await?.await?;
             sqlx::query(&update)
                 .bind(row.get::<i64, _>("id"))
                 .execute(&bench.pool)

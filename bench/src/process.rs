@@ -73,7 +73,7 @@ impl RelayProcess {
             .arg("--schema")
             .arg(scope.tables.schema().as_str())
             .arg("--broker-url")
-            .arg(&bench.options.nats_url)
+            .arg(bench.relay_broker_url(scope))
             .arg("--config")
             .arg(&config)
             .arg("--listen")
@@ -169,7 +169,10 @@ fn relay_config(bench: &Bench, scope: &Scope) -> String {
          default = \"{subjects}.{{aggregate_type}}.{{event_type}}\"\n\
          \n\
          [nats]\n\
-         stream = \"{stream}\"\n",
+         stream = \"{stream}\"\n\
+         \n\
+         [kafka]\n\
+         client_id = \"bench-{run}-{scenario}\"\n",
         scenario = scope.scenario,
         run = bench.run_id,
         batch = bench.options.batch_size,

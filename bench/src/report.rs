@@ -26,8 +26,8 @@ pub struct Machine {
     pub load_average: String,
     /// PostgreSQL `autovacuum`.
     pub autovacuum: String,
-    /// NATS server version.
-    pub nats: String,
+    /// The brokers used and their versions.
+    pub brokers: String,
 }
 
 /// The figures of one run; scenarios not run (or failed) are `None`.
@@ -73,9 +73,9 @@ impl Report {
         let _ = writeln!(
             out,
             "Machine: nproc {} ({}), {:.1} GiB RAM, load average {} at the start and {} at the \
-             end; PostgreSQL {} (shared_buffers {}, synchronous_commit {}, autovacuum {}); NATS \
-             {} (JetStream, file storage). All on loopback: the relay, PostgreSQL, NATS and the \
-             harness share the CPUs.\n",
+             end; PostgreSQL {} (shared_buffers {}, synchronous_commit {}, autovacuum {}); {}. \
+             All on loopback: the relay, PostgreSQL, the broker and the harness share the \
+             CPUs.\n",
             m.nproc,
             m.cpu_model,
             m.memory_gib,
@@ -85,7 +85,7 @@ impl Report {
             m.shared_buffers,
             m.synchronous_commit,
             m.autovacuum,
-            m.nats
+            m.brokers
         );
         let mut rows = Vec::new();
         let mut notes = Vec::new();
@@ -183,7 +183,7 @@ fn drain_rows(r: &DrainResult, rows: &mut Vec<Row>) {
     };
     rows.push(row(
         s,
-        "stream holds ≥ N messages",
+        "stream (or topic) holds ≥ N messages",
         format!("{check}: {}", thousands(r.stream_messages)),
     ));
 }

@@ -133,10 +133,10 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
     let mut relay = RelayProcess::start(bench, scope).await?;
     wait_for_leases(bench, scope, &mut relay).await?;
     let subscriber = bench
-        .nats
+        .nats()?
         .subscribe(format!("{}.>", scope.subjects))
         .await?;
-    bench.nats.flush().await?;
+    bench.nats()?.flush().await?;
     let received = Arc::new(AtomicU64::new(0));
     let (stop, stopped) = oneshot::channel();
     let collector = tokio::spawn(collect(subscriber, received.clone(), stopped));

@@ -10,8 +10,8 @@ use figment::{
 };
 use outbox_relay::{
     publishers::{
-        mqtt::MqttConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig, redis::RedisConfig,
-        servicebus::ServiceBusConfig, sqs::SqsConfig, webhook::WebhookConfig,
+        kafka::KafkaConfig, mqtt::MqttConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig,
+        redis::RedisConfig, servicebus::ServiceBusConfig, sqs::SqsConfig, webhook::WebhookConfig,
     },
     RelayConfig,
 };
@@ -27,7 +27,8 @@ pub struct FileConfig {
     pub database_url: Option<String>,
     /// Broker URL: `nats://…`, `amqp://…`, `redis://…`, `mqtt://…`, `sqs://REGION` /
     /// `sqs+http(s)://host:port` (SQS), `http(s)://…` (webhook), `sb://…` or an Azure
-    /// connection string (Service Bus), `amqp1://…` / `amqps1://…` (any AMQP 1.0 broker).
+    /// connection string (Service Bus), `amqp1://…` / `amqps1://…` (any AMQP 1.0 broker),
+    /// `kafka://…`.
     pub broker_url: Option<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
     pub listen: SocketAddr,
@@ -52,6 +53,8 @@ pub struct FileConfig {
     pub sqs: SqsConfig,
     /// AMQP 1.0 / Azure Service Bus settings.
     pub servicebus: ServiceBusConfig,
+    /// Kafka settings.
+    pub kafka: KafkaConfig,
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].
@@ -90,6 +93,7 @@ impl Default for FileConfig {
             mqtt: MqttConfig::default(),
             sqs: SqsConfig::default(),
             servicebus: ServiceBusConfig::default(),
+            kafka: KafkaConfig::default(),
         }
     }
 }
@@ -109,6 +113,7 @@ const KEYS: &[&str] = &[
     "mqtt",
     "sqs",
     "servicebus",
+    "kafka",
 ];
 
 /// Loads defaults, then the file (if any), then `OUTBOX_*` variables (`OUTBOX_DATABASE_URL`,
@@ -227,6 +232,38 @@ mod tests {
         let f = write("[servicebus]\nack_timout = \"3s\"\n");
         let err = load(Some(&f.0)).unwrap_err();
         assert!(err.contains("ack_timout"), "{err}");
+    }
+
+    #[test]
+    fn reads_the_kafka_section() {
+        let f = write(
+            r#"
+            broker_url = "kafka://k1:9092,k2:9092"
+            [kafka]
+            client_id = "orders-relay"
+            security_protocol = "sasl_ssl"
+            sasl_mechanism = "SCRAM-SHA-512"
+            sasl_username = "relay"
+            sasl_password = "s3cret"
+            message_timeout = "5s"
+            compression = "lz4"
+            [kafka.properties]
+            "linger.ms" = 20
+            "ssl.ca.location" = "/etc/ssl/ca.pem"
+            "#,
+        );
+        let c = load(Some(&f.0)).unwrap();
+        c.kafka.validate().unwrap();
+        assert_eq!(c.kafka.client_id, "orders-relay");
+        assert_eq!(c.kafka.message_timeout, std::time::Duration::from_secs(5));
+        assert_eq!(c.kafka.properties["linger.ms"], "20");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let f = write("[kafka]\ncompression = \"zstd\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("compression"), "{err}");
+        let f = write("[kafka]\nbrokerz = \"x:1\"\n");
+        let err = load(Some(&f.0)).unwrap_err();
+        assert!(err.contains("brokerz"), "{err}");
     }
 
     #[test]

@@ -5,9 +5,9 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 use outbox_relay::{
     http,
     publishers::{
-        mqtt::MqttPublisher, nats::NatsPublisher, rabbitmq::RabbitMqPublisher,
-        redis::RedisPublisher, servicebus::ServiceBusPublisher, sqs::SqsPublisher,
-        webhook::WebhookPublisher,
+        kafka::KafkaPublisher, mqtt::MqttPublisher, nats::NatsPublisher,
+        rabbitmq::RabbitMqPublisher, redis::RedisPublisher, servicebus::ServiceBusPublisher,
+        sqs::SqsPublisher, webhook::WebhookPublisher,
     },
     Publisher, Relay,
 };
@@ -28,7 +28,7 @@ pub struct Args {
     /// (webhook; `{destination}` in the path is replaced), an Azure Service Bus connection
     /// string (Endpoint=sb://…;SharedAccessKeyName=…;SharedAccessKey=…) or
     /// sb://NAMESPACE.servicebus.windows.net with the key in the config, or
-    /// amqp1://user:pass@host:5672 (any AMQP 1.0 broker).
+    /// amqp1://user:pass@host:5672 (any AMQP 1.0 broker), or kafka://host:9092[,host:port].
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
     /// TOML config file (see README: configuration reference).
@@ -79,7 +79,8 @@ pub async fn run(args: Args) -> CommandResult {
          config file",
     )?;
     let broker_url = cfg.broker_url.clone().ok_or(
-        "no broker URL: pass --broker-url (nats://…, amqp://…, sqs://…), set OUTBOX_BROKER_URL or \
+        "no broker URL: pass --broker-url (nats://…, amqp://…, kafka://…, sqs://…, redis://…, \
+         mqtt://…, http(s)://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
     let db = connect_any(
@@ -116,6 +117,10 @@ pub async fn run(args: Args) -> CommandResult {
             cfg.servicebus.set_broker_url(broker_url);
             Arc::new(ServiceBusPublisher::connect(cfg.servicebus.clone()).await?)
         }
+        Some("kafka") => {
+            cfg.kafka.brokers = kafka_brokers(&broker_url)?;
+            Arc::new(KafkaPublisher::connect(cfg.kafka.clone()).await?)
+        }
         Some("http" | "https") => {
             cfg.webhook.url = broker_url;
             Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
@@ -124,7 +129,7 @@ pub async fn run(args: Args) -> CommandResult {
             return Err(format!(
                 "broker URL scheme {:?} is not supported: use nats://, amqp(s)://, redis(s)://, \
                  mqtt(s)://, sqs://, sqs+http(s)://, sb://, amqp1://, amqps1://, http(s):// \
-                 or an Azure Service Bus connection string",
+                 kafka:// or an Azure Service Bus connection string",
                 other.unwrap_or("")
             )
             .into())
@@ -163,6 +168,21 @@ pub async fn run(args: Args) -> CommandResult {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The bootstrap list of `kafka://host:port[,host:port]` (a trailing `/` is allowed).
+fn kafka_brokers(url: &str) -> Result<String, String> {
+    let list = url
+        .strip_prefix("kafka://")
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    if list.is_empty() || list.contains(['/', '@', '?']) {
+        return Err(format!(
+            "broker URL {url:?}: expected kafka://host:port[,host:port] (credentials go in \
+             [kafka] sasl_username / sasl_password)"
+        ));
+    }
+    Ok(list.to_owned())
+}
+
 async fn stop_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
@@ -171,4 +191,26 @@ async fn stop_on_signal(shutdown: CancellationToken) {
         _ = term.recv() => tracing::info!("SIGTERM received"),
     }
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kafka_brokers;
+
+    #[test]
+    fn kafka_urls_give_the_bootstrap_list() {
+        assert_eq!(kafka_brokers("kafka://k1:9092").unwrap(), "k1:9092");
+        assert_eq!(
+            kafka_brokers("kafka://k1:9092,k2:9093/").unwrap(),
+            "k1:9092,k2:9093"
+        );
+        for bad in [
+            "kafka://",
+            "kafka://user:pw@k1:9092",
+            "kafka://k1:9092/topic",
+        ] {
+            let e = kafka_brokers(bad).unwrap_err();
+            assert!(e.contains("expected kafka://host:port"), "{bad}: {e}");
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! One folder per broker, each behind its cargo feature.
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]
@@ -8,10 +10,10 @@ pub mod nats;
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqs")]
-pub mod sqs;
 #[cfg(feature = "servicebus")]
 pub mod servicebus;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 

@@ -15,8 +15,9 @@
 
 mod suite;
 
-mod mqtt;
 mod amqp1;
+mod kafka;
+mod mqtt;
 mod nats;
 mod rabbitmq;
 mod redis;
