@@ -45,6 +45,14 @@ if ! port_open 1883; then
   wait_port Mosquitto 1883 30
 fi
 
+# Brokers and tools the publisher conformance suite needs beyond the machine's services:
+# RabbitMQ's AMQP 1.0 plugin (enabled online), tansu (a Kafka-protocol broker, built once into
+# /opt/outbox-tools and reused), and moto (an SQS emulator, in a virtualenv there).
+here="$(dirname "$0")"
+bash "$here/tools/amqp1.sh"
+bash "$here/tools/kafka.sh"
+bash "$here/tools/sqs.sh"
+
 # The test database must exist (the machine creates it; a fresh cluster may not have it).
 if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
   createdb -h 127.0.0.1 -U postgres test
@@ -56,4 +64,4 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   apt-get update -qq
   apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-echo "services: PostgreSQL, NATS, RabbitMQ, Redis and Mosquitto are up; chromium and chromedriver installed"
+echo "services: PostgreSQL, NATS, RabbitMQ (AMQP 0-9-1 and 1.0), Redis, Mosquitto, tansu (Kafka) and moto (SQS) are up; chromium and chromedriver installed"
