@@ -13,7 +13,7 @@ use outbox::{
 };
 use sqlx::{postgres::PgPoolOptions, PgPool};
 
-use crate::{kafka::KafkaAdmin, report::Machine, Broker, Options};
+use crate::{kafka::KafkaAdmin, rabbitmq::RabbitAdmin, report::Machine, Broker, Options};
 
 /// Error type of the harness: any error, printed with its message.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -28,6 +28,8 @@ pub struct Bench {
     nats: Option<(async_nats::Client, jetstream::Context)>,
     /// Kafka admin connection, with `--broker kafka`.
     kafka: Option<KafkaAdmin>,
+    /// RabbitMQ connection, with `--broker rabbitmq`.
+    rabbitmq: Option<RabbitAdmin>,
     /// Unique id of this run: part of every schema, stream and subject name.
     pub run_id: String,
     started: Instant,
@@ -58,7 +60,12 @@ impl Scope {
 
 impl Bench {
     /// Connects to PostgreSQL, to NATS and Kafka where the run needs them, and picks a run id.
-    pub async fn connect(options: Options, needs_nats: bool, needs_kafka: bool) -> Result<Self> {
+    pub async fn connect(
+        options: Options,
+        needs_nats: bool,
+        needs_kafka: bool,
+        needs_rabbitmq: bool,
+    ) -> Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(30))
@@ -81,6 +88,11 @@ impl Bench {
         } else {
             None
         };
+        let rabbitmq = if needs_rabbitmq {
+            Some(RabbitAdmin::connect(&options.rabbitmq_url).await?)
+        } else {
+            None
+        };
         let now = chrono::Utc::now();
         let run_id = format!(
             "{}{:04x}",
@@ -94,6 +106,7 @@ impl Bench {
             pool,
             nats,
             kafka,
+            rabbitmq,
             run_id,
             started: Instant::now(),
         })
@@ -114,11 +127,20 @@ impl Bench {
         Ok(self.kafka.as_ref().ok_or("this scenario needs Kafka")?)
     }
 
+    /// The RabbitMQ connection.
+    fn rabbitmq(&self) -> Result<&RabbitAdmin> {
+        Ok(self
+            .rabbitmq
+            .as_ref()
+            .ok_or("this scenario needs RabbitMQ")?)
+    }
+
     /// The broker URL the relay of `scope` is started with.
     pub fn relay_broker_url(&self, scope: &Scope) -> String {
         match self.broker_of(scope) {
             Broker::Nats => self.options.nats_url.clone(),
             Broker::Kafka => format!("kafka://{}", self.options.kafka_brokers),
+            Broker::Rabbitmq => self.options.rabbitmq_url.clone(),
         }
     }
 
@@ -305,6 +327,7 @@ impl Bench {
                     .create_topic(&scope.topic, self.options.kafka_partitions)
                     .await
             }
+            Broker::Rabbitmq => self.rabbitmq()?.create(&scope.stream).await,
         }
     }
 
@@ -337,6 +360,7 @@ impl Bench {
                     .messages(&scope.topic, self.options.events)
                     .await
             }
+            Broker::Rabbitmq => self.rabbitmq()?.messages(&scope.stream).await,
         }
     }
 
@@ -357,6 +381,13 @@ impl Bench {
                     .delete_topic(&scope.topic)
                     .await
                     .map_err(|e| format!("could not delete topic {}: {e}", scope.topic)),
+                Err(e) => Err(e.to_string()),
+            },
+            Broker::Rabbitmq => match self.rabbitmq() {
+                Ok(rabbitmq) => {
+                    rabbitmq.delete(&scope.stream).await;
+                    Ok(())
+                }
                 Err(e) => Err(e.to_string()),
             },
         };
@@ -427,6 +458,12 @@ impl Bench {
             brokers.push(format!(
                 "{} for (a) drain, topic of {} partitions",
                 kafka.description, self.options.kafka_partitions
+            ));
+        }
+        if let Some(rabbitmq) = &self.rabbitmq {
+            brokers.push(format!(
+                "{} for (a) drain, a lazy durable queue bound with #",
+                rabbitmq.description
             ));
         }
         brokers.join("; ")

@@ -8,6 +8,7 @@ mod kafka;
 mod naive;
 mod process;
 mod progress;
+mod rabbitmq;
 mod report;
 mod steady;
 mod writers;
@@ -80,6 +81,14 @@ pub struct Options {
         default_value = "127.0.0.1:9092"
     )]
     pub kafka_brokers: String,
+    /// RabbitMQ URL for `--broker rabbitmq`.
+    #[arg(
+        long,
+        global = true,
+        env = "BENCH_RABBITMQ_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub rabbitmq_url: String,
     /// Partitions of the topic (a) drains into with `--broker kafka`.
     #[arg(long, global = true, default_value_t = 8)]
     pub kafka_partitions: i32,
@@ -142,6 +151,8 @@ pub enum Broker {
     Nats,
     /// Kafka at `--kafka-brokers`.
     Kafka,
+    /// RabbitMQ at `--rabbitmq-url` (a topic exchange and one queue bound to it).
+    Rabbitmq,
 }
 
 #[tokio::main]
@@ -163,9 +174,10 @@ async fn run(cli: Cli) -> common::Result<()> {
         Command::Dbbound => false,
         Command::Naive | Command::Steady | Command::All => true,
     };
-    let needs_kafka =
-        cli.options.broker == Broker::Kafka && matches!(cli.command, Command::Drain | Command::All);
-    let bench = Bench::connect(cli.options, needs_nats, needs_kafka).await?;
+    let drains = matches!(cli.command, Command::Drain | Command::All);
+    let needs_kafka = cli.options.broker == Broker::Kafka && drains;
+    let needs_rabbitmq = cli.options.broker == Broker::Rabbitmq && drains;
+    let bench = Bench::connect(cli.options, needs_nats, needs_kafka, needs_rabbitmq).await?;
     let mut report = Report::new(bench.machine().await?, bench.command_line());
     let wanted = |c: Command| cli.command == c || cli.command == Command::All;
     // Each scenario is recorded as soon as it finishes, so a later failure keeps earlier figures.

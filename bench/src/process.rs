@@ -171,6 +171,9 @@ fn relay_config(bench: &Bench, scope: &Scope) -> String {
          [nats]\n\
          stream = \"{stream}\"\n\
          \n\
+         [rabbitmq]\n\
+         exchange = \"{stream}\"\n\
+         \n\
          [kafka]\n\
          client_id = \"bench-{run}-{scenario}\"\n",
         scenario = scope.scenario,
