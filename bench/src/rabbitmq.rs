@@ -27,20 +27,11 @@ impl RabbitAdmin {
         let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
-        let version = connection
-            .server_properties()
-            .inner()
-            .get("version")
-            .map(|v| match v {
-                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-                other => format!("{other:?}"),
-            })
-            .unwrap_or_default();
         let channel = connection.create_channel().await?;
         Ok(Self {
             _connection: connection,
             channel,
-            description: format!("RabbitMQ {version}"),
+            description: "RabbitMQ (AMQP 0-9-1, publisher confirms)".into(),
         })
     }
 
