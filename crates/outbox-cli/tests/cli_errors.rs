@@ -142,7 +142,7 @@ fn unrelated_outbox_variables_are_ignored_but_misspelt_relay_keys_are_not() {
         .args([
             "relay",
             "--broker-url",
-            "kafka://x",
+            "pulsar://x",
             "--database-url",
             &database_url(),
         ])
@@ -151,7 +151,7 @@ fn unrelated_outbox_variables_are_ignored_but_misspelt_relay_keys_are_not() {
         .unwrap();
     // It gets as far as the broker scheme: the stray variable was not an error.
     assert!(
-        stderr(&out).contains("scheme \"kafka\""),
+        stderr(&out).contains("scheme \"pulsar\""),
         "{}",
         stderr(&out)
     );
