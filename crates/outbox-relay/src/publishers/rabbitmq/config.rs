@@ -14,6 +14,10 @@ pub struct RabbitMqConfig {
     pub declare_exchange: bool,
     /// Largest message accepted (default 16 MiB, RabbitMQ 4's default `max_message_size`).
     pub max_payload_bytes: usize,
+    /// Channels, so publishes awaiting their confirm, at once (default 256; each channel
+    /// carries one outstanding publish so a `basic.return` is never attributed to another
+    /// message). More channels help when confirms are slow (persistent messages, fsync).
+    pub channels: usize,
     /// Give up connecting after this long; the next publish tries again (default 5s).
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -26,6 +30,7 @@ impl Default for RabbitMqConfig {
             exchange: "outbox".into(),
             declare_exchange: true,
             max_payload_bytes: 16 * 1024 * 1024,
+            channels: 256,
             connect_timeout: Duration::from_secs(5),
         }
     }
@@ -42,6 +47,9 @@ impl RabbitMqConfig {
         }
         if self.max_payload_bytes == 0 {
             return Err("rabbitmq.max_payload_bytes: must be more than 0".into());
+        }
+        if self.channels == 0 || self.channels > 2047 {
+            return Err("rabbitmq.channels: must be between 1 and 2047".into());
         }
         if self.connect_timeout.is_zero() {
             return Err("rabbitmq.connect_timeout: must be more than 0".into());

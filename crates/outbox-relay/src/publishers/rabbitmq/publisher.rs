@@ -10,9 +10,6 @@ use tokio::sync::{Mutex, RwLock, Semaphore};
 use super::RabbitMqConfig;
 use crate::{check_payload_size, Error, Message, PublishError, Publisher};
 
-/// Channels (so publishes) in flight at once.
-const CHANNELS: usize = 64;
-
 /// Publishes to a RabbitMQ exchange with publisher confirms. Reconnects lazily after a
 /// connection loss; publishes in the meantime fail as transient.
 ///
@@ -34,10 +31,10 @@ impl RabbitMqPublisher {
     pub async fn connect(config: RabbitMqConfig) -> Result<Self, Error> {
         config.validate().map_err(Error::Config)?;
         let publisher = Self {
+            slots: Semaphore::new(config.channels),
             config,
             channel: RwLock::new(None),
             idle: Mutex::new(Vec::new()),
-            slots: Semaphore::new(CHANNELS),
         };
         if let Err(e) = publisher.channel().await {
             tracing::warn!(error = %e, url = %publisher.config.redacted_url(),
