@@ -22,3 +22,4 @@ mod nats;
 mod rabbitmq;
 mod redis;
 mod sqs;
+mod webhook;
