@@ -4,22 +4,16 @@
 
 mod support;
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
-use outbox_testkit::{insert_sequences, unique, wait_until, Delivery, Report, TestDb};
-use redis::AsyncCommands;
-use rumqttc::v5::{
-    mqttbytes::{v5::Packet, QoS},
-    AsyncClient, Event, MqttOptions,
+use outbox_testkit::{
+    insert_sequences, stream_deliveries, unique, wait_until, Delivery, MqttReader, Report, TestDb,
+    REDIS_URL,
 };
+use redis::AsyncCommands;
 use support::{fast_config, RelayProcess};
 
 const WAIT: Duration = Duration::from_secs(120);
-const REDIS_URL: &str = "redis://127.0.0.1:6379";
 
 /// Every entry of the streams `{prefix}:*`, decoded.
 async fn stream_entries(
@@ -29,26 +23,7 @@ async fn stream_entries(
     let keys: Vec<String> = connection.keys(format!("{prefix}:*")).await.expect("KEYS");
     let mut out = Vec::new();
     for key in keys {
-        let entries: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
-            .arg(&key)
-            .arg("-")
-            .arg("+")
-            .query_async(connection)
-            .await
-            .expect("XRANGE");
-        for (_, fields) in entries {
-            let mut headers = BTreeMap::new();
-            let mut payload = Vec::new();
-            for pair in fields.chunks(2) {
-                let name = String::from_utf8_lossy(&pair[0]).into_owned();
-                if name == "payload" {
-                    payload = pair[1].clone();
-                } else {
-                    headers.insert(name, String::from_utf8_lossy(&pair[1]).into_owned());
-                }
-            }
-            out.push(Delivery::from_headers(key.clone(), headers, payload));
-        }
+        out.extend(stream_deliveries(connection, &key).await);
     }
     out
 }
@@ -100,36 +75,9 @@ async fn mqtt_subscribers_get_every_event_in_order() {
     let db = TestDb::new(4).await;
     let prefix = unique("mq");
     // The subscriber must exist first: MQTT keeps nothing for absent subscribers.
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut options = MqttOptions::new(unique("reader"), "127.0.0.1", 1883);
-    options.set_keep_alive(Duration::from_secs(30));
-    let (client, mut event_loop) = AsyncClient::new(options, 16);
-    client
-        .subscribe(format!("{prefix}/#"), QoS::AtLeastOnce)
+    let reader = MqttReader::try_start(1883, &format!("{prefix}/#"))
         .await
-        .unwrap();
-    loop {
-        if let Event::Incoming(Packet::SubAck(_)) = event_loop.poll().await.expect("mqtt") {
-            break;
-        }
-    }
-    let sink = seen.clone();
-    let reader = tokio::spawn(async move {
-        while let Ok(event) = event_loop.poll().await {
-            if let Event::Incoming(Packet::Publish(p)) = event {
-                let headers: BTreeMap<String, String> = p
-                    .properties
-                    .iter()
-                    .flat_map(|p| p.user_properties.iter().cloned())
-                    .collect();
-                sink.lock().unwrap().push(Delivery::from_headers(
-                    String::from_utf8_lossy(&p.topic).into_owned(),
-                    headers,
-                    p.payload.to_vec(),
-                ));
-            }
-        }
-    });
+        .expect("mqtt reader");
     let written = insert_sequences(&db, "device", 40, 10, 100).await;
     let config = fast_config(&prefix, "");
     let routing = std::fs::read_to_string(&config).unwrap().replace(
@@ -139,7 +87,7 @@ async fn mqtt_subscribers_get_every_event_in_order() {
     std::fs::write(&config, routing).unwrap();
     let mut relay = RelayProcess::start(&db, "mqtt://127.0.0.1:1883", &config, "127.0.0.1:0");
     wait_until("every event at the subscriber", WAIT, || {
-        let n = Report::of(&seen.lock().unwrap()).unique;
+        let n = Report::of(&reader.deliveries()).unique;
         async move { n >= written }
     })
     .await;
@@ -148,10 +96,10 @@ async fn mqtt_subscribers_get_every_event_in_order() {
     })
     .await;
     assert!(relay.terminate(), "clean exit:\n{}", relay.log());
-    let report = Report::of(&seen.lock().unwrap());
+    let report = Report::of(&reader.deliveries());
     println!("mqtt: {written} written, {report:?}");
     assert_eq!(report.unique, written);
     assert_eq!(report.order_violations, 0);
-    reader.abort();
+    reader.cleanup().await;
     let _ = std::fs::remove_file(config);
 }

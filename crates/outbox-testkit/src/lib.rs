@@ -1,20 +1,25 @@
 //! Helpers for the integration tests. Every test gets its own PostgreSQL schema, NATS stream
-//! and subjects, or RabbitMQ exchange and queue, so tests run in parallel against the shared
-//! servers; servers a test must stop are private processes on their own ports.
+//! and subjects, RabbitMQ exchange and queue, Redis streams or MQTT topics, so tests run in
+//! parallel against the shared servers; servers a test must stop are private processes on
+//! their own ports.
 
 mod db;
 mod delivery;
+mod mqtt;
 mod nats;
 mod process;
 mod rabbitmq;
+mod redis_streams;
 
 use std::{future::Future, time::Duration};
 
 pub use db::{database_url, insert_sequences, TestDb};
 pub use delivery::{Delivery, Report};
+pub use mqtt::MqttReader;
 pub use nats::{NatsReader, NATS_URL};
 pub use process::{free_port, BrokerProcess, NatsServer};
 pub use rabbitmq::{RabbitReader, RABBITMQ_URL};
+pub use redis_streams::{stream_deliveries, REDIS_URL};
 
 /// A name no other test (or earlier run) uses: `{prefix}_{12 hex digits}`, lowercase.
 pub fn unique(prefix: &str) -> String {

@@ -47,6 +47,16 @@ impl RabbitReader {
             .expect("rabbitmq reader")
     }
 
+    /// Like [`RabbitReader::declare_only`] on the server at `url`; an error if it is
+    /// unreachable.
+    pub async fn try_declare_only(
+        url: &str,
+        exchange: &str,
+        binding: &str,
+    ) -> Result<Self, String> {
+        Self::open(url, exchange, binding, false).await
+    }
+
     /// Like [`RabbitReader::start`] on the server at `url`; an error if it is unreachable.
     pub async fn try_start(url: &str, exchange: &str, binding: &str) -> Result<Self, String> {
         Self::open(url, exchange, binding, true).await

@@ -17,18 +17,15 @@ use fe2o3_amqp::{types::messaging::Data, Connection, Receiver, Session};
 use fe2o3_amqp_types::primitives::SimpleValue;
 use futures::StreamExt;
 use lapin::{
-    options::{
-        BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-        QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-    },
+    options::{BasicAckOptions, BasicConsumeOptions},
     types::{AMQPValue, FieldTable},
-    ConnectionProperties, ExchangeKind,
+    ConnectionProperties,
 };
 use outbox_relay::{
     publishers::servicebus::{ServiceBusConfig, ServiceBusPublisher},
     Publisher,
 };
-use outbox_testkit::{free_port, unique, wait_until, BrokerProcess, Delivery};
+use outbox_testkit::{free_port, unique, wait_until, BrokerProcess, Delivery, RabbitReader};
 
 use crate::{
     rabbitmq::private_rabbitmq,
@@ -37,10 +34,8 @@ use crate::{
 
 /// A topic exchange and a queue bound to it (declared over 0-9-1), read over AMQP 1.0.
 struct Reader {
-    channel: lapin::Channel,
-    _connection: lapin::Connection,
-    exchange: String,
-    queue: String,
+    /// Declares the exchange, queue and binding (without consuming) and deletes them.
+    declared: RabbitReader,
     seen: Arc<Mutex<Vec<Delivery>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -48,15 +43,8 @@ struct Reader {
 impl Reader {
     async fn start(port: u16, exchange: &str, binding: &str) -> Result<Self, String> {
         let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-        let connection = lapin::Connection::connect(&url, ConnectionProperties::default())
-            .await
-            .map_err(|e| format!("connect to rabbitmq: {e}"))?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| format!("channel: {e}"))?;
-        let queue = format!("{exchange}.q");
-        declare(&channel, exchange, &queue, binding).await?;
+        let declared = RabbitReader::try_declare_only(&url, exchange, binding).await?;
+        let queue = declared.queue.clone();
         let mut amqp1 = Connection::open(
             unique("reader"),
             format!("amqp://guest:guest@127.0.0.1:{port}").as_str(),
@@ -83,70 +71,29 @@ impl Reader {
             }
         });
         Ok(Self {
-            channel,
-            _connection: connection,
-            exchange: exchange.to_owned(),
-            queue,
+            declared,
             seen,
             task,
         })
     }
 
     async fn wait_for(&self, n: usize) -> Vec<Delivery> {
-        wait_until(&format!("{n} messages on {}", self.queue), WAIT, || {
-            let len = self.seen.lock().unwrap().len();
-            async move { len >= n }
-        })
+        wait_until(
+            &format!("{n} messages on {}", self.declared.queue),
+            WAIT,
+            || {
+                let len = self.seen.lock().unwrap().len();
+                async move { len >= n }
+            },
+        )
         .await;
         self.seen.lock().unwrap().clone()
     }
 
     async fn cleanup(self) {
         self.task.abort();
-        let _ = self
-            .channel
-            .queue_delete(&self.queue, QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
-            .await;
+        self.declared.cleanup().await;
     }
-}
-
-async fn declare(
-    channel: &lapin::Channel,
-    exchange: &str,
-    queue: &str,
-    binding: &str,
-) -> Result<(), String> {
-    channel
-        .exchange_declare(
-            exchange,
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| format!("declare exchange: {e}"))?;
-    channel
-        .queue_declare(queue, QueueDeclareOptions::default(), FieldTable::default())
-        .await
-        .map_err(|e| format!("declare queue: {e}"))?;
-    channel
-        .queue_bind(
-            queue,
-            exchange,
-            binding,
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| format!("bind: {e}"))?;
-    Ok(())
 }
 
 /// A delivery's application properties as headers, plus its AMQP 1.0 properties as
@@ -321,10 +268,8 @@ async fn what_a_091_consumer_sees() {
     .await
     .expect("connect");
     let channel = connection.create_channel().await.expect("channel");
-    let queue = format!("{exchange}.q");
-    declare(&channel, &exchange, &queue, "#")
-        .await
-        .expect("declare");
+    let declared = RabbitReader::declare_only(&exchange, "#").await;
+    let queue = declared.queue.clone();
     let publisher = ServiceBusPublisher::connect(ServiceBusConfig {
         connection_string: Amqp1::shared_url(),
         address: Some(format!("/exchange/{exchange}/{{destination}}")),
@@ -372,12 +317,7 @@ async fn what_a_091_consumer_sees() {
         app.get("event-id"),
         Some(&SimpleValue::String(m.event_id.to_string()))
     );
-    let _ = channel
-        .queue_delete(&queue, QueueDeleteOptions::default())
-        .await;
-    let _ = channel
-        .exchange_delete(&exchange, ExchangeDeleteOptions::default())
-        .await;
+    declared.cleanup().await;
 }
 
 /// Prepares `harness`, retrying while its (private) broker is still booting.

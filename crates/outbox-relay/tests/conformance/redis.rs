@@ -1,13 +1,13 @@
 //! Redis Streams: one `XADD` per event, the payload and every header as fields, the event id
 //! deduped by the publisher's script within its window.
 
-use std::{collections::BTreeMap, process::Command, sync::Arc};
+use std::{process::Command, sync::Arc};
 
 use outbox_relay::{
     publishers::redis::{RedisConfig, RedisPublisher},
     Publisher,
 };
-use outbox_testkit::{unique, wait_until, BrokerProcess, Delivery};
+use outbox_testkit::{stream_deliveries, unique, wait_until, BrokerProcess, Delivery, REDIS_URL};
 use redis::AsyncCommands;
 
 use crate::suite::{Harness, WAIT};
@@ -18,9 +18,6 @@ pub struct Redis {
     connection: Option<redis::aio::MultiplexedConnection>,
 }
 
-/// One stream entry: its id and its field/value pairs.
-type Entry = (String, Vec<Vec<u8>>);
-
 impl Redis {
     fn connection(&self) -> redis::aio::MultiplexedConnection {
         self.connection.clone().expect("prepared")
@@ -30,27 +27,7 @@ impl Redis {
         let mut connection = self.connection();
         let mut out = Vec::new();
         for i in 0..4 {
-            let stream = self.destination(i);
-            let entries: Vec<Entry> = redis::cmd("XRANGE")
-                .arg(&stream)
-                .arg("-")
-                .arg("+")
-                .query_async(&mut connection)
-                .await
-                .expect("XRANGE");
-            for (_, fields) in entries {
-                let mut headers = BTreeMap::new();
-                let mut payload = Vec::new();
-                for pair in fields.chunks(2) {
-                    let name = String::from_utf8_lossy(&pair[0]).into_owned();
-                    if name == "payload" {
-                        payload = pair[1].clone();
-                    } else {
-                        headers.insert(name, String::from_utf8_lossy(&pair[1]).into_owned());
-                    }
-                }
-                out.push(Delivery::from_headers(stream.clone(), headers, payload));
-            }
+            out.extend(stream_deliveries(&mut connection, &self.destination(i)).await);
         }
         out
     }
@@ -60,7 +37,7 @@ impl Harness for Redis {
     const DEDUPES: bool = true;
 
     fn shared_url() -> String {
-        "redis://127.0.0.1:6379".into()
+        REDIS_URL.into()
     }
 
     fn private_url(port: u16) -> String {
