@@ -272,7 +272,9 @@ async fn oversized_payloads_are_not_loaded(b: Backend) {
 
 async fn a_floor_starts_the_scan_and_zero_scans_everything(b: Backend) {
     let s = &b.store;
-    b.enqueue(&events("a", 4)).await;
+    for aggregate in ["a", "b", "c", "d"] {
+        b.enqueue(&events(aggregate, 1)).await;
+    }
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
     let all: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = s.claim(&all, 100, MAX).await.unwrap();
@@ -283,6 +285,34 @@ async fn a_floor_starts_the_scan_and_zero_scans_everything(b: Backend) {
         later.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![rows[2].id, rows[3].id]
     );
+}
+
+/// A transaction that commits late leaves its row below a floor set while it was invisible: the
+/// scan from that floor must not return the later rows of the same aggregate (G4), and the full
+/// scan returns the late row first. (Found by the simulation; `outbox-sim --bug unchecked-floors`.)
+async fn a_pending_row_below_the_floor_holds_back_its_aggregate(b: Backend) {
+    let s = &b.store;
+    let a1 = Event::new("order", "a", "Happened").aggregate_version(1);
+    let a2 = Event::new("order", "a", "Happened").aggregate_version(2);
+    b.enqueue(&[a1]).await;
+    b.enqueue(&events("b", 2)).await;
+    b.enqueue(&[a2]).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let all: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = s.claim(&all, 100, MAX).await.unwrap();
+    let order: Vec<(String, i64)> = rows
+        .iter()
+        .map(|r| (r.aggregate_id.clone(), r.aggregate_version.unwrap()))
+        .collect();
+    assert_eq!(
+        order,
+        [("a", 1), ("b", 1), ("b", 2), ("a", 2)].map(|(a, v)| (a.to_owned(), v))
+    );
+    // The floor a relay would have kept had a1 been invisible (uncommitted) at its last claim.
+    let floor: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, rows[1].id)).collect();
+    let scanned = s.claim(&floor, 100, MAX).await.unwrap();
+    let ids: Vec<i64> = scanned.iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec![rows[1].id, rows[2].id], "a2 waits for a1");
 }
 
 macro_rules! conformance {
@@ -304,4 +334,5 @@ conformance!(
     failures_hold_park_or_skip_the_aggregate,
     oversized_payloads_are_not_loaded,
     a_floor_starts_the_scan_and_zero_scans_everything,
+    a_pending_row_below_the_floor_holds_back_its_aggregate,
 );

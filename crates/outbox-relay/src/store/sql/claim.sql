@@ -8,7 +8,10 @@
 -- claim found pending there, so that a claim does not walk the index entries of rows already
 -- published (they stay in the index until vacuum). The relay resets every floor to 0 at least
 -- every `rescan_interval`, so a row that commits late below a floor is found by the next full
--- scan: floors bound cost, never correctness.
+-- scan. Until then, a row below the floor holds back the later rows of its aggregate (G4): the
+-- `_pending_aggregate` index answers that in one probe, for scans that have a floor. Floors
+-- bound cost, never correctness or order. (Without that check, a transaction that commits late
+-- below the floor let its aggregate's next event go first; the simulation found it.)
 -- $1 partitions, $2 batch size, $3 max payload bytes, $4 floors
 SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
        e.schema_version, e.destination,
@@ -30,6 +33,13 @@ CROSS JOIN LATERAL (
             AND h.aggregate_id = e.aggregate_id
             AND (h.held_until IS NULL OR h.held_until > now())
       )
+      AND (p.floor = 0 OR NOT EXISTS (
+          SELECT 1 FROM {schema}.{events} b
+          WHERE b.aggregate_type = e.aggregate_type
+            AND b.aggregate_id = e.aggregate_id
+            AND b.status = 'pending'
+            AND b.id < p.floor
+      ))
     ORDER BY e.partition, e.id
     LIMIT $2
 ) e
