@@ -1,4 +1,6 @@
-//! One behaviour suite that every relay storage backend passes: PostgreSQL and SQLite.
+//! One behaviour suite that every relay storage backend passes: PostgreSQL, SQLite, and the
+//! in-memory model of the deterministic simulation (`outbox-sim`), which must behave as the real
+//! ones do for the simulation's findings to hold.
 
 use std::{sync::Arc, time::Duration};
 
@@ -21,6 +23,7 @@ struct Backend {
 enum Writer {
     Pg(TestDb),
     Sqlite(SqlitePool, Tables),
+    Model(Arc<outbox_sim::world::World>),
 }
 
 impl Backend {
@@ -62,8 +65,25 @@ impl Backend {
         }
     }
 
+    fn model() -> Self {
+        let (world, store) = outbox_sim::model(1);
+        Self {
+            store: Arc::new(store),
+            write: Writer::Model(world),
+            _pg: None,
+            _file: None,
+        }
+    }
+
     async fn enqueue(&self, events: &[Event]) {
         match &self.write {
+            Writer::Model(world) => {
+                for e in events {
+                    let (kind, id) = e.aggregate();
+                    let key = (kind.to_owned(), id.to_owned());
+                    world.commit_event(key, e.version().unwrap_or(0), e.payload_bytes().to_vec());
+                }
+            }
             Writer::Pg(db) => {
                 let mut tx = db.pool.begin().await.unwrap();
                 PgOutbox::new(db.tables.clone())
@@ -87,6 +107,10 @@ impl Backend {
 
     async fn status_of(&self, id: i64) -> String {
         match &self.write {
+            Writer::Model(world) => {
+                let status = world.lock().db.rows[&id].status;
+                format!("{status:?}").to_lowercase()
+            }
             Writer::Pg(db) => sqlx::query_scalar(
                 &db.tables
                     .render("SELECT status FROM {schema}.{events} WHERE id = $1"),
@@ -324,6 +348,10 @@ macro_rules! conformance {
         mod sqlite {
             $(#[tokio::test]
             async fn $name() { super::$name(super::Backend::sqlite().await).await })*
+        }
+        mod simulation_model {
+            $(#[tokio::test]
+            async fn $name() { super::$name(super::Backend::model()).await })*
         }
     };
 }

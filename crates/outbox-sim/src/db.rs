@@ -51,6 +51,8 @@ pub struct Row {
     pub partition: i32,
     /// What the row holds.
     pub content: Content,
+    /// The payload column.
+    pub payload: Vec<u8>,
     /// Whether its transaction committed.
     pub committed: bool,
     /// Status column.
@@ -98,6 +100,15 @@ pub fn timestamp(ms: i64) -> DateTime<Utc> {
         .expect("in range")
 }
 
+/// The payload a writer gives an event of `version` with `content`: the broker rejects
+/// `poison`.
+pub fn payload_for(version: i64, content: Content) -> Vec<u8> {
+    match content {
+        Content::Poison => b"poison".to_vec(),
+        _ => format!("{{\"v\":{version}}}").into_bytes(),
+    }
+}
+
 /// The partition of an aggregate key (FNV-1a; any fixed hash will do).
 pub fn partition_of(key: &Key, partitions: i32) -> i32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -135,7 +146,14 @@ impl Db {
     }
 
     /// A writer's INSERT: takes the next id, invisible until [`Db::commit`].
-    pub fn insert(&mut self, key: Key, version: i64, content: Content, now: i64) -> i64 {
+    pub fn insert(
+        &mut self,
+        key: Key,
+        version: i64,
+        content: Content,
+        payload: Vec<u8>,
+        now: i64,
+    ) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
         let partition = partition_of(&key, self.partitions);
@@ -146,6 +164,7 @@ impl Db {
                 version,
                 partition,
                 content,
+                payload,
                 committed: false,
                 status: Status::Pending,
                 attempts: 0,
@@ -407,10 +426,7 @@ impl Db {
 }
 
 fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
-    let payload = match row.content {
-        Content::Poison => b"poison".to_vec(),
-        _ => format!("{{\"v\":{}}}", row.version).into_bytes(),
-    };
+    let payload = row.payload.clone();
     let headers = match row.content {
         Content::Malformed => serde_json::json!(["not", "an", "object"]),
         _ => serde_json::json!({ "sim-version": row.version.to_string() }),

@@ -108,6 +108,16 @@ impl fmt::Display for Report {
     }
 }
 
+/// The model alone, without faults: its world and one connection to its database, for running
+/// the relay's store conformance suite against it (the model must behave as PostgreSQL and
+/// SQLite do).
+pub fn model(partitions: i32) -> (std::sync::Arc<World>, node::SimStore) {
+    let world = World::new(0, Db::new(partitions, None), Faults::none(), None, false);
+    let node = world.add_node("conformance".to_owned());
+    let store = node::SimStore::new(world.clone(), node, Duration::from_secs(30));
+    (world, store)
+}
+
 /// Relay settings drawn from the seed, within what a deployment could choose, scaled down so
 /// that leases expire and batches turn over often.
 fn relay_settings(rng: &mut StdRng) -> RelayConfig {

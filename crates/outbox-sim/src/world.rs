@@ -213,6 +213,18 @@ impl World {
         s.nodes.len() - 1
     }
 
+    /// Inserts and commits one good event (a writer outside the simulation, for tests that
+    /// drive the model directly); returns its id.
+    pub fn commit_event(&self, key: crate::db::Key, version: i64, payload: Vec<u8>) -> i64 {
+        let now = self.now();
+        let mut s = self.lock();
+        let db_now = now + s.skew_ms;
+        let id =
+            s.db.insert(key, version, crate::db::Content::Good, payload, db_now);
+        s.db.commit(&[id], now);
+        id
+    }
+
     /// Waits while the process is stopped; never returns if it was killed.
     pub async fn gate(&self, node: usize) {
         loop {

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
-    db::{Content, Key},
+    db::{payload_for, Content, Key},
     world::World,
 };
 
@@ -39,7 +39,8 @@ pub async fn write(world: Arc<World>, writer: usize, keys: Vec<Key>, until: i64)
                 } else {
                     Content::Good
                 };
-                ids.push(s.db.insert(key.clone(), version, content, db_now));
+                let payload = payload_for(version, content);
+                ids.push(s.db.insert(key.clone(), version, content, payload, db_now));
             }
             let hold = if s.chance(faults.long_transaction) {
                 s.between(500, 4000)
