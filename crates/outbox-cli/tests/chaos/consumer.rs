@@ -111,6 +111,9 @@ impl StreamRecorder {
     }
 }
 
+/// Silence after which the reader checks whether it is stalled.
+const STALL: Duration = Duration::from_secs(2);
+
 async fn read(
     js: jetstream::Context,
     name: String,
@@ -121,7 +124,7 @@ async fn read(
     let mut last = 0u64;
     loop {
         let session = async {
-            let stream = js.get_stream(&name).await.map_err(|e| e.to_string())?;
+            let mut stream = js.get_stream(&name).await.map_err(|e| e.to_string())?;
             let reader = stream
                 .create_consumer(consumer::pull::OrderedConfig {
                     deliver_policy: consumer::DeliverPolicy::ByStartSequence {
@@ -132,8 +135,24 @@ async fn read(
                 .await
                 .map_err(|e| e.to_string())?;
             let mut messages = reader.messages().await.map_err(|e| e.to_string())?;
-            while let Some(message) = messages.next().await {
-                let message = message.map_err(|e| e.to_string())?;
+            loop {
+                let message = match tokio::time::timeout(STALL, messages.next()).await {
+                    Ok(Some(message)) => message.map_err(|e| e.to_string())?,
+                    Ok(None) => break,
+                    // Silence: fine if there is nothing new, a stall if the stream has more
+                    // (after a broker restart the ordered consumer can take many seconds to
+                    // notice that its server-side consumer is gone).
+                    Err(_) => {
+                        let info = stream.info().await.map_err(|e| e.to_string())?;
+                        if info.state.last_sequence > last {
+                            return Err(format!(
+                                "stalled at #{last} while the stream holds #{}",
+                                info.state.last_sequence
+                            ));
+                        }
+                        continue;
+                    }
+                };
                 let info = message.info().map_err(|e| e.to_string())?;
                 if info.stream_sequence <= last {
                     continue; // already recorded before a resume

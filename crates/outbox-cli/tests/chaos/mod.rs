@@ -10,7 +10,7 @@
 //! committed event, and counts: lost (G1), phantoms (G2), order violations (G4), duplicates,
 //! lag. Nothing here touches the shared servers.
 //!
-//! Settings (environment): `OUTBOX_CHAOS_SECS` (chaos duration, default 40),
+//! Settings (environment): `OUTBOX_CHAOS_SECS` (chaos duration, default 50),
 //! `OUTBOX_CHAOS_SEED` (decimal or 0x-hex; default random, always printed, replays the same
 //! schedule of faults and the same writer choices; the timing of the machine still varies).
 
@@ -71,7 +71,7 @@ impl Settings {
                 s.parse::<u64>()
                     .expect("OUTBOX_CHAOS_SECS: a number of seconds")
             })
-            .unwrap_or(40);
+            .unwrap_or(50);
         let seed = std::env::var("OUTBOX_CHAOS_SEED")
             .ok()
             .map(|s| {

@@ -71,7 +71,7 @@ pub async fn run(
     let end = Instant::now() + duration;
     let mut first = ALL;
     first.shuffle(rng);
-    let mut queue = first.to_vec().into_iter();
+    let mut queue = first.into_iter();
     let mut counts = Counts::default();
     let mut next = Instant::now() + gap(rng);
     // A relay fault with no relay to hit (all down for a moment) waits for one.
