@@ -1,6 +1,7 @@
-//! The independent consumer: reads the JetStream stream with async-nats directly (nothing of
-//! the relay), from its first message, and records every message the stream holds exactly
-//! once, by stream sequence, through broker restarts.
+//! The independent consumer, with the broker's own client (nothing of the relay): a JetStream
+//! stream read from its first message, recording every message the stream holds exactly once
+//! by stream sequence, through broker restarts; or a RabbitMQ queue bound to the relay's
+//! exchange, recording every message in queue order.
 
 use std::{
     collections::BTreeMap,
@@ -16,9 +17,10 @@ use tokio_util::sync::CancellationToken;
 /// One message of the stream (what the verdict needs of it, to keep long runs small).
 #[derive(Clone, Debug)]
 pub struct Record {
-    /// Stream sequence.
+    /// Stream sequence (NATS), position in the queue (RabbitMQ).
     pub sequence: u64,
-    /// When the broker stored it (the end of the relay's part: commit to broker).
+    /// When the broker stored it (NATS: the end of the relay's part, commit to broker), or
+    /// when the consumer received it (RabbitMQ).
     pub stored_at: SystemTime,
     /// `event-id` header.
     pub event_id: String,
@@ -43,19 +45,19 @@ impl Record {
     }
 }
 
-/// Reads the stream in the background, reconnecting and resuming after the last sequence
-/// recorded whenever the broker goes away.
-pub struct StreamRecorder {
+/// Reads the broker in the background: NATS, reconnecting and resuming after the last
+/// sequence recorded whenever the broker goes away; RabbitMQ, consuming a queue.
+pub struct Recorder {
     records: Arc<Mutex<Vec<Record>>>,
     resumes: Arc<Mutex<u64>>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl StreamRecorder {
+impl Recorder {
     /// Creates stream `name` (file storage, capturing `{prefix}.>`, the default two-minute
     /// duplicate window) on the server at `url` and starts reading it from the start.
-    pub async fn start(url: &str, name: &str, prefix: &str) -> Self {
+    pub async fn nats(url: &str, name: &str, prefix: &str) -> Self {
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
             .connect(url)
@@ -73,9 +75,29 @@ impl StreamRecorder {
         let records = Arc::new(Mutex::new(Vec::new()));
         let resumes = Arc::new(Mutex::new(0));
         let stop = CancellationToken::new();
-        let task = tokio::spawn(read(
+        let task = tokio::spawn(read_nats(
             js,
             name.to_owned(),
+            records.clone(),
+            resumes.clone(),
+            stop.clone(),
+        ));
+        Self {
+            records,
+            resumes,
+            stop,
+            task,
+        }
+    }
+
+    /// Consumes `queue` on the RabbitMQ server at `url` (manual acks, after recording).
+    pub async fn rabbitmq(url: &str, queue: &str) -> Self {
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let resumes = Arc::new(Mutex::new(0));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(read_rabbitmq(
+            url.to_owned(),
+            queue.to_owned(),
             records.clone(),
             resumes.clone(),
             stop.clone(),
@@ -114,7 +136,7 @@ impl StreamRecorder {
 /// Silence after which the reader checks whether it is stalled.
 const STALL: Duration = Duration::from_secs(2);
 
-async fn read(
+async fn read_nats(
     js: jetstream::Context,
     name: String,
     records: Arc<Mutex<Vec<Record>>>,
@@ -199,4 +221,97 @@ fn delivery(message: &jetstream::Message) -> Delivery {
         })
         .collect();
     Delivery::from_headers(message.subject.to_string(), headers, Vec::new())
+}
+
+async fn read_rabbitmq(
+    url: String,
+    queue: String,
+    records: Arc<Mutex<Vec<Record>>>,
+    resumes: Arc<Mutex<u64>>,
+    stop: CancellationToken,
+) {
+    use lapin::{
+        options::{BasicAckOptions, BasicConsumeOptions},
+        types::FieldTable,
+        Connection, ConnectionProperties,
+    };
+    let mut recorded = std::collections::HashSet::new();
+    loop {
+        let session = async {
+            let connection = Connection::connect(&url, ConnectionProperties::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut deliveries = channel
+                .basic_consume(
+                    &queue,
+                    "chaos",
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            while let Some(delivery) = deliveries.next().await {
+                let delivery = delivery.map_err(|e| e.to_string())?;
+                let headers: BTreeMap<String, String> = delivery
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .map(|t| {
+                        t.inner()
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), amqp_text(v)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let d =
+                    Delivery::from_headers(delivery.routing_key.to_string(), headers, Vec::new());
+                // A message this consumer received but could not ack before its connection
+                // failed comes again flagged `redelivered`: not the relay's duplicate.
+                let again = delivery.redelivered && recorded.contains(&d.event_id);
+                if !again {
+                    recorded.insert(d.event_id.clone());
+                    let mut records = records.lock().unwrap();
+                    let sequence = records.len() as u64 + 1;
+                    records.push(Record {
+                        sequence,
+                        stored_at: SystemTime::now(),
+                        event_id: d.event_id,
+                        aggregate_type: d.aggregate_type,
+                        aggregate_id: d.aggregate_id,
+                        version: d.version,
+                    });
+                }
+                delivery
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Err::<(), String>("the consumer ended".into())
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            ended = session => {
+                let error = ended.err().unwrap_or_default();
+                *resumes.lock().unwrap() += 1;
+                super::log(&format!("consumer resumes: {error}"));
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+fn amqp_text(value: &lapin::types::AMQPValue) -> String {
+    use lapin::types::AMQPValue;
+    match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.to_string(),
+        other => format!("{other:?}"),
+    }
 }

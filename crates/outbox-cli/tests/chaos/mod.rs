@@ -14,6 +14,7 @@
 //! `OUTBOX_CHAOS_SEED` (decimal or 0x-hex; default random, always printed, replays the same
 //! schedule of faults and the same writer choices; the timing of the machine still varies).
 
+pub mod broker;
 pub mod consumer;
 pub mod monkey;
 pub mod postgres;
@@ -29,13 +30,14 @@ use std::{
 };
 
 use outbox::postgres::{MigrateOptions, PgOutbox};
-use outbox_testkit::{unique, NatsServer};
+use outbox_testkit::unique;
 use rand::{rngs::StdRng, SeedableRng};
 use sqlx::{postgres::PgPoolOptions, PgPool, Row as _};
 use uuid::Uuid;
 
 use self::{
-    consumer::StreamRecorder,
+    broker::{Broker, BrokerKind},
+    consumer::Recorder,
     monkey::Targets,
     postgres::PrivatePostgres,
     relays::{Fleet, RelaySettings},
@@ -60,10 +62,13 @@ pub struct Settings {
     pub writer: WriterSettings,
     /// After the chaos, how long the relays get to deliver every committed event.
     pub drain_timeout: Duration,
+    /// The broker.
+    pub broker: BrokerKind,
 }
 
 impl Settings {
-    /// The defaults, with `OUTBOX_CHAOS_SECS` and `OUTBOX_CHAOS_SEED` applied.
+    /// The defaults, with `OUTBOX_CHAOS_SECS`, `OUTBOX_CHAOS_SEED` and `OUTBOX_CHAOS_BROKER`
+    /// applied.
     pub fn from_env() -> Self {
         let secs = std::env::var("OUTBOX_CHAOS_SECS")
             .ok()
@@ -93,8 +98,14 @@ impl Settings {
                 aggregates_per_writer: 40,
                 rollback_ratio: 0.08,
                 late_ratio: 0.04,
+                bulk_ratio: 0.03,
             },
             drain_timeout: Duration::from_secs(120),
+            broker: match std::env::var("OUTBOX_CHAOS_BROKER").as_deref() {
+                Err(_) | Ok("nats") => BrokerKind::Nats,
+                Ok("rabbitmq") => BrokerKind::RabbitMq,
+                Ok(other) => panic!("OUTBOX_CHAOS_BROKER={other:?}: nats or rabbitmq"),
+            },
         }
     }
 }
@@ -156,16 +167,18 @@ pub async fn run(settings: &Settings) -> Outcome {
         .await
         .expect("migrate");
     writer::prepare(&pool, settings.writer).await;
-    let mut nats = NatsServer::start().await;
     let prefix = unique("chaos");
-    let stream = unique("CHAOS");
-    let recorder = StreamRecorder::start(&nats.url(), &stream, &prefix).await;
+    let mut broker = Broker::start(settings.broker, &prefix).await;
     let config = log_dir.join("relay.toml");
-    std::fs::write(&config, relay_config(settings, &prefix, &stream)).expect("relay config");
+    std::fs::write(
+        &config,
+        relay_config(settings, &prefix) + &broker.relay_config(),
+    )
+    .expect("relay config");
     log(&format!(
-        "private PostgreSQL at {}, nats-server at {}, stream {stream}, logs in {}",
+        "private PostgreSQL at {}, {}, logs in {}",
         postgres.url(),
-        nats.url(),
+        broker.describe(),
         log_dir.display()
     ));
 
@@ -173,7 +186,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         settings.relays,
         RelaySettings {
             database_url: postgres.url(),
-            broker_url: nats.url(),
+            broker_url: broker.url.clone(),
             config,
             log_dir: log_dir.clone(),
         },
@@ -185,7 +198,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         &mut rng,
         Targets {
             fleet: &mut fleet,
-            nats: &mut nats,
+            nats: broker.restartable(),
             postgres: &mut postgres,
         },
     )
@@ -201,7 +214,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         "{} events committed; waiting for the stream to hold them all",
         table.len()
     ));
-    let drained = wait_for_all(&recorder, &table, &mut fleet, settings.drain_timeout).await;
+    let drained = wait_for_all(&broker.recorder, &table, &mut fleet, settings.drain_timeout).await;
     if drained {
         let deadline = Instant::now() + settings.drain_timeout;
         while pending(&pool).await > 0 && Instant::now() < deadline {
@@ -216,14 +229,17 @@ pub async fn run(settings: &Settings) -> Outcome {
             .fetch_all(&pool)
             .await
             .expect("read chaos_aggregates");
-    let verify = verify(&postgres.url(), &nats.url(), &stream);
-    let consumer_resumes = recorder.resumes();
-    let records = recorder.records();
-    recorder.stop().await;
+    let verify = verify(&postgres.url(), &broker.url, &broker.verify_args());
+    let consumer_resumes = broker.recorder.resumes();
+    let records = broker.stop().await;
     pool.close().await;
 
     let mut figures = tally::tally(&ledger, &table, &business, &records);
     figures.faults = faults;
+    figures.lag_to = match settings.broker {
+        BrokerKind::Nats => "broker",
+        BrokerKind::RabbitMq => "consumer",
+    };
     figures.relay_exits = fleet.exits.len();
     figures.consumer_resumes = consumer_resumes;
     Outcome {
@@ -235,7 +251,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     }
 }
 
-fn relay_config(settings: &Settings, prefix: &str, stream: &str) -> String {
+fn relay_config(settings: &Settings, prefix: &str) -> String {
     format!(
         r#"# Written by the chaos test.
 [relay]
@@ -250,9 +266,6 @@ max_backoff = "500ms"
 max_transient_backoff = "500ms"
 [relay.routing]
 default = "{prefix}.{{aggregate_type}}.{{event_type}}"
-[nats]
-stream = "{stream}"
-ack_timeout = "2s"
 "#,
         ttl = settings.lease_ttl.as_millis(),
         heartbeat = settings.lease_ttl.as_millis() / 4,
@@ -285,7 +298,7 @@ async fn pending(pool: &PgPool) -> i64 {
 /// Waits until the stream holds every event of `table`, or `timeout`; the supervisor keeps
 /// restarting relays meanwhile.
 async fn wait_for_all(
-    recorder: &StreamRecorder,
+    recorder: &Recorder,
     table: &[Row],
     fleet: &mut Fleet,
     timeout: Duration,
@@ -318,10 +331,11 @@ async fn wait_for_all(
 }
 
 /// `outbox verify`, the operator's audit, on the run's outbox and stream.
-fn verify(database_url: &str, broker_url: &str, stream: &str) -> (bool, String) {
+fn verify(database_url: &str, broker_url: &str, args: &[String]) -> (bool, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
         .args(["verify", "--database-url", database_url])
-        .args(["--broker-url", broker_url, "--stream", stream])
+        .args(["--broker-url", broker_url])
+        .args(args)
         .output()
         .expect("run outbox verify");
     (

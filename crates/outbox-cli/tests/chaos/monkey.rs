@@ -49,8 +49,8 @@ pub struct Counts {
 pub struct Targets<'a> {
     /// The relays.
     pub fleet: &'a mut Fleet,
-    /// The private broker.
-    pub nats: &'a mut NatsServer,
+    /// The private broker, if it may be restarted.
+    pub nats: Option<&'a mut NatsServer>,
     /// The private database.
     pub postgres: &'a mut PrivatePostgres,
 }
@@ -65,11 +65,15 @@ pub async fn run(
 ) -> Counts {
     let Targets {
         fleet,
-        nats,
+        mut nats,
         postgres,
     } = targets;
     let end = Instant::now() + duration;
-    let mut first = ALL;
+    let kinds: Vec<Fault> = ALL
+        .into_iter()
+        .filter(|f| *f != Fault::RestartBroker || nats.is_some())
+        .collect();
+    let mut first = kinds.clone();
     first.shuffle(rng);
     let mut queue = first.into_iter();
     let mut counts = Counts::default();
@@ -89,13 +93,16 @@ pub async fn run(
         let fault = postponed
             .take()
             .or_else(|| queue.next())
-            .unwrap_or_else(|| {
+            .unwrap_or_else(|| loop {
                 let roll: f64 = rng.random();
-                match roll {
+                let fault = match roll {
                     r if r < 0.35 => Fault::Kill,
                     r if r < 0.60 => Fault::Pause,
                     r if r < 0.80 => Fault::RestartBroker,
                     _ => Fault::RestartPostgres,
+                };
+                if kinds.contains(&fault) {
+                    break fault;
                 }
             });
         match fault {
@@ -129,6 +136,9 @@ pub async fn run(
                 }
             }
             Fault::RestartBroker => {
+                let nats = nats
+                    .as_deref_mut()
+                    .expect("only drawn with a private broker");
                 let down = Duration::from_millis(rng.random_range(0..2_000));
                 super::log(&format!("kill -9 nats-server, down for {down:?}"));
                 nats.stop();

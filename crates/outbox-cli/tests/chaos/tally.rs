@@ -55,9 +55,11 @@ pub struct Figures {
     /// First deliveries that came after the first delivery of a later version of the same
     /// aggregate (G4).
     pub order_violations: usize,
-    /// Commit to broker (stream timestamp), over the events whose commit time is known:
-    /// median, 99th percentile, worst.
+    /// Commit to broker (NATS: stream timestamp) or to consumer (RabbitMQ: receive time),
+    /// over the events whose commit time is known: median, 99th percentile, worst.
     pub lag: (Duration, Duration, Duration),
+    /// "broker" or "consumer": where the lag ends.
+    pub lag_to: &'static str,
     /// Rows not `published` at the end (pending or dead).
     pub unpublished: usize,
     /// Writer-committed events missing from the table, or table rows the writers rolled back.
@@ -245,7 +247,7 @@ impl fmt::Display for Figures {
         )?;
         line(
             out,
-            "lag, commit to broker",
+            &format!("lag, commit to {}", self.lag_to),
             format!(
                 "p50 {:.3} s, p99 {:.3} s, worst {:.3} s",
                 self.lag.0.as_secs_f64(),

@@ -7,7 +7,9 @@
 //! the next versions as events and bumps the rows. Each writer owns its own aggregates, so one
 //! writer at a time writes an aggregate and, with the row lock, an aggregate's events are
 //! inserted in version order: per aggregate, id order = version order. Some transactions roll
-//! back, some stay open for seconds and commit after later ones (late commits).
+//! back, some stay open for seconds and commit after later ones (late commits), some are bulk
+//! (10–30 aggregates, 2–5 events each, through `enqueue_batch`) so that faults find batches in
+//! flight.
 
 use std::{
     sync::{Arc, Mutex},
@@ -60,6 +62,8 @@ pub struct WriterSettings {
     pub rollback_ratio: f64,
     /// Share of transactions kept open for 1–4 s before they commit.
     pub late_ratio: f64,
+    /// Share of bulk transactions.
+    pub bulk_ratio: f64,
 }
 
 /// The running writers.
@@ -157,7 +161,13 @@ impl Writer {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(pace) => {}
             }
-            let count = self.rng.random_range(1..=3);
+            let bulk = self.rng.random::<f64>() < self.settings.bulk_ratio;
+            let (count, events) = if bulk {
+                (10..=30, 2..=5)
+            } else {
+                (1..=3, 1..=2)
+            };
+            let count = self.rng.random_range(count).min(self.aggregates.len());
             let chosen: Vec<String> = self
                 .aggregates
                 .choose_multiple(&mut self.rng, count)
@@ -173,7 +183,7 @@ impl Writer {
             };
             let per_aggregate: Vec<i64> = chosen
                 .iter()
-                .map(|_| self.rng.random_range(1..=2))
+                .map(|_| self.rng.random_range(events.clone()))
                 .collect();
             if !self.transaction(&chosen, &per_aggregate, ending).await {
                 // The database is down: an application would retry the command later.
@@ -209,16 +219,21 @@ impl Writer {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| e.to_string())?;
-                for v in version + 1..=version + n {
-                    let event = Event::new(AGGREGATE_TYPE, aggregate.clone(), "Changed")
-                        .json(&serde_json::json!({ "account": aggregate, "version": v }))
-                        .map_err(|e| e.to_string())?
-                        .aggregate_version(v);
-                    let event_id = self
-                        .outbox
-                        .enqueue(&mut tx, &event)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                let batch = (version + 1..=version + n)
+                    .map(|v| {
+                        Event::new(AGGREGATE_TYPE, aggregate.clone(), "Changed")
+                            .json(&serde_json::json!({ "account": aggregate, "version": v }))
+                            .map(|e| e.aggregate_version(v))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                // One event through `enqueue`, several through `enqueue_batch`.
+                let ids = match batch.as_slice() {
+                    [event] => self.outbox.enqueue(&mut tx, event).await.map(|id| vec![id]),
+                    _ => self.outbox.enqueue_batch(&mut tx, &batch).await,
+                }
+                .map_err(|e| e.to_string())?;
+                for (v, event_id) in (version + 1..).zip(ids) {
                     events.push(Written {
                         event_id,
                         aggregate_id: aggregate.clone(),
