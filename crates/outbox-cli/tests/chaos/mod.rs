@@ -222,14 +222,20 @@ pub async fn run(settings: &Settings) -> Outcome {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let unclean_exits = fleet.terminate_all();
+    log(&format!(
+        "{} rows pending; SIGTERM to every relay",
+        pending(&pool).await
+    ));
+    let unclean_exits = fleet.terminate_all(Duration::from_secs(30)).await;
     let table = committed_rows(&pool).await;
     let business: Vec<(String, i64)> =
         sqlx::query_as("SELECT id, version FROM chaos_aggregates ORDER BY id")
             .fetch_all(&pool)
             .await
             .expect("read chaos_aggregates");
+    log("relays stopped; running outbox verify");
     let verify = verify(&postgres.url(), &broker.url, &broker.verify_args());
+    log("verify done");
     let consumer_resumes = broker.recorder.resumes();
     let records = broker.stop().await;
     pool.close().await;

@@ -168,24 +168,40 @@ impl Fleet {
         self.tick();
     }
 
-    /// SIGTERM to every relay; returns the relays that did not exit cleanly (status 0).
-    pub fn terminate_all(&mut self) -> Vec<String> {
-        let mut unclean = Vec::new();
-        for i in 0..self.slots.len() {
-            if let Some(child) = &self.slots[i].child {
+    /// SIGTERM to every relay; returns the relays that did not exit cleanly (status 0) within
+    /// `timeout` (those are then killed).
+    pub async fn terminate_all(&mut self, timeout: Duration) -> Vec<String> {
+        for s in &self.slots {
+            if let Some(child) = &s.child {
                 signal("TERM", child.id());
             }
         }
+        let deadline = Instant::now() + timeout;
+        let mut unclean = Vec::new();
         for i in 0..self.slots.len() {
             let name = self.name(i);
-            if let Some(mut child) = self.slots[i].child.take() {
-                match child.wait() {
-                    Ok(status) if status.success() => {}
-                    other => unclean.push(format!(
-                        "{name}: {other:?}: {}",
-                        tail(&self.slots[i].log, 10)
-                    )),
+            let Some(mut child) = self.slots[i].child.take() else {
+                continue;
+            };
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break Some(status),
+                    Ok(None) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break None;
+                    }
                 }
+            };
+            if !status.is_some_and(|s| s.success()) {
+                unclean.push(format!(
+                    "{name}: {}: {}",
+                    status.map_or("still running: killed".into(), |s| s.to_string()),
+                    tail(&self.slots[i].log, 10)
+                ));
             }
         }
         unclean
