@@ -223,7 +223,11 @@ impl fmt::Display for Figures {
                 self.interrupted.0 - self.interrupted.1
             ),
         )?;
-        line(out, "messages in the stream", self.messages.to_string())?;
+        line(
+            out,
+            "messages delivered (all copies)",
+            self.messages.to_string(),
+        )?;
         line(out, "delivered (unique)", self.delivered.to_string())?;
         line(
             out,
