@@ -1,0 +1,355 @@
+//! Chaos end to end: real PostgreSQL, real NATS JetStream, real `outbox relay` processes.
+//!
+//! A run starts a private PostgreSQL (its own data folder and port) and a private nats-server
+//! (its own port and JetStream store), three `outbox relay` processes, writer tasks committing
+//! events over many aggregates through the library (some transactions roll back, some commit
+//! late), and an independent consumer reading the stream with async-nats. For
+//! `OUTBOX_CHAOS_SECS` seconds a seeded chaos loop kills relays (SIGKILL), pauses one past its
+//! lease TTL (SIGSTOP, SIGCONT), and crashes and restarts the broker and PostgreSQL. Then it
+//! heals everything, stops the writers, waits (with a deadline) until the stream holds every
+//! committed event, and counts: lost (G1), phantoms (G2), order violations (G4), duplicates,
+//! lag. Nothing here touches the shared servers.
+//!
+//! Settings (environment): `OUTBOX_CHAOS_SECS` (chaos duration, default 50),
+//! `OUTBOX_CHAOS_SEED` (decimal or 0x-hex; default random, always printed, replays the same
+//! schedule of faults and the same writer choices; the timing of the machine still varies).
+
+pub mod broker;
+pub mod consumer;
+pub mod monkey;
+pub mod postgres;
+pub mod relays;
+pub mod tally;
+pub mod writer;
+
+use std::{
+    collections::HashSet,
+    path::PathBuf,
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use outbox::postgres::{MigrateOptions, PgOutbox};
+use outbox_testkit::unique;
+use rand::{rngs::StdRng, SeedableRng};
+use sqlx::{postgres::PgPoolOptions, PgPool, Row as _};
+use uuid::Uuid;
+
+use self::{
+    broker::{Broker, BrokerKind},
+    consumer::Recorder,
+    monkey::Targets,
+    postgres::PrivatePostgres,
+    relays::{Fleet, RelaySettings},
+    tally::{Figures, Row},
+    writer::{WriterSettings, Writers},
+};
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long faults are injected.
+    pub duration: Duration,
+    /// Seeds the fault schedule and the writers' choices.
+    pub seed: u64,
+    /// Relay processes.
+    pub relays: usize,
+    /// Outbox partitions.
+    pub partitions: i32,
+    /// The relays' lease TTL (a pause lasts longer than this).
+    pub lease_ttl: Duration,
+    /// The writers.
+    pub writer: WriterSettings,
+    /// After the chaos, how long the relays get to deliver every committed event.
+    pub drain_timeout: Duration,
+    /// The broker.
+    pub broker: BrokerKind,
+}
+
+impl Settings {
+    /// The defaults, with `OUTBOX_CHAOS_SECS`, `OUTBOX_CHAOS_SEED` and `OUTBOX_CHAOS_BROKER`
+    /// applied.
+    pub fn from_env() -> Self {
+        let secs = std::env::var("OUTBOX_CHAOS_SECS")
+            .ok()
+            .map(|s| {
+                s.parse::<u64>()
+                    .expect("OUTBOX_CHAOS_SECS: a number of seconds")
+            })
+            .unwrap_or(50);
+        let seed = std::env::var("OUTBOX_CHAOS_SEED")
+            .ok()
+            .map(|s| {
+                match s.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => s.parse(),
+                }
+                .expect("OUTBOX_CHAOS_SEED: a decimal or 0x-hex number")
+            })
+            .unwrap_or_else(rand::random);
+        Self {
+            duration: Duration::from_secs(secs),
+            seed,
+            relays: 3,
+            partitions: 16,
+            lease_ttl: Duration::from_secs(2),
+            writer: WriterSettings {
+                writers: 6,
+                aggregates_per_writer: 40,
+                rollback_ratio: 0.08,
+                late_ratio: 0.04,
+                bulk_ratio: 0.03,
+            },
+            drain_timeout: Duration::from_secs(120),
+            broker: match std::env::var("OUTBOX_CHAOS_BROKER").as_deref() {
+                Err(_) | Ok("nats") => BrokerKind::Nats,
+                Ok("rabbitmq") => BrokerKind::RabbitMq,
+                Ok(other) => panic!("OUTBOX_CHAOS_BROKER={other:?}: nats or rabbitmq"),
+            },
+        }
+    }
+}
+
+/// What a run found.
+pub struct Outcome {
+    /// The counts.
+    pub figures: Figures,
+    /// Whether every committed event reached the stream before the drain deadline.
+    pub drained: bool,
+    /// `outbox verify` on the run's outbox and stream: (exit 0, its output).
+    pub verify: (bool, String),
+    /// Relays that did not exit cleanly on SIGTERM at the end.
+    pub unclean_exits: Vec<String>,
+    /// Where the relays' logs are (deleted by [`Outcome::cleanup`]).
+    pub log_dir: PathBuf,
+}
+
+impl Outcome {
+    /// Deletes the logs (call once the run passed; a failed run keeps them).
+    pub fn cleanup(self) {
+        let _ = std::fs::remove_dir_all(&self.log_dir);
+    }
+}
+
+/// Prints a line of the run's log, with the time since the run started.
+pub fn log(line: &str) {
+    let start = START.get_or_init(Instant::now);
+    println!("[chaos {:7.1}s] {line}", start.elapsed().as_secs_f64());
+}
+
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// Runs the whole scenario.
+pub async fn run(settings: &Settings) -> Outcome {
+    log(&format!(
+        "seed {:#x} (OUTBOX_CHAOS_SEED), {:?} of chaos, {} relays, {} partitions",
+        settings.seed, settings.duration, settings.relays, settings.partitions
+    ));
+    let mut rng = StdRng::seed_from_u64(settings.seed);
+    let log_dir = std::env::temp_dir().join(unique("chaos-run"));
+    std::fs::create_dir_all(&log_dir).expect("log folder");
+
+    let mut postgres = PrivatePostgres::start().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(settings.writer.writers as u32 + 4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&postgres.url())
+        .await
+        .expect("connect to the private PostgreSQL");
+    PgOutbox::default()
+        .migrate(
+            &pool,
+            MigrateOptions {
+                partitions: Some(settings.partitions),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("migrate");
+    writer::prepare(&pool, settings.writer).await;
+    let prefix = unique("chaos");
+    let mut broker = Broker::start(settings.broker, &prefix).await;
+    let config = log_dir.join("relay.toml");
+    std::fs::write(
+        &config,
+        relay_config(settings, &prefix) + &broker.relay_config(),
+    )
+    .expect("relay config");
+    log(&format!(
+        "private PostgreSQL at {}, {}, logs in {}",
+        postgres.url(),
+        broker.describe(),
+        log_dir.display()
+    ));
+
+    let mut fleet = Fleet::start(
+        settings.relays,
+        RelaySettings {
+            database_url: postgres.url(),
+            broker_url: broker.url.clone(),
+            config,
+            log_dir: log_dir.clone(),
+        },
+    );
+    let writers = Writers::start(pool.clone(), settings.writer, settings.seed);
+    let faults = monkey::run(
+        settings.duration,
+        settings.lease_ttl,
+        &mut rng,
+        Targets {
+            fleet: &mut fleet,
+            nats: broker.restartable(),
+            postgres: &mut postgres,
+        },
+    )
+    .await;
+    log(&format!(
+        "stopping the writers ({} events so far)",
+        writers.written()
+    ));
+    let ledger = writers.stop().await;
+
+    let table = committed_rows(&pool).await;
+    log(&format!(
+        "{} events committed; waiting for the stream to hold them all",
+        table.len()
+    ));
+    let drained = wait_for_all(&broker.recorder, &table, &mut fleet, settings.drain_timeout).await;
+    if drained {
+        let deadline = Instant::now() + settings.drain_timeout;
+        while pending(&pool).await > 0 && Instant::now() < deadline {
+            fleet.tick();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    log(&format!(
+        "{} rows pending; SIGTERM to every relay",
+        pending(&pool).await
+    ));
+    let unclean_exits = fleet.terminate_all(Duration::from_secs(30)).await;
+    let table = committed_rows(&pool).await;
+    let business: Vec<(String, i64)> =
+        sqlx::query_as("SELECT id, version FROM chaos_aggregates ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("read chaos_aggregates");
+    log("relays stopped; running outbox verify");
+    let verify = verify(&postgres.url(), &broker.url, &broker.verify_args());
+    log("verify done");
+    let consumer_resumes = broker.recorder.resumes();
+    let records = broker.stop().await;
+    pool.close().await;
+
+    let mut figures = tally::tally(&ledger, &table, &business, &records);
+    figures.faults = faults;
+    figures.lag_to = match settings.broker {
+        BrokerKind::Nats => "broker",
+        BrokerKind::RabbitMq => "consumer",
+    };
+    figures.relay_exits = fleet.exits.len();
+    figures.consumer_resumes = consumer_resumes;
+    Outcome {
+        figures,
+        drained,
+        verify,
+        unclean_exits,
+        log_dir,
+    }
+}
+
+fn relay_config(settings: &Settings, prefix: &str) -> String {
+    format!(
+        r#"# Written by the chaos test.
+[relay]
+lease_ttl = "{ttl}ms"
+heartbeat_interval = "{heartbeat}ms"
+poll_interval = "200ms"
+stats_interval = "1s"
+max_batch_size = 500
+[relay.retry]
+initial_backoff = "20ms"
+max_backoff = "500ms"
+max_transient_backoff = "500ms"
+[relay.routing]
+default = "{prefix}.{{aggregate_type}}.{{event_type}}"
+"#,
+        ttl = settings.lease_ttl.as_millis(),
+        heartbeat = settings.lease_ttl.as_millis() / 4,
+    )
+}
+
+/// Every row of the outbox table.
+async fn committed_rows(pool: &PgPool) -> Vec<Row> {
+    sqlx::query("SELECT event_id, aggregate_id, aggregate_version, status FROM outbox.events")
+        .fetch_all(pool)
+        .await
+        .expect("read the outbox")
+        .into_iter()
+        .map(|r| Row {
+            event_id: r.get("event_id"),
+            aggregate_id: r.get("aggregate_id"),
+            version: r.get::<Option<i64>, _>("aggregate_version").unwrap_or(0),
+            status: r.get("status"),
+        })
+        .collect()
+}
+
+async fn pending(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE status = 'pending'")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(i64::MAX)
+}
+
+/// Waits until the stream holds every event of `table`, or `timeout`; the supervisor keeps
+/// restarting relays meanwhile.
+async fn wait_for_all(
+    recorder: &Recorder,
+    table: &[Row],
+    fleet: &mut Fleet,
+    timeout: Duration,
+) -> bool {
+    let mut missing: HashSet<Uuid> = table.iter().map(|r| r.event_id).collect();
+    let mut read = 0;
+    let deadline = Instant::now() + timeout;
+    loop {
+        fleet.tick();
+        let new = recorder.records_since(read);
+        read += new.len();
+        for r in &new {
+            if let Ok(id) = Uuid::parse_str(&r.event_id) {
+                missing.remove(&id);
+            }
+        }
+        if missing.is_empty() {
+            log("the stream holds every committed event");
+            return true;
+        }
+        if Instant::now() >= deadline {
+            log(&format!(
+                "deadline: {} committed events still not in the stream",
+                missing.len()
+            ));
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `outbox verify`, the operator's audit, on the run's outbox and stream.
+fn verify(database_url: &str, broker_url: &str, args: &[String]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["verify", "--database-url", database_url])
+        .args(["--broker-url", broker_url])
+        .args(args)
+        .output()
+        .expect("run outbox verify");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}

@@ -1,0 +1,173 @@
+//! A private PostgreSQL server the chaos run may crash: its own data directory (a temporary
+//! folder), its own port, its own process group. The shared server on 5432 is never touched.
+
+use std::{
+    os::unix::process::CommandExt,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use outbox_testkit::{free_port, wait_until, BrokerProcess};
+
+/// How long a (re)started server may take to accept queries (crash recovery included).
+const READY: Duration = Duration::from_secs(60);
+
+/// A PostgreSQL cluster created with `initdb` in a temporary folder, run as a foreground
+/// `postgres` process in a process group of its own (through the testkit's [`BrokerProcess`]),
+/// and stopped by killing that group (SIGKILL): a crash, followed by crash recovery on the next
+/// start. The folder and the processes go away on drop, also when the test panics.
+pub struct PrivatePostgres {
+    process: BrokerProcess,
+    bin: PathBuf,
+    /// `Some((uid, gid))` of the `postgres` user when running as root (PostgreSQL refuses to
+    /// run as root).
+    user: Option<(u32, u32)>,
+}
+
+impl PrivatePostgres {
+    /// Creates the cluster (trust authentication, fsync off: a crash of the server process
+    /// keeps what the kernel was given, which is what a committed transaction has written)
+    /// and starts it.
+    pub async fn start() -> Self {
+        let bin = postgres_bin();
+        let user = if current_uid() == 0 {
+            Some((id_of("-u"), id_of("-g")))
+        } else {
+            None
+        };
+        let process = BrokerProcess::prepare(free_port());
+        let mut server = Self { process, bin, user };
+        let status = server
+            .command("initdb")
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(server.data_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run initdb");
+        assert!(status.success(), "initdb failed: {status}");
+        server.start_server().await;
+        server
+    }
+
+    /// `postgres://postgres@127.0.0.1:{port}/postgres`.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            self.process.port
+        )
+    }
+
+    /// Crashes the server: SIGKILL to its whole process group (postmaster and backends).
+    pub fn crash(&mut self) {
+        self.process.stop();
+    }
+
+    /// Starts the server again after [`PrivatePostgres::crash`] and waits until it answers
+    /// queries (after crash recovery).
+    pub async fn start_again(&mut self) {
+        self.start_server().await;
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.process.dir.join("data")
+    }
+
+    async fn start_server(&mut self) {
+        let mut command = self.command("postgres");
+        command.arg("-D").arg(self.data_dir());
+        command.args(["-p", &self.process.port.to_string()]);
+        for setting in [
+            "listen_addresses=127.0.0.1".to_owned(),
+            format!("unix_socket_directories={}", self.process.dir.display()),
+            "fsync=off".into(),
+            "full_page_writes=off".into(),
+            "max_connections=200".into(),
+            "shared_buffers=32MB".into(),
+        ] {
+            command.args(["-c", &setting]);
+        }
+        self.process.start(command).await;
+        let url = self.url();
+        wait_until("the private PostgreSQL to answer", READY, || {
+            let url = url.clone();
+            async move {
+                match sqlx::PgPool::connect(&url).await {
+                    Ok(pool) => {
+                        let ok = sqlx::query("SELECT 1").execute(&pool).await.is_ok();
+                        pool.close().await;
+                        ok
+                    }
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+    }
+
+    /// A command for one of PostgreSQL's programs, as the `postgres` user when we are root.
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(self.bin.join(program));
+        command.current_dir(&self.process.dir);
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid).env("HOME", &self.process.dir);
+        }
+        command
+    }
+}
+
+/// Where PostgreSQL's programs are: `OUTBOX_CHAOS_PG_BIN`, else the newest
+/// `/usr/lib/postgresql/*/bin` (Debian's layout), else `pg_config --bindir`.
+fn postgres_bin() -> PathBuf {
+    if let Ok(dir) = std::env::var("OUTBOX_CHAOS_PG_BIN") {
+        return dir.into();
+    }
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .max();
+    if let Some((_, bin)) = newest {
+        return bin;
+    }
+    let out = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .expect("PostgreSQL server programs not found: set OUTBOX_CHAOS_PG_BIN");
+    String::from_utf8_lossy(&out.stdout).trim().into()
+}
+
+fn current_uid() -> u32 {
+    let out = Command::new("id").arg("-u").output().expect("run id -u");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("numeric uid")
+}
+
+/// `id {flag} postgres`.
+fn id_of(flag: &str) -> u32 {
+    let out = Command::new("id")
+        .args([flag, "postgres"])
+        .output()
+        .expect("run id");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a `postgres` user (PostgreSQL refuses to run as root)")
+}
