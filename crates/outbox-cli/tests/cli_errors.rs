@@ -168,3 +168,68 @@ fn unrelated_outbox_variables_are_ignored_but_misspelt_relay_keys_are_not() {
         .unwrap();
     assert!(stderr(&out).contains("max_batch_siz"), "{}", stderr(&out));
 }
+
+/// A relay started before its database waits for it, retrying and saying so, instead of exiting
+/// (found by the chaos suite: it needed a supervisor to come back after a PostgreSQL restart);
+/// an error that waiting cannot cure, such as a missing database, still ends it at once.
+#[test]
+fn a_relay_waits_for_an_unreachable_database_but_not_for_a_missing_one() {
+    use std::io::BufRead;
+    let port = outbox_testkit::free_port();
+    let mut child = support::bin()
+        .args([
+            "relay",
+            "--database-url",
+            &format!("postgres://postgres@127.0.0.1:{port}/test"),
+            "--broker-url",
+            "nats://127.0.0.1:4222",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the relay");
+    let log = child.stderr.take().expect("piped");
+    let (lines, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut waits = 0;
+    while waits < 2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = rx.recv_timeout(left).expect("the relay says it waits");
+        if line.contains("waiting for the database") {
+            waits += 1;
+        }
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "still running, waiting"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let out = run(&[
+        "relay",
+        "--database-url",
+        &format!(
+            "postgres://postgres@127.0.0.1:5432/{}",
+            unique("no_such_db")
+        ),
+        "--broker-url",
+        "nats://127.0.0.1:4222",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("cannot connect to the database"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -65,12 +65,53 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
 
 /// Opens a small pool; the error never contains the URL (it may hold a password).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, String> {
+    open_pool(url, max_connections)
+        .await
+        .map_err(|e| format!("cannot connect to the database: {e}"))
+}
+
+async fn open_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect(url)
         .await
-        .map_err(|e| format!("cannot connect to the database: {e}"))
+}
+
+/// Like [`connect_any`], but waits for a PostgreSQL that cannot be reached yet (connection
+/// refused or timed out, server starting up or shutting down), retrying with backoff up to 30 s
+/// and saying so in the log: a relay started before its database, or during a restart, comes
+/// up with it, as it does with its broker. Errors that waiting cannot cure (a malformed URL, a
+/// refused password, a missing database) are returned at once.
+pub async fn connect_waiting(url: &str, max_connections: u32) -> Result<Db, String> {
+    if url.starts_with("sqlite:") {
+        return connect_any(url, max_connections).await;
+    }
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match open_pool(url, max_connections).await {
+            Ok(pool) => return Ok(Db::Postgres(pool)),
+            Err(error) if unreachable(&error) => {
+                tracing::warn!(%error, retry_in = ?delay, "waiting for the database");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+            Err(error) => return Err(format!("cannot connect to the database: {error}")),
+        }
+    }
+}
+
+/// Whether a connection error says the server is not there (yet), rather than that the
+/// settings are wrong.
+fn unreachable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        // 57P01-03: shutting down, starting up; class 08: connection exceptions.
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|c| c.starts_with("57P0") || c.starts_with("08")),
+        _ => false,
+    }
 }
 
 /// The database URL or an error naming the flag.

@@ -13,7 +13,7 @@ use outbox_relay::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{connect_any, CommandResult, Db};
+use super::{connect_waiting, CommandResult, Db};
 use crate::{config, logging};
 
 /// Options of `outbox relay`. Flags override the config file and the environment.
@@ -83,7 +83,7 @@ pub async fn run(args: Args) -> CommandResult {
          mqtt://…, http(s)://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
-    let db = connect_any(
+    let db = connect_waiting(
         database_url,
         (cfg.relay.max_inflight_batches as u32 + 4).min(32),
     )
