@@ -46,6 +46,20 @@ const KEYS: &[(&str, &str, &str)] = &[
     ("kafka", "message_timeout", "\"5s\""),
 ];
 
+/// Keys whose value is a duration.
+const DURATIONS: &[&str] = &[
+    "poll_interval",
+    "lease_ttl",
+    "heartbeat_interval",
+    "purge_retention",
+    "max_backoff",
+    "ack_timeout",
+    "timeout",
+    "keep_alive",
+    "batch_linger",
+    "message_timeout",
+];
+
 /// Values of any TOML type, including durations and numbers at the edges.
 fn toml_value() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -77,10 +91,29 @@ enum Change {
     Unknown(usize, String),
 }
 
+/// Durations as humantime spells them, half of them near 2^64 seconds.
+fn duration_text() -> impl Strategy<Value = String> {
+    let number = prop_oneof![
+        0..1000u128,
+        (u64::MAX / 4..=u64::MAX).prop_map(u128::from),
+        any::<u128>(),
+    ];
+    let unit = prop_oneof![
+        2 => Just("s"),
+        1 => prop::sample::select(vec!["ns", "ms", "m", "h", "d", "y"]),
+    ];
+    (number, unit).prop_map(|(n, unit)| format!("\"{n}{unit}\""))
+}
+
 fn change() -> impl Strategy<Value = Change> {
+    let durations: Vec<usize> = (0..KEYS.len())
+        .filter(|&i| DURATIONS.contains(&KEYS[i].1))
+        .collect();
     prop_oneof![
-        (0..KEYS.len(), toml_value()).prop_map(|(i, v)| Change::Value(i, v)),
-        (0..KEYS.len(), "zz_[a-z_]{1,10}").prop_map(|(i, k)| Change::Unknown(i, k)),
+        1 => (0..KEYS.len(), toml_value()).prop_map(|(i, v)| Change::Value(i, v)),
+        2 => (prop::sample::select(durations), duration_text())
+            .prop_map(|(i, v)| Change::Value(i, v)),
+        1 => (0..KEYS.len(), "zz_[a-z_]{1,10}").prop_map(|(i, k)| Change::Unknown(i, k)),
     ]
 }
 
@@ -160,7 +193,7 @@ fn broker_url() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
     fn a_wrong_value_or_unknown_key_is_refused_naming_the_key(
