@@ -54,7 +54,7 @@ prop_compose! {
             payload: Some(payload),
             content_type,
             headers: serde_json::to_value(headers).unwrap(),
-            occurred_at,
+            occurred_at: Some(occurred_at),
             partition: 0,
             attempts: 0,
         };

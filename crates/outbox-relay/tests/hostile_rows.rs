@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use outbox_relay::{
     publishers::nats::is_valid_subject, routing::RoutingConfig, Message, PublishError, Publisher,
 };
-use outbox_testkit::{unique, TestDb};
+use outbox_testkit::{unique, NatsReader, TestDb, NATS_URL};
 use proptest::{prelude::*, test_runner::TestRunner};
 use serde_json::Value;
 use sqlx::Row;
@@ -63,7 +63,8 @@ fn text() -> impl Strategy<Value = String> {
         1 => "[a-z]{0,2}[\r\n\u{1}\u{1b}\u{7f}\u{85}][a-z]{0,2}",
         1 => "[a-z]{0,3}[.*> ][a-z]{0,3}",
         1 => "[^\u{0}]{1,12}",
-        // 1 => "[!-~]{3000,3500}",
+        // Keys over PostgreSQL's index entry limit are left to the (ignored) test at the end
+        // of this file: the relay cannot record their failures (docs/fuzzing.md).
     ]
 }
 
@@ -106,6 +107,23 @@ struct SqlRow {
     payload: Vec<u8>,
     content_type: String,
     headers: Value,
+    /// `occurred_at` as SQL text, or the column default.
+    occurred_at: Option<&'static str>,
+}
+
+/// Times PostgreSQL accepts, some of which the relay cannot represent.
+const OCCURRED_AT: &[&str] = &[
+    "infinity",
+    "-infinity",
+    "294276-12-31 23:59:59+00",
+    "10000-01-01 00:00:00+00",
+    "4713-11-24 00:00:00+00 BC",
+    "2024-02-29 12:00:00.123456+05:30",
+];
+
+/// Those it cannot: the row is dead-lettered, naming `occurred_at`.
+fn unrepresentable(occurred_at: &str) -> bool {
+    occurred_at.ends_with("infinity") || occurred_at.starts_with("294276")
 }
 
 prop_compose! {
@@ -123,10 +141,11 @@ prop_compose! {
             1 => Just(vec![0x5A; 2 * 1024 * 1024]),
         ],
         (content_type, headers) in (text(), headers()),
+        occurred_at in prop_oneof![6 => Just(None), 1 => prop::sample::select(OCCURRED_AT).prop_map(Some)],
     ) -> SqlRow {
         SqlRow {
             aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
-            destination, payload, content_type, headers,
+            destination, payload, content_type, headers, occurred_at,
         }
     }
 }
@@ -156,6 +175,8 @@ fn fault(row: &SqlRow, routing: &RoutingConfig) -> Option<&'static str> {
         Some("event_type")
     } else if row.destination.as_deref().is_some_and(|d| !printable(d)) {
         Some("destination")
+    } else if row.occurred_at.is_some_and(unrepresentable) {
+        Some("occurred_at")
     } else {
         let routed = routing.route(
             row.destination.as_deref(),
@@ -177,7 +198,7 @@ impl std::fmt::Debug for SqlRow {
 fn describe(row: &SqlRow) -> String {
     let cut = |s: &str| format!("{:?}", s.chars().take(40).collect::<String>());
     format!(
-        "type {} id {} v{:?} event {} schema {} dest {:?} payload {}B ct {} headers {:.80}",
+        "type {} id {} v{:?} event {} schema {} dest {:?} payload {}B ct {} headers {:.80} at {:?}",
         cut(&row.aggregate_type),
         cut(&row.aggregate_id),
         row.aggregate_version,
@@ -187,6 +208,7 @@ fn describe(row: &SqlRow) -> String {
         row.payload.len(),
         cut(&row.content_type),
         row.headers.to_string(),
+        row.occurred_at,
     )
 }
 
@@ -196,7 +218,8 @@ async fn insert(db: &TestDb, row: &SqlRow) -> Option<i64> {
     let sql = db.tables.render(
         "INSERT INTO {schema}.{events} (event_id, aggregate_type, aggregate_id, \
          aggregate_version, event_type, schema_version, destination, payload, content_type, \
-         headers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+         headers, occurred_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+         coalesce($11::timestamptz, clock_timestamp())) RETURNING id",
     );
     let result = sqlx::query_scalar(&sql)
         .bind(Uuid::now_v7())
@@ -209,6 +232,7 @@ async fn insert(db: &TestDb, row: &SqlRow) -> Option<i64> {
         .bind(&row.payload)
         .bind(&row.content_type)
         .bind(&row.headers)
+        .bind(row.occurred_at)
         .fetch_one(&db.pool)
         .await;
     match result {
@@ -279,6 +303,7 @@ async fn check(hostile: Vec<SqlRow>) {
                 payload: format!("{i}/{b}").into_bytes(),
                 content_type: "text/plain".into(),
                 headers: serde_json::json!({ "n": i.to_string() }),
+                occurred_at: None,
             };
             rows.push(bystander);
         }
@@ -290,6 +315,7 @@ async fn check(hostile: Vec<SqlRow>) {
             headers: serde_json::json!({}),
             content_type: "text/plain".into(),
             aggregate_version: None,
+            occurred_at: None,
             ..row
         });
     }
@@ -401,5 +427,185 @@ fn rows_with_any_column_content_end_published_dead_or_parked() {
             rt.block_on(check(hostile));
             Ok(())
         })
+        .unwrap();
+}
+
+/// Odd but well-formed content goes through the real NATS server unchanged: Unicode keys,
+/// control characters other than CR and LF in header values, binary payloads, extreme
+/// versions and times.
+#[tokio::test]
+async fn odd_but_valid_rows_reach_nats_unchanged() {
+    let db = TestDb::new(2).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let base = SqlRow {
+        aggregate_type: "order".into(),
+        aggregate_id: "ü-汉字-😀".into(),
+        aggregate_version: Some(i64::MAX),
+        event_type: "Placed".into(),
+        schema_version: i32::MAX,
+        destination: None,
+        payload: (0..=255u8).chain(*b"\r\n\0").collect(),
+        content_type: "application/octet-stream; x=\"ä\"".into(),
+        headers: serde_json::json!({
+            "note": "café ☕ {event_type}",
+            // Inside the value: NATS (like HTTP) trims whitespace around a header value,
+            // Unicode whitespace such as U+0085 included (docs/fuzzing.md).
+            "ctl": "a\u{1}b\tc\u{7f}d\u{85}e",
+            "event-id": "forged",
+            "empty": "",
+        }),
+        occurred_at: Some("10000-01-01 00:00:00+00"),
+    };
+    let rows = [
+        base.clone(),
+        SqlRow {
+            aggregate_id: "x".repeat(2000),
+            aggregate_version: None,
+            event_type: "{schema_version}".into(),
+            occurred_at: Some("4713-11-24 00:00:00+00 BC"),
+            ..base.clone()
+        },
+        SqlRow {
+            destination: Some(format!("{prefix}.override.ü")),
+            payload: Vec::new(),
+            headers: serde_json::json!({}),
+            ..base.clone()
+        },
+    ];
+    let mut ids = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        let row = SqlRow {
+            aggregate_id: format!("{}{i}", row.aggregate_id),
+            ..row.clone()
+        };
+        ids.push(
+            insert(&db, &row)
+                .await
+                .expect("a well-formed row is accepted"),
+        );
+    }
+    let relay = common::start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        common::fast_config(&db, &prefix),
+    )
+    .await;
+    let got = reader.wait_for(rows.len(), SETTLE).await;
+    relay.shutdown().await.expect("the relay stops cleanly");
+    assert_eq!(db.count("published").await, rows.len() as i64);
+    for (i, row) in rows.iter().enumerate() {
+        let id = format!("{}{i}", row.aggregate_id);
+        let d = got
+            .iter()
+            .find(|d| d.aggregate_id == id)
+            .unwrap_or_else(|| panic!("row {i} not delivered: {got:?}"));
+        assert_eq!(d.payload, row.payload, "row {i}: body unchanged");
+        for (name, value) in row.headers.as_object().unwrap() {
+            if name != "event-id" {
+                assert_eq!(
+                    d.headers.get(name),
+                    value.as_str().map(str::to_owned).as_ref()
+                );
+            }
+        }
+        assert_ne!(d.headers["event-id"], "forged", "the relay's event id wins");
+        assert_eq!(d.headers["content-type"], row.content_type);
+        assert_eq!(d.headers["event-type"], row.event_type);
+        assert_eq!(d.headers["schema-version"], i32::MAX.to_string());
+        let expected_destination = row
+            .destination
+            .clone()
+            .unwrap_or(format!("{prefix}.order.{}", row.event_type));
+        assert_eq!(
+            d.destination, expected_destination,
+            "routed once, literally"
+        );
+    }
+    assert!(got[0].headers["occurred-at"].starts_with("+10000-01-01T00:00:00"));
+    let _ = ids;
+    reader.cleanup().await;
+}
+
+/// KNOWN BUG (docs/fuzzing.md, "aggregate keys over the index limit"): a failing row whose
+/// aggregate key does not fit in a btree entry (about 2.7 kB after compression; the Rust writer
+/// allows 4 kB) cannot be recorded: `mark_failed` stops on "index row size exceeds btree
+/// maximum" (the holds primary key, the dead-letter index), the relay retries the whole batch's
+/// outcome forever while it holds the lease, its partitions are never claimed again, and
+/// `shutdown` never returns. Run with `--ignored` once it is fixed.
+#[tokio::test]
+#[ignore = "known bug: a failing row with an aggregate key over the btree limit stalls its partition"]
+async fn a_failing_row_whose_key_overflows_the_index_is_dead_lettered() {
+    let db = TestDb::new(1).await;
+    let key: String = sqlx::query_scalar(
+        "SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 100)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let bad = SqlRow {
+        aggregate_type: "order".into(),
+        aggregate_id: key,
+        aggregate_version: None,
+        event_type: "Placed".into(),
+        schema_version: 1,
+        destination: None,
+        payload: b"{}".to_vec(),
+        content_type: String::new(), // permanent failure: dead after 3 attempts
+        headers: serde_json::json!({}),
+        occurred_at: None,
+    };
+    let id = insert(&db, &bad).await.expect("PostgreSQL accepts the row");
+    let good = |n: &str| SqlRow {
+        aggregate_id: n.into(),
+        content_type: "text/plain".into(),
+        ..bad.clone()
+    };
+    // One partition: the bad row and a good one share the first batch.
+    let first = insert(&db, &good("first")).await.unwrap();
+    let relay = common::start(
+        &db,
+        Arc::new(Recorder::default()),
+        common::fast_config(&db, "p"),
+    )
+    .await;
+    let status = |id: i64| {
+        let sql = db
+            .tables
+            .render("SELECT status FROM {schema}.{events} WHERE id = $1");
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(&sql)
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    while status(first).await != "published" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first batch was published"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Written after the first batch: claimed only if that batch finished.
+    let later = insert(&db, &good("later")).await.unwrap();
+    loop {
+        let (bad_status, later_status) = (status(id).await, status(later).await);
+        if bad_status == "dead" && later_status == "published" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after {SETTLE:?}: the long-key row is {bad_status}, a later row of another \
+             aggregate {later_status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::timeout(SETTLE, relay.shutdown())
+        .await
+        .expect("shutdown returns")
         .unwrap();
 }

@@ -64,8 +64,14 @@ prop_compose! {
         (event_type, schema_version, destination) in
             (text(), prop_oneof![4 => 1..5i32, 1 => any::<i32>()], prop::option::of(text())),
         payload in prop::collection::vec(any::<u8>(), 0..LIMIT * 2),
-        (content_type, headers, micros, partition, attempts) in
-            (text(), headers(), any::<i64>(), any::<i32>(), any::<i32>()),
+        (content_type, headers, micros, partition, attempts) in (
+            text(),
+            headers(),
+            // Out of chrono's range (as ±infinity reads): None.
+            prop_oneof![4 => 0..4_102_444_800_000_000i64, 1 => any::<i64>()],
+            any::<i32>(),
+            any::<i32>(),
+        ),
     ) -> ClaimedRow {
         let size = payload.len();
         ClaimedRow {
@@ -82,14 +88,14 @@ prop_compose! {
             payload_size: size as i64,
             content_type,
             headers,
-            occurred_at: DateTime::from_timestamp_micros(micros).unwrap_or_default(),
+            occurred_at: DateTime::from_timestamp_micros(micros),
             partition,
             attempts,
         }
     }
 }
 
-/// What a reader of the column contract would call malformed, as (column, reason) pairs.
+/// The columns a reader of the column contract would call malformed.
 fn problems(row: &ClaimedRow) -> Vec<&'static str> {
     let printable = |s: &str| !s.trim().is_empty() && !s.chars().any(char::is_control);
     let mut out = Vec::new();
@@ -118,6 +124,9 @@ fn problems(row: &ClaimedRow) -> Vec<&'static str> {
     }
     if row.schema_version < 1 {
         out.push("schema_version");
+    }
+    if row.occurred_at.is_none() {
+        out.push("occurred_at");
     }
     for (column, value) in [
         ("aggregate_type", &row.aggregate_type),
@@ -161,7 +170,7 @@ proptest! {
                 prop_assert_eq!(&m.event_type, &row.event_type);
                 prop_assert_eq!(m.schema_version, row.schema_version);
                 prop_assert_eq!(&m.content_type, &row.content_type);
-                prop_assert_eq!(m.occurred_at, row.occurred_at);
+                prop_assert_eq!(Some(m.occurred_at), row.occurred_at);
                 prop_assert_eq!(m.attempts, row.attempts);
                 let routed = routing.route(
                     row.destination.as_deref(),
@@ -196,7 +205,7 @@ fn good_row() -> ClaimedRow {
         payload_size: 2,
         content_type: "application/json".into(),
         headers: serde_json::json!({}),
-        occurred_at: chrono::Utc::now(),
+        occurred_at: Some(chrono::Utc::now()),
         partition: 0,
         attempts: 0,
     }
@@ -206,13 +215,14 @@ fn good_row() -> ClaimedRow {
 /// subjects) unchecked, so a CR/LF written by plain SQL reached the broker protocol.
 #[test]
 fn control_characters_in_key_and_type_columns_are_permanent_errors_naming_the_column() {
-    let cases: [(fn(&mut ClaimedRow), &str); 5] = [
+    let cases: [(fn(&mut ClaimedRow), &str); 6] = [
         (
             |r| r.aggregate_id = "42\r\nNats-Msg-Id: forged".into(),
             "aggregate_id",
         ),
         (|r| r.aggregate_type = "order\n".into(), "aggregate_type"),
         (|r| r.event_type = " ".into(), "event_type"),
+        (|r| r.occurred_at = None, "occurred_at"),
         (|r| r.destination = Some("".into()), "destination"),
         (|r| r.destination = Some("a.b\u{7}".into()), "destination"),
     ];

@@ -36,8 +36,9 @@ pub struct ClaimedRow {
     pub content_type: String,
     /// Headers as stored (should be an object of strings).
     pub headers: serde_json::Value,
-    /// When it was written.
-    pub occurred_at: DateTime<Utc>,
+    /// When it was written; `None` when the relay cannot represent the stored time
+    /// (`infinity`, `-infinity`, or after the year 262142).
+    pub occurred_at: Option<DateTime<Utc>>,
     /// Partition.
     pub partition: i32,
     /// Attempts so far.
@@ -72,6 +73,11 @@ impl ClaimedRow {
         if let Some(destination) = &self.destination {
             check_printable("destination", destination)?;
         }
+        let occurred_at = self.occurred_at.ok_or_else(|| {
+            PublishError::permanent(
+                "occurred_at is infinite or after the year 262142, out of the relay's range",
+            )
+        })?;
         if self.schema_version < 1 {
             return Err(PublishError::permanent(format!(
                 "schema_version {} must be 1 or more",
@@ -96,7 +102,7 @@ impl ClaimedRow {
             payload: Bytes::copy_from_slice(payload),
             content_type: self.content_type.clone(),
             headers,
-            occurred_at: self.occurred_at,
+            occurred_at,
             attempts: self.attempts,
         })
     }
@@ -205,7 +211,7 @@ mod tests {
             payload_size: 2,
             content_type: "application/json".into(),
             headers: json!({"traceparent": "x"}),
-            occurred_at: Utc::now(),
+            occurred_at: Some(Utc::now()),
             partition: 0,
             attempts: 0,
         }
