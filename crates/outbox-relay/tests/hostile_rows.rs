@@ -609,3 +609,41 @@ async fn a_failing_row_whose_key_overflows_the_index_is_dead_lettered() {
         .expect("shutdown returns")
         .unwrap();
 }
+
+/// What reads `occurred_at` besides the claim: the lag gauge, `outbox status` and the
+/// dead-letter list used to panic decoding a row written with `-infinity` or `infinity`.
+#[tokio::test]
+async fn infinite_times_do_not_break_the_gauges_or_the_dead_letter_list() {
+    let db = TestDb::new(2).await;
+    let row = |at: &'static str| SqlRow {
+        aggregate_type: "order".into(),
+        aggregate_id: at.into(),
+        aggregate_version: None,
+        event_type: "Placed".into(),
+        schema_version: 1,
+        destination: None,
+        payload: b"{}".to_vec(),
+        content_type: "application/json".into(),
+        headers: serde_json::json!({}),
+        occurred_at: Some(at),
+    };
+    let pending = insert(&db, &row("-infinity")).await.unwrap();
+    let dead = insert(&db, &row("infinity")).await.unwrap();
+    db.exec(&format!(
+        "UPDATE {{schema}}.{{events}} SET status = 'dead' WHERE id = {dead}"
+    ))
+    .await;
+    let store = outbox_relay::store::PgStore::open(db.pool.clone(), &db.tables)
+        .await
+        .unwrap();
+    let backlog = store.backlog().await.unwrap();
+    assert_eq!((backlog.pending, backlog.dead), (1, 1));
+    assert!(backlog.oldest_age.unwrap() > Duration::from_secs(86400 * 365 * 6000));
+    let partitions = store.partition_status().await.unwrap();
+    assert_eq!(partitions.iter().map(|p| p.pending).sum::<i64>(), 1);
+    let admin = outbox_relay::admin::Admin::new(db.pool.clone(), &db.tables);
+    let listed = admin.dead_letters(&Default::default()).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, dead);
+    let _ = pending;
+}
