@@ -34,7 +34,9 @@ impl Json {
             Json::Float(f) => Value::from(*f),
             Json::Text(s) => Value::String(s.clone()),
             Json::Array(a) => Value::Array(a.iter().map(Json::value).collect()),
-            Json::Object(o) => Value::Object(o.iter().map(|(k, v)| (k.clone(), v.value())).collect()),
+            Json::Object(o) => {
+                Value::Object(o.iter().map(|(k, v)| (k.clone(), v.value())).collect())
+            }
         }
     }
 }
@@ -60,8 +62,16 @@ struct Row {
 }
 
 const COLUMNS: &[&str] = &[
-    "payload", "headers", "header", "content_type", "schema_version", "aggregate_type",
-    "aggregate_id", "event_type", "destination", "occurred_at",
+    "payload",
+    "headers",
+    "header",
+    "content_type",
+    "schema_version",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "destination",
+    "occurred_at",
 ];
 
 fuzz_target!(|input: Row| {
@@ -69,7 +79,10 @@ fuzz_target!(|input: Row| {
     let size = input.payload.len();
     let headers = match &input.headers {
         Ok(pairs) => Value::Object(
-            pairs.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect(),
+            pairs
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect(),
         ),
         Err(json) => json.value(),
     };
@@ -97,7 +110,11 @@ fuzz_target!(|input: Row| {
         Ok(m) => m,
         Err(e) => {
             assert!(!e.is_transient(), "{e}");
-            assert!(COLUMNS.iter().any(|c| e.message.starts_with(c)), "{}", e.message);
+            assert!(
+                COLUMNS.iter().any(|c| e.message.starts_with(c)),
+                "{}",
+                e.message
+            );
             return;
         }
     };
@@ -110,9 +127,18 @@ fuzz_target!(|input: Row| {
         .map(|(k, v)| (k.clone(), v.as_str().expect("strings").to_owned()))
         .collect();
     assert_eq!(m.headers, stored);
-    assert_eq!((m.id, m.event_id, m.attempts), (row.id, row.event_id, row.attempts));
-    assert_eq!((&m.aggregate_type, &m.aggregate_id), (&row.aggregate_type, &row.aggregate_id));
-    assert_eq!((&m.event_type, m.schema_version), (&row.event_type, row.schema_version));
+    assert_eq!(
+        (m.id, m.event_id, m.attempts),
+        (row.id, row.event_id, row.attempts)
+    );
+    assert_eq!(
+        (&m.aggregate_type, &m.aggregate_id),
+        (&row.aggregate_type, &row.aggregate_id)
+    );
+    assert_eq!(
+        (&m.event_type, m.schema_version),
+        (&row.event_type, row.schema_version)
+    );
     assert_eq!(m.aggregate_version, row.aggregate_version);
     assert_eq!(m.content_type, row.content_type);
 

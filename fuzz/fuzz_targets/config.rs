@@ -12,10 +12,25 @@ use outbox_relay::RelayConfig;
 
 /// Fields `validate` names (schema and table errors say `… for schema: …`).
 const FIELDS: &[&str] = &[
-    "schema", "table", "relay_id", "min_batch_size", "max_batch_size", "max_inflight_batches",
-    "lane_concurrency", "publish_timeout", "poll_interval", "rescan_interval", "lease_ttl",
-    "heartbeat_interval", "stats_interval", "stall_timeout", "purge_retention", "purge_interval",
-    "max_payload_bytes", "retry.", "routing.",
+    "schema",
+    "table",
+    "relay_id",
+    "min_batch_size",
+    "max_batch_size",
+    "max_inflight_batches",
+    "lane_concurrency",
+    "publish_timeout",
+    "poll_interval",
+    "rescan_interval",
+    "lease_ttl",
+    "heartbeat_interval",
+    "stats_interval",
+    "stall_timeout",
+    "purge_retention",
+    "purge_interval",
+    "max_payload_bytes",
+    "retry.",
+    "routing.",
 ];
 
 fuzz_target!(|data: &[u8]| {

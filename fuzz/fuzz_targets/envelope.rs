@@ -83,9 +83,15 @@ fuzz_target!(|input: Input| {
         Err(err) => {
             let text = err.to_string();
             assert!(
-                ["event-id", "event-type", "schema-version", "aggregate-version", "occurred-at"]
-                    .iter()
-                    .any(|h| text.contains(h)),
+                [
+                    "event-id",
+                    "event-type",
+                    "schema-version",
+                    "aggregate-version",
+                    "occurred-at"
+                ]
+                .iter()
+                .any(|h| text.contains(h)),
                 "{text}"
             );
         }

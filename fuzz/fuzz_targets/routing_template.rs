@@ -59,15 +59,21 @@ fuzz_target!(|input: Input| {
             })
             .collect(),
     };
-    let (at, et, v) = (&input.aggregate_type, &input.event_type, input.schema_version);
+    let (at, et, v) = (
+        &input.aggregate_type,
+        &input.event_type,
+        input.schema_version,
+    );
     let routed = config.route(input.own.as_deref(), at, et, v);
     if let Some(own) = &input.own {
         assert_eq!(&routed, own);
     }
     let fields = std::iter::once(("routing.default".to_owned(), &config.default)).chain(
-        config.rules.iter().enumerate().map(|(i, r)| {
-            (format!("routing.rules[{i}].destination"), &r.destination)
-        }),
+        config
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("routing.rules[{i}].destination"), &r.destination)),
     );
     let first_bad = fields
         .filter_map(|(field, t)| parse(t).err().map(|reason| (field, reason)))

@@ -3,13 +3,10 @@
 //! acknowledged. The first failure ends the lane: the aggregate's later events are left pending
 //! and wait for the failed one (guarantee G4), while other lanes go on.
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use futures::StreamExt;
+use tokio::time::Instant;
 
 use crate::{lease::Leases, Message, PublishError, Publisher};
 

@@ -8,10 +8,11 @@
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Router};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::telemetry::Metrics;

@@ -14,10 +14,10 @@
 use std::{
     collections::{HashMap, HashSet},
     sync::Mutex,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use tokio::sync::Notify;
+use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{Fence, Store};
@@ -192,6 +192,7 @@ pub async fn run(
         }
         metrics.partitions_owned.set(leases.count() as i64);
         tokio::select! {
+            biased;
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(settings.heartbeat) => {}
         }

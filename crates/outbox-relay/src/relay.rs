@@ -1,13 +1,10 @@
 //! The relay loop: claim, dispatch, complete; with a pipeline of batches in flight over
 //! disjoint partitions.
 
-use std::{
-    collections::HashSet,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use sqlx::PgPool;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -54,6 +51,11 @@ impl RelayHandle {
     /// Stops the relay abruptly, as a crash would: nothing is finished or released.
     pub fn abort(self) {
         self.task.abort();
+    }
+
+    /// Whether the relay has stopped (it only stops by itself on a panic).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
     }
 }
 
@@ -307,13 +309,20 @@ impl Shared {
                 }
                 continue;
             }
+            // Here either there is nothing to claim (wait for a wake-up or the poll), or the
+            // publisher is paused (wait out the pause), or every batch slot is taken: then only
+            // a finished batch frees one, and the timer is a mere fallback. (It was the pause,
+            // zero, which made the loop spin while the batches published; the simulation
+            // found it.)
             let pause = paused_until.saturating_duration_since(now);
-            let idle = if more {
+            let full = inflight.len() >= self.config.max_inflight_batches;
+            let idle = if more && !full {
                 pause
             } else {
                 self.config.poll_interval
             };
             tokio::select! {
+                biased;
                 Some(done) = inflight.join_next(), if !inflight.is_empty() => {
                     let done: BatchDone = done.expect("batch task panicked");
                     for p in &done.partitions {
@@ -547,7 +556,7 @@ impl Backoff {
         let d = self.current;
         self.current = (self.current * 2).min(self.max);
         let half = d / 2;
-        half + half.mul_f64(rand::random::<f64>())
+        half + half.mul_f64(crate::retry::random_fraction())
     }
 
     fn reset(&mut self) {
@@ -584,6 +593,7 @@ async fn sample_stats(
             Err(error) => tracing::warn!(%error, "could not refresh planner statistics"),
         }
         tokio::select! {
+            biased;
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
@@ -605,6 +615,7 @@ async fn maintain_periodically(
     loop {
         if !first {
             tokio::select! {
+                biased;
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
             }

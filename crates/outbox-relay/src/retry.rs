@@ -1,8 +1,8 @@
 //! Retry policy: exponential backoff with jitter, and when a failure becomes a dead letter.
 
-use std::time::Duration;
+use std::{cell::RefCell, time::Duration};
 
-use rand::Rng;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::FailureClass;
@@ -77,8 +77,27 @@ impl RetryPolicy {
             .unwrap_or(cap)
             .min(cap);
         let half = full / 2;
-        half + rand::rng().random_range(Duration::ZERO..=half)
+        half + half.mul_f64(random_fraction())
     }
+}
+
+thread_local! {
+    static SEEDED: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+}
+
+/// Makes the relay's random choices on the calling thread (the jitter of every backoff) follow
+/// `seed`, or the system's randomness again with `None`. For deterministic simulation: relays
+/// run on a single-threaded runtime make the same choices on every run of a seed.
+pub fn seed_thread_rng(seed: Option<u64>) {
+    SEEDED.with(|rng| *rng.borrow_mut() = seed.map(StdRng::seed_from_u64));
+}
+
+/// A random fraction in `[0, 1)`, from the seeded generator of this thread if there is one.
+pub(crate) fn random_fraction() -> f64 {
+    SEEDED.with(|rng| match rng.borrow_mut().as_mut() {
+        Some(seeded) => seeded.random::<f64>(),
+        None => rand::rng().random::<f64>(),
+    })
 }
 
 #[cfg(test)]

@@ -63,8 +63,8 @@ fn text() -> impl Strategy<Value = String> {
         1 => "[a-z]{0,2}[\r\n\u{1}\u{1b}\u{7f}\u{85}][a-z]{0,2}",
         1 => "[a-z]{0,3}[.*> ][a-z]{0,3}",
         1 => "[^\u{0}]{1,12}",
-        // Keys over PostgreSQL's index entry limit are left to the (ignored) test at the end
-        // of this file: the relay cannot record their failures (docs/fuzzing.md).
+        // Over PostgreSQL's index entry limit (random, so incompressible): refused at insert.
+        1 => "[!-~]{3000,3500}",
     ]
 }
 
@@ -527,15 +527,13 @@ async fn odd_but_valid_rows_reach_nats_unchanged() {
     reader.cleanup().await;
 }
 
-/// KNOWN BUG (docs/fuzzing.md, "aggregate keys over the index limit"): a failing row whose
-/// aggregate key does not fit in a btree entry (about 2.7 kB after compression; the Rust writer
-/// allows 4 kB) cannot be recorded: `mark_failed` stops on "index row size exceeds btree
-/// maximum" (the holds primary key, the dead-letter index), the relay retries the whole batch's
-/// outcome forever while it holds the lease, its partitions are never claimed again, and
-/// `shutdown` never returns. Run with `--ignored` once it is fixed.
+/// An aggregate key that does not fit in a btree entry (about 2.7 kB after compression) is
+/// refused when written, by the pending-rows-by-aggregate index: the writer's transaction
+/// fails. Before that index (migration 0006) such a row was accepted, and when it failed the
+/// relay could not record it (`holds` and the dead-letter index refuse the key), retried the
+/// batch's outcomes forever and stalled the partition (docs/fuzzing.md).
 #[tokio::test]
-#[ignore = "known bug: a failing row with an aggregate key over the btree limit stalls its partition"]
-async fn a_failing_row_whose_key_overflows_the_index_is_dead_lettered() {
+async fn an_aggregate_key_over_the_index_limit_is_refused_when_written() {
     let db = TestDb::new(1).await;
     let key: String = sqlx::query_scalar(
         "SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 100)",
@@ -543,7 +541,7 @@ async fn a_failing_row_whose_key_overflows_the_index_is_dead_lettered() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    let bad = SqlRow {
+    let row = SqlRow {
         aggregate_type: "order".into(),
         aggregate_id: key,
         aggregate_version: None,
@@ -551,63 +549,12 @@ async fn a_failing_row_whose_key_overflows_the_index_is_dead_lettered() {
         schema_version: 1,
         destination: None,
         payload: b"{}".to_vec(),
-        content_type: String::new(), // permanent failure: dead after 3 attempts
+        content_type: String::new(),
         headers: serde_json::json!({}),
         occurred_at: None,
     };
-    let id = insert(&db, &bad).await.expect("PostgreSQL accepts the row");
-    let good = |n: &str| SqlRow {
-        aggregate_id: n.into(),
-        content_type: "text/plain".into(),
-        ..bad.clone()
-    };
-    // One partition: the bad row and a good one share the first batch.
-    let first = insert(&db, &good("first")).await.unwrap();
-    let relay = common::start(
-        &db,
-        Arc::new(Recorder::default()),
-        common::fast_config(&db, "p"),
-    )
-    .await;
-    let status = |id: i64| {
-        let sql = db
-            .tables
-            .render("SELECT status FROM {schema}.{events} WHERE id = $1");
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, String>(&sql)
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    while status(first).await != "published" {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the first batch was published"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Written after the first batch: claimed only if that batch finished.
-    let later = insert(&db, &good("later")).await.unwrap();
-    loop {
-        let (bad_status, later_status) = (status(id).await, status(later).await);
-        if bad_status == "dead" && later_status == "published" {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "after {SETTLE:?}: the long-key row is {bad_status}, a later row of another \
-             aggregate {later_status}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::timeout(SETTLE, relay.shutdown())
-        .await
-        .expect("shutdown returns")
-        .unwrap();
+    assert_eq!(insert(&db, &row).await, None, "refused by the database");
+    assert_eq!(db.count("pending").await, 0);
 }
 
 /// What reads `occurred_at` besides the claim: the lag gauge, `outbox status` and the

@@ -215,7 +215,8 @@ fn good_row() -> ClaimedRow {
 /// subjects) unchecked, so a CR/LF written by plain SQL reached the broker protocol.
 #[test]
 fn control_characters_in_key_and_type_columns_are_permanent_errors_naming_the_column() {
-    let cases: [(fn(&mut ClaimedRow), &str); 6] = [
+    type Spoil = fn(&mut ClaimedRow);
+    let cases: [(Spoil, &str); 6] = [
         (
             |r| r.aggregate_id = "42\r\nNats-Msg-Id: forged".into(),
             "aggregate_id",

@@ -128,6 +128,16 @@ impl Event {
         self.event_id
     }
 
+    /// The aggregate key: (`aggregate_type`, `aggregate_id`).
+    pub fn aggregate(&self) -> (&str, &str) {
+        (&self.aggregate_type, &self.aggregate_id)
+    }
+
+    /// The aggregate version, if one was set.
+    pub fn version(&self) -> Option<i64> {
+        self.aggregate_version
+    }
+
     /// The payload bytes.
     pub fn payload_bytes(&self) -> &[u8] {
         &self.payload

@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "time partitioning setting",
         include_str!("migrations/0005_time_partitioning.sql"),
     ),
+    (
+        6,
+        "pending rows by aggregate",
+        include_str!("migrations/0006_pending_aggregate_index.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

@@ -9,11 +9,18 @@ use uuid::Uuid;
 use crate::{event::validate_all, Error, Event, Seen, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
 
 /// The migrations this build ships for SQLite.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "create outbox and inbox",
-    include_str!("migrations/0001_create_outbox.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "create outbox and inbox",
+        include_str!("migrations/0001_create_outbox.sql"),
+    ),
+    (
+        2,
+        "pending rows by aggregate",
+        include_str!("migrations/0002_pending_aggregate_index.sql"),
+    ),
+];
 
 /// Writes events into a SQLite outbox. Cheap to clone; holds no connection.
 #[derive(Clone, Debug)]

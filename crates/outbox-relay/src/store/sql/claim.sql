@@ -8,7 +8,10 @@
 -- claim found pending there, so that a claim does not walk the index entries of rows already
 -- published (they stay in the index until vacuum). The relay resets every floor to 0 at least
 -- every `rescan_interval`, so a row that commits late below a floor is found by the next full
--- scan: floors bound cost, never correctness.
+-- scan. Until then, a row below the floor holds back the later rows of its aggregate (G4): the
+-- `_pending_aggregate` index answers that in one probe, for scans that have a floor. Floors
+-- bound cost, never correctness or order. (Without that check, a transaction that commits late
+-- below the floor let its aggregate's next event go first; the simulation found it.)
 -- `occurred_at` is NULL when the relay cannot represent it (±infinity, or after the year 262142:
 -- PostgreSQL goes to 294276): the row is dead-lettered with that reason instead of failing
 -- the whole claim.
@@ -36,6 +39,13 @@ CROSS JOIN LATERAL (
             AND h.aggregate_id = e.aggregate_id
             AND (h.held_until IS NULL OR h.held_until > now())
       )
+      AND (p.floor = 0 OR NOT EXISTS (
+          SELECT 1 FROM {schema}.{events} b
+          WHERE b.aggregate_type = e.aggregate_type
+            AND b.aggregate_id = e.aggregate_id
+            AND b.status = 'pending'
+            AND b.id < p.floor
+      ))
     ORDER BY e.partition, e.id
     LIMIT $2
 ) e

@@ -36,6 +36,10 @@ WHERE e.status = 'pending'
       SELECT 1 FROM {holds} h
       WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
         AND (h.held_until IS NULL OR h.held_until > ?4))
+  AND (?5 = 0 OR NOT EXISTS (
+      SELECT 1 FROM {events} b
+      WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+        AND b.status = 'pending' AND b.id < ?5))
 ORDER BY e.id
 LIMIT ?2;
 -- name: mark_published

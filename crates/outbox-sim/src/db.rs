@@ -1,0 +1,451 @@
+//! The in-memory database: the outbox, lease, relay and hold tables, with the semantics of the
+//! relay's SQL (`crates/outbox-relay/src/store/sql/*.sql`) statement for statement. Each method
+//! is one statement, applied atomically at one instant of the database clock, as PostgreSQL
+//! applies a statement against one snapshot (and the `FOR SHARE` fence makes a takeover wait).
+//!
+//! Transactional visibility: a writer's rows exist from their INSERT (their ids are taken from
+//! the sequence then) but no statement of the relay sees them until the transaction commits;
+//! a rollback removes them. Ids are therefore assigned in insert order and become visible in
+//! commit order, which is what makes late commits dangerous for a relay.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, TimeZone, Utc};
+use outbox_relay::store::{ClaimedRow, Failure, Fence};
+
+use crate::config::Bug;
+
+/// An aggregate: (type, id).
+pub type Key = (String, String);
+
+/// Status column of an outbox row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Waiting to be published.
+    Pending,
+    /// Acknowledged and marked.
+    Published,
+    /// Dead-lettered.
+    Dead,
+}
+
+/// What a writer put in a row, beyond the ordering key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// A good event.
+    Good,
+    /// An event the broker always rejects (a permanent failure).
+    Poison,
+    /// A row written by another program with headers that are not a JSON object.
+    Malformed,
+}
+
+/// One outbox row.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Ordering key.
+    pub key: Key,
+    /// Per-aggregate version.
+    pub version: i64,
+    /// Partition, as the writer computed it.
+    pub partition: i32,
+    /// What the row holds.
+    pub content: Content,
+    /// The payload column.
+    pub payload: Vec<u8>,
+    /// Whether its transaction committed.
+    pub committed: bool,
+    /// Status column.
+    pub status: Status,
+    /// Attempts column.
+    pub attempts: i32,
+    /// Insert time, database clock (ms).
+    pub occurred_at: i64,
+    /// Commit time, virtual clock (ms): what lag is measured from.
+    pub committed_at: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Lease {
+    owner: Option<String>,
+    epoch: i64,
+    expires_at: i64,
+}
+
+#[derive(Clone, Debug)]
+struct Hold {
+    event_id: i64,
+    held_until: Option<i64>,
+}
+
+/// The tables.
+#[derive(Debug)]
+pub struct Db {
+    partitions: i32,
+    next_id: i64,
+    /// Every row inserted and not rolled back, by id.
+    pub rows: BTreeMap<i64, Row>,
+    leases: Vec<Lease>,
+    relays: BTreeMap<String, i64>,
+    holds: BTreeMap<Key, Hold>,
+    bug: Option<Bug>,
+    /// Highest id each partition's claims returned (for the high-water-mark mutation only).
+    high_water: BTreeMap<i32, i64>,
+}
+
+/// Milliseconds of the database clock as a timestamp.
+pub fn timestamp(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(1_800_000_000_000 + ms)
+        .single()
+        .expect("in range")
+}
+
+/// The payload a writer gives an event of `version` with `content`: the broker rejects
+/// `poison`.
+pub fn payload_for(version: i64, content: Content) -> Vec<u8> {
+    match content {
+        Content::Poison => b"poison".to_vec(),
+        _ => format!("{{\"v\":{version}}}").into_bytes(),
+    }
+}
+
+/// The partition of an aggregate key (FNV-1a; any fixed hash will do).
+pub fn partition_of(key: &Key, partitions: i32) -> i32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.0.bytes().chain([0]).chain(key.1.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % partitions as u64) as i32
+}
+
+impl Db {
+    /// Empty tables with `partitions` lease rows.
+    pub fn new(partitions: i32, bug: Option<Bug>) -> Self {
+        Self {
+            partitions,
+            next_id: 1,
+            rows: BTreeMap::new(),
+            leases: vec![
+                Lease {
+                    expires_at: i64::MIN,
+                    ..Lease::default()
+                };
+                partitions as usize
+            ],
+            relays: BTreeMap::new(),
+            holds: BTreeMap::new(),
+            bug,
+            high_water: BTreeMap::new(),
+        }
+    }
+
+    /// Partition count.
+    pub fn partitions(&self) -> i32 {
+        self.partitions
+    }
+
+    /// A writer's INSERT: takes the next id, invisible until [`Db::commit`].
+    pub fn insert(
+        &mut self,
+        key: Key,
+        version: i64,
+        content: Content,
+        payload: Vec<u8>,
+        now: i64,
+    ) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let partition = partition_of(&key, self.partitions);
+        self.rows.insert(
+            id,
+            Row {
+                key,
+                version,
+                partition,
+                content,
+                payload,
+                committed: false,
+                status: Status::Pending,
+                attempts: 0,
+                occurred_at: now,
+                committed_at: None,
+            },
+        );
+        id
+    }
+
+    /// Makes a transaction's rows visible.
+    pub fn commit(&mut self, ids: &[i64], now: i64) {
+        for id in ids {
+            let row = self.rows.get_mut(id).expect("inserted");
+            row.committed = true;
+            row.committed_at = Some(now);
+        }
+    }
+
+    /// Removes a transaction's rows.
+    pub fn rollback(&mut self, ids: &[i64]) {
+        for id in ids {
+            self.rows.remove(id);
+        }
+    }
+
+    /// Whether a statement of the relay can see the row.
+    fn visible(&self, row: &Row) -> bool {
+        row.committed || self.bug == Some(Bug::ReadUncommitted)
+    }
+
+    /// `register`, `forget_dead_relays`, `live_relays`.
+    pub fn heartbeat(&mut self, relay_id: &str, ttl_ms: i64, now: i64) -> Vec<String> {
+        self.relays.insert(relay_id.to_owned(), now);
+        self.relays.retain(|_, at| *at >= now - ttl_ms * 10);
+        self.relays
+            .iter()
+            .filter(|(_, at)| **at > now - ttl_ms)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// `deregister`.
+    pub fn deregister(&mut self, relay_id: &str) {
+        self.relays.remove(relay_id);
+    }
+
+    /// `renew`: extends the leases still held at their epoch (expired or not, as in SQL).
+    pub fn renew(&mut self, relay_id: &str, held: &[Fence], ttl_ms: i64, now: i64) -> Vec<i32> {
+        let mut out = Vec::new();
+        for &(p, epoch) in held {
+            let Some(lease) = self.leases.get_mut(p as usize) else {
+                continue;
+            };
+            if lease.epoch == epoch && lease.owner.as_deref() == Some(relay_id) {
+                lease.expires_at = now + ttl_ms;
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// `acquire`: up to `n` free or expired partitions, lowest first, epoch bumped.
+    pub fn acquire(&mut self, relay_id: &str, n: i64, ttl_ms: i64, now: i64) -> Vec<Fence> {
+        let mut out = Vec::new();
+        for (p, lease) in self.leases.iter_mut().enumerate() {
+            if out.len() as i64 >= n {
+                break;
+            }
+            if lease.owner.is_none() || lease.expires_at < now {
+                lease.owner = Some(relay_id.to_owned());
+                lease.epoch += 1;
+                lease.expires_at = now + ttl_ms;
+                out.push((p as i32, lease.epoch));
+            }
+        }
+        out
+    }
+
+    /// `release`.
+    pub fn release(&mut self, relay_id: &str, leases: &[Fence]) {
+        for &(p, epoch) in leases {
+            if let Some(lease) = self.leases.get_mut(p as usize) {
+                if lease.epoch == epoch && lease.owner.as_deref() == Some(relay_id) {
+                    lease.owner = None;
+                    lease.expires_at = i64::MIN;
+                }
+            }
+        }
+    }
+
+    /// Whether the claim skips `key` because of its hold.
+    fn held(&self, key: &Key, now: i64) -> bool {
+        if self.bug == Some(Bug::IgnoreHolds) {
+            return false;
+        }
+        self.holds
+            .get(key)
+            .is_some_and(|h| h.held_until.is_none_or(|until| until > now))
+    }
+
+    /// `claim`: pending visible rows of each partition in the order given, from its floor, in id
+    /// order, skipping held aggregates and aggregates with a pending row below the floor;
+    /// `limit` rows in all.
+    pub fn claim(
+        &mut self,
+        partitions: &[(i32, i64)],
+        limit: i64,
+        max_payload: usize,
+        now: i64,
+    ) -> Vec<ClaimedRow> {
+        let mut out = Vec::new();
+        for &(p, floor) in partitions {
+            let floor = match self.bug {
+                Some(Bug::HighWaterMark) => {
+                    floor.max(self.high_water.get(&p).copied().unwrap_or(0) + 1)
+                }
+                _ => floor,
+            };
+            // The `_pending_aggregate` probe: aggregates with a pending row below the floor.
+            let below: BTreeSet<&Key> = if floor > 0 && self.bug != Some(Bug::UncheckedFloors) {
+                self.rows
+                    .range(..floor)
+                    .map(|(_, r)| r)
+                    .filter(|r| r.status == Status::Pending && self.visible(r))
+                    .map(|r| &r.key)
+                    .collect()
+            } else {
+                BTreeSet::new()
+            };
+            for (&id, row) in self.rows.range(floor..) {
+                if out.len() as i64 >= limit {
+                    break;
+                }
+                if row.partition == p
+                    && row.status == Status::Pending
+                    && self.visible(row)
+                    && !self.held(&row.key, now)
+                    && !below.contains(&row.key)
+                {
+                    out.push(claimed(id, row, max_payload));
+                }
+            }
+        }
+        if self.bug == Some(Bug::HighWaterMark) {
+            for row in &out {
+                let hw = self.high_water.entry(row.partition).or_insert(0);
+                *hw = (*hw).max(row.id);
+            }
+        }
+        out
+    }
+
+    /// The partitions of `fences` still held by `relay_id` at their epoch.
+    fn fence(&self, relay_id: &str, fences: &[Fence]) -> BTreeSet<i32> {
+        fences
+            .iter()
+            .filter(|&&(p, epoch)| {
+                self.leases
+                    .get(p as usize)
+                    .is_some_and(|l| l.epoch == epoch && l.owner.as_deref() == Some(relay_id))
+            })
+            .map(|&(p, _)| p)
+            .collect()
+    }
+
+    /// `mark_published`; returns the ids marked.
+    pub fn mark_published(&mut self, relay_id: &str, fences: &[Fence], ids: &[i64]) -> Vec<i64> {
+        let fence = self.fence(relay_id, fences);
+        let mut done = Vec::new();
+        for id in ids {
+            let Some(row) = self.rows.get_mut(id) else {
+                continue;
+            };
+            if fence.contains(&row.partition) && row.status == Status::Pending {
+                row.status = Status::Published;
+                row.attempts += 1;
+                done.push((*id, row.key.clone()));
+            }
+        }
+        for (id, key) in &done {
+            if self.holds.get(key).is_some_and(|h| h.event_id == *id) {
+                self.holds.remove(key);
+            }
+        }
+        done.into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// `mark_failed`; returns how many rows were updated, or the error PostgreSQL raises when
+    /// one statement would upsert the same hold twice.
+    pub fn mark_failed(
+        &mut self,
+        relay_id: &str,
+        fences: &[Fence],
+        failures: &[Failure],
+        park: bool,
+        now: i64,
+    ) -> Result<i64, String> {
+        let fence = self.fence(relay_id, fences);
+        let mut done: Vec<(i64, Key, Status, Option<i64>)> = Vec::new();
+        for f in failures {
+            let Some(row) = self.rows.get(&f.id) else {
+                continue;
+            };
+            if fence.contains(&row.partition) && row.status == Status::Pending {
+                let next = (!f.dead).then(|| now + f.backoff.as_millis() as i64);
+                let status = if f.dead {
+                    Status::Dead
+                } else {
+                    Status::Pending
+                };
+                done.push((f.id, row.key.clone(), status, next));
+            }
+        }
+        let mut upserted = BTreeSet::new();
+        for (_, key, status, _) in &done {
+            if (*status == Status::Pending || park) && !upserted.insert(key.clone()) {
+                return Err(
+                    "ON CONFLICT DO UPDATE command cannot affect row a second time".to_owned(),
+                );
+            }
+        }
+        for (id, key, status, next) in &done {
+            let row = self.rows.get_mut(id).expect("found above");
+            row.attempts += 1;
+            row.status = *status;
+            if *status == Status::Pending || park {
+                self.holds.insert(
+                    key.clone(),
+                    Hold {
+                        event_id: *id,
+                        held_until: *next,
+                    },
+                );
+            } else {
+                self.holds.remove(key);
+            }
+        }
+        Ok(done.len() as i64)
+    }
+
+    /// `backlog`: pending count, oldest pending insert time, dead count.
+    pub fn backlog(&self) -> (i64, Option<i64>, i64) {
+        let mut pending = 0;
+        let mut oldest: Option<i64> = None;
+        let mut dead = 0;
+        for row in self.rows.values().filter(|r| r.committed) {
+            match row.status {
+                Status::Pending => {
+                    pending += 1;
+                    oldest = Some(oldest.map_or(row.occurred_at, |o| o.min(row.occurred_at)));
+                }
+                Status::Dead => dead += 1,
+                Status::Published => {}
+            }
+        }
+        (pending, oldest, dead)
+    }
+}
+
+fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
+    let payload = row.payload.clone();
+    let headers = match row.content {
+        Content::Malformed => serde_json::json!(["not", "an", "object"]),
+        _ => serde_json::json!({ "sim-version": row.version.to_string() }),
+    };
+    ClaimedRow {
+        id,
+        event_id: uuid::Uuid::from_u128(id as u128),
+        aggregate_type: row.key.0.clone(),
+        aggregate_id: row.key.1.clone(),
+        aggregate_version: Some(row.version),
+        event_type: "Changed".to_owned(),
+        schema_version: 1,
+        destination: None,
+        payload_size: payload.len() as i64,
+        payload: (payload.len() <= max_payload).then_some(payload),
+        content_type: "application/json".to_owned(),
+        headers,
+        occurred_at: Some(timestamp(row.occurred_at)),
+        partition: row.partition,
+        attempts: row.attempts,
+    }
+}

@@ -1,0 +1,166 @@
+//! The operating system and the operators: starts the relay processes, restarts the ones that
+//! died, and while chaos is on, takes the broker and the database down and steps the database
+//! clock.
+
+use std::{sync::Arc, time::Duration};
+
+use outbox_relay::{Relay, RelayConfig, RelayHandle};
+
+use crate::{
+    node::{SimPublisher, SimStore},
+    world::World,
+};
+
+/// One relay slot: the process currently running in it, if any.
+struct Slot {
+    generation: u32,
+    node: usize,
+    handle: Option<RelayHandle>,
+    restart_at: Option<i64>,
+}
+
+/// Runs the relay processes of a simulation.
+pub struct Supervisor {
+    world: Arc<World>,
+    config: RelayConfig,
+    slots: Vec<Slot>,
+}
+
+const TICK_MS: i64 = 50;
+
+impl Supervisor {
+    /// Starts `relays` relay processes with `config`.
+    pub fn start(world: Arc<World>, config: RelayConfig, relays: usize) -> Self {
+        let mut this = Self {
+            world,
+            config,
+            slots: Vec::new(),
+        };
+        for i in 0..relays {
+            this.slots.push(Slot {
+                generation: 0,
+                node: usize::MAX,
+                handle: None,
+                restart_at: None,
+            });
+            this.launch(i);
+        }
+        this
+    }
+
+    fn launch(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        slot.generation += 1;
+        let name = format!("relay{i}.{}", slot.generation);
+        let node = self.world.add_node(name.clone());
+        let store = SimStore::new(self.world.clone(), node, self.config.lease_ttl);
+        let publisher = SimPublisher::new(
+            self.world.clone(),
+            node,
+            self.config.lease_ttl,
+            self.config.publish_timeout,
+        );
+        let mut config = self.config.clone();
+        config.relay_id = Some(name.clone());
+        let relay = Relay::with_store(Arc::new(store), Arc::new(publisher), config)
+            .expect("the simulation's relay settings are valid");
+        slot.node = node;
+        slot.handle = Some(relay.spawn());
+        slot.restart_at = None;
+        let now = self.world.now();
+        self.world.lock().trace(now, || format!("START {name}"));
+    }
+
+    /// Supervises until virtual time `until` (ms), or until `done` says so.
+    pub async fn run_until(&mut self, until: i64, done: impl Fn(&World) -> bool) {
+        while self.world.now() < until && !done(&self.world) {
+            tokio::select! {
+                biased;
+                () = self.world.crashed.notified() => {}
+                () = self.world.sleep_ms(TICK_MS) => {}
+            }
+            self.reap();
+            self.inject();
+        }
+    }
+
+    /// Aborts the tasks of dead processes; restarts them after a while.
+    fn reap(&mut self) {
+        let now = self.world.now();
+        for i in 0..self.slots.len() {
+            let (alive, delay) = {
+                let mut s = self.world.lock();
+                let alive = s.nodes[self.slots[i].node].alive;
+                (alive, s.between(100, 3000))
+            };
+            let slot = &mut self.slots[i];
+            if let Some(handle) = slot.handle.take() {
+                if !alive {
+                    handle.abort();
+                    slot.restart_at = Some(now + delay);
+                } else if handle.is_finished() {
+                    let mut s = self.world.lock();
+                    let name = s.nodes[slot.node].name.clone();
+                    s.violation(now, format!("{name} stopped by itself (a panic)"));
+                    s.nodes[slot.node].alive = false;
+                    slot.restart_at = Some(now + delay);
+                } else {
+                    slot.handle = Some(handle);
+                }
+            }
+            if slot.restart_at.is_some_and(|at| at <= now) {
+                self.launch(i);
+            }
+        }
+    }
+
+    /// Broker outages, database restarts and clock steps, at their rates per second.
+    fn inject(&mut self) {
+        let now = self.world.now();
+        let mut s = self.world.lock();
+        let f = s.faults.clone();
+        let per_tick = TICK_MS as f64 / 1000.0;
+        if now >= s.broker_down_until && s.chance(f.broker_outage * per_tick) {
+            let ms = s.between(300, 5000);
+            s.broker_down_until = now + ms;
+            s.stats.broker_outages += 1;
+            s.trace(now, || format!("BROKER DOWN {ms}ms"));
+        }
+        if now >= s.database_down_until && s.chance(f.database_restart * per_tick) {
+            let ms = s.between(300, 3000);
+            s.database_down_until = now + ms;
+            s.stats.database_restarts += 1;
+            s.trace(now, || format!("DATABASE RESTART {ms}ms"));
+        }
+        if s.chance(f.clock_step * per_tick) {
+            let step = s.between(-3000, 3000);
+            s.skew_ms += step;
+            s.stats.clock_steps += 1;
+            s.trace(now, || format!("DATABASE CLOCK STEP {step}ms"));
+        }
+    }
+
+    /// Restarts every dead process now (chaos is over).
+    pub fn revive_all(&mut self) {
+        for i in 0..self.slots.len() {
+            if self.slots[i].handle.is_none() {
+                self.launch(i);
+            }
+        }
+    }
+
+    /// Shuts every live relay down gracefully; returns the ones that did not stop in time.
+    pub async fn shutdown(self, within: Duration) -> Vec<String> {
+        let mut stuck = Vec::new();
+        for slot in self.slots {
+            let Some(handle) = slot.handle else { continue };
+            let name = self.world.lock().nodes[slot.node].name.clone();
+            match tokio::time::timeout(within, handle.shutdown()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => stuck.push(format!("{name} stopped with an error: {error}")),
+                Err(_) => stuck.push(format!("{name} did not shut down within {within:?}")),
+            }
+        }
+        stuck
+    }
+}
