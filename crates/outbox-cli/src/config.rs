@@ -141,17 +141,20 @@ pub fn load(path: Option<&Path>) -> Result<FileConfig, String> {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use std::io::Write;
 
     use super::*;
 
-    fn write(text: &str) -> tempfile_path::TempPath {
+    pub(super) fn write(text: &str) -> tempfile_path::TempPath {
         tempfile_path::TempPath::with(text)
     }
 
     /// A tiny temp-file helper (std only).
-    mod tempfile_path {
+    pub(super) mod tempfile_path {
         use super::Write;
         pub struct TempPath(pub std::path::PathBuf);
         impl TempPath {

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, FixedOffset, Utc};
 use uuid::Uuid;
 
 /// An outbox event as a consumer receives it: the relay's standard headers, decoded.
@@ -62,8 +62,14 @@ impl Envelope {
                     DecodeError(format!("aggregate-version {v:?} is not an integer"))
                 })?),
             };
+        // RFC 3339, or the signed years chrono writes past 9999 and before year 1
+        // (`+10000-01-01T…`), which PostgreSQL's timestamptz can hold.
         let occurred_at = get("occurred-at")
-            .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+            .and_then(|v| {
+                DateTime::parse_from_rfc3339(v)
+                    .or_else(|_| v.parse::<DateTime<FixedOffset>>())
+                    .ok()
+            })
             .map(|t| t.with_timezone(&Utc));
         Ok(Self {
             event_id,
@@ -117,6 +123,32 @@ mod tests {
         assert_eq!(e.aggregate_version, Some(7));
         assert!(e.occurred_at.is_some());
         assert_eq!(e.json::<serde_json::Value>().unwrap()["a"], 1);
+    }
+
+    /// What the property test found: an `occurred_at` after year 9999 (or before year 1)
+    /// went out as `+10000-…`, which the strict RFC 3339 parser refused, and was dropped.
+    #[test]
+    fn reads_the_extended_years_the_relay_writes() {
+        for text in [
+            "+10000-01-01T00:00:00.000000Z",
+            "-4713-11-24T00:00:00.000000Z",
+        ] {
+            let e = Envelope::decode(
+                "s",
+                headers(&[
+                    ("event-id", &Uuid::now_v7().to_string()),
+                    ("event-type", "T"),
+                    ("occurred-at", text),
+                ]),
+                Bytes::new(),
+            )
+            .unwrap();
+            let sent = e.occurred_at.expect(text);
+            assert_eq!(
+                sent.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                text
+            );
+        }
     }
 
     #[test]

@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{retry::RetryPolicy, routing::RoutingConfig};
 
+/// Longest duration any setting takes: far above any sensible value, and small enough that
+/// what the relay computes from one (three times a heartbeat, an instant that far ahead, a
+/// PostgreSQL interval) cannot overflow. A config file can spell up to 2^64 seconds.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// What happens to an aggregate's later events when its head event is dead-lettered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -145,6 +150,27 @@ impl RelayConfig {
         ] {
             if value.is_zero() {
                 return Err(format!("{name}: must be more than 0"));
+            }
+        }
+        for (name, value) in [
+            ("poll_interval", self.poll_interval),
+            ("publish_timeout", self.publish_timeout),
+            ("rescan_interval", self.rescan_interval),
+            ("lease_ttl", self.lease_ttl),
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("stats_interval", self.stats_interval),
+            ("stall_timeout", self.stall_timeout),
+            ("purge_interval", self.purge_interval),
+            ("purge_retention", self.purge_retention.unwrap_or_default()),
+            ("retry.initial_backoff", self.retry.initial_backoff),
+            ("retry.max_backoff", self.retry.max_backoff),
+            (
+                "retry.max_transient_backoff",
+                self.retry.max_transient_backoff,
+            ),
+        ] {
+            if value > MAX_DURATION {
+                return Err(format!("{name}: must be at most 100 years"));
             }
         }
         if self.heartbeat_interval * 3 > self.lease_ttl {

@@ -1,6 +1,8 @@
 //! Where each event goes: the row's own `destination`, else the first matching rule, else the
 //! default template.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 /// Placeholders a destination template may use.
@@ -74,11 +76,41 @@ impl RoutingConfig {
                         .is_none_or(|t| t == aggregate_type)
             })
             .map_or(self.default.as_str(), |r| r.destination.as_str());
-        template
-            .replace("{aggregate_type}", aggregate_type)
-            .replace("{event_type}", event_type)
-            .replace("{schema_version}", &schema_version.to_string())
+        render(template, aggregate_type, event_type, schema_version)
     }
+}
+
+/// Fills the placeholders of `template` in one pass: the values are taken literally, so an
+/// event type that itself contains `{schema_version}` is not substituted again. Anything that
+/// is not a known placeholder is kept as written.
+fn render(template: &str, aggregate_type: &str, event_type: &str, schema_version: i32) -> String {
+    let mut out = String::with_capacity(template.len() + aggregate_type.len() + event_type.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let filled = after.find('}').and_then(|close| {
+            let value: Cow<'_, str> = match &after[..close] {
+                "aggregate_type" => aggregate_type.into(),
+                "event_type" => event_type.into(),
+                "schema_version" => schema_version.to_string().into(),
+                _ => return None,
+            };
+            Some((value, &after[close + 1..]))
+        });
+        match filled {
+            Some((value, tail)) => {
+                out.push_str(&value);
+                rest = tail;
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn check_template(field: &str, template: &str) -> Result<(), String> {

@@ -444,7 +444,7 @@ fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
         payload: (payload.len() <= max_payload).then_some(payload),
         content_type: "application/json".to_owned(),
         headers,
-        occurred_at: timestamp(row.occurred_at),
+        occurred_at: Some(timestamp(row.occurred_at)),
         partition: row.partition,
         attempts: row.attempts,
     }

@@ -83,11 +83,7 @@ pub async fn run(args: Args) -> CommandResult {
          mqtt://…, http(s)://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
-    let db = connect_waiting(
-        database_url,
-        (cfg.relay.max_inflight_batches as u32 + 4).min(32),
-    )
-    .await?;
+    let db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches)).await?;
     let publisher: Arc<dyn Publisher> = match broker_url.split_once("://").map(|(s, _)| s) {
         Some("nats" | "tls") => {
             cfg.nats.url = broker_url;
@@ -168,6 +164,12 @@ pub async fn run(args: Args) -> CommandResult {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Database connections for a relay with `max_inflight_batches` batches in flight: one each,
+/// four for leases, stats and notifications, at most 32.
+fn pool_size(max_inflight_batches: usize) -> u32 {
+    max_inflight_batches.saturating_add(4).min(32) as u32
+}
+
 /// The bootstrap list of `kafka://host:port[,host:port]` (a trailing `/` is allowed).
 fn kafka_brokers(url: &str) -> Result<String, String> {
     let list = url
@@ -195,7 +197,17 @@ async fn stop_on_signal(shutdown: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use super::kafka_brokers;
+    use super::{kafka_brokers, pool_size};
+
+    /// A `max_inflight_batches` near 2^32 overflowed `as u32 + 4` (a panic in debug builds,
+    /// a pool of 0 to 3 connections in release ones).
+    #[test]
+    fn the_pool_size_is_bounded_whatever_the_config_says() {
+        assert_eq!(pool_size(4), 8);
+        for n in [28, 4_294_967_292, u32::MAX as usize, usize::MAX] {
+            assert_eq!(pool_size(n), 32, "{n}");
+        }
+    }
 
     #[test]
     fn kafka_urls_give_the_bootstrap_list() {

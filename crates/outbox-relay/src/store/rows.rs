@@ -36,8 +36,9 @@ pub struct ClaimedRow {
     pub content_type: String,
     /// Headers as stored (should be an object of strings).
     pub headers: serde_json::Value,
-    /// When it was written.
-    pub occurred_at: DateTime<Utc>,
+    /// When it was written; `None` when the relay cannot represent the stored time
+    /// (`infinity`, `-infinity`, or after the year 262142).
+    pub occurred_at: Option<DateTime<Utc>>,
     /// Partition.
     pub partition: i32,
     /// Attempts so far.
@@ -63,12 +64,20 @@ impl ClaimedRow {
             ))
         })?;
         let headers = decode_headers(&self.headers)?;
-        if self.content_type.trim().is_empty() || self.content_type.chars().any(char::is_control) {
-            return Err(PublishError::permanent(format!(
-                "content_type {:?} is empty or contains control characters",
-                self.content_type
-            )));
+        check_printable("content_type", &self.content_type)?;
+        // These travel as broker headers, subjects, keys: the write side's rule holds here too
+        // (a CR or LF would end a header line of a text protocol such as NATS).
+        check_printable("aggregate_type", &self.aggregate_type)?;
+        check_printable("aggregate_id", &self.aggregate_id)?;
+        check_printable("event_type", &self.event_type)?;
+        if let Some(destination) = &self.destination {
+            check_printable("destination", destination)?;
         }
+        let occurred_at = self.occurred_at.ok_or_else(|| {
+            PublishError::permanent(
+                "occurred_at is infinite or after the year 262142, out of the relay's range",
+            )
+        })?;
         if self.schema_version < 1 {
             return Err(PublishError::permanent(format!(
                 "schema_version {} must be 1 or more",
@@ -93,7 +102,7 @@ impl ClaimedRow {
             payload: Bytes::copy_from_slice(payload),
             content_type: self.content_type.clone(),
             headers,
-            occurred_at: self.occurred_at,
+            occurred_at,
             attempts: self.attempts,
         })
     }
@@ -111,7 +120,8 @@ fn decode_headers(value: &serde_json::Value) -> Result<BTreeMap<String, String>,
         .map(|(name, v)| {
             let text = v.as_str().ok_or_else(|| {
                 PublishError::permanent(format!(
-                    "header {name:?} must be a string, found {}",
+                    "header {} must be a string, found {}",
+                    preview(name),
                     kind(v)
                 ))
             })?;
@@ -121,17 +131,40 @@ fn decode_headers(value: &serde_json::Value) -> Result<BTreeMap<String, String>,
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
             if bad_name {
                 return Err(PublishError::permanent(format!(
-                    "header name {name:?} must be ASCII letters, digits, '-', '_' or '.'"
+                    "header name {} must be ASCII letters, digits, '-', '_' or '.'",
+                    preview(name)
                 )));
             }
             if text.contains(['\r', '\n', '\0']) {
                 return Err(PublishError::permanent(format!(
-                    "header {name:?} contains CR, LF or NUL"
+                    "header {} contains CR, LF or NUL",
+                    preview(name)
                 )));
             }
             Ok((name.clone(), text.to_owned()))
         })
         .collect()
+}
+
+/// Refuses, as permanent, a column that is blank or contains control characters.
+fn check_printable(column: &str, value: &str) -> Result<(), PublishError> {
+    if value.trim().is_empty() || value.chars().any(char::is_control) {
+        return Err(PublishError::permanent(format!(
+            "{column} {} is empty or contains control characters",
+            preview(value)
+        )));
+    }
+    Ok(())
+}
+
+/// `value` quoted and escaped for an error message, cut to its first 64 characters: the
+/// message is stored in `last_error`, and a column can be megabytes long.
+fn preview(value: &str) -> String {
+    const MAX: usize = 64;
+    match value.char_indices().nth(MAX) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes)", &value[..end], value.len()),
+    }
 }
 
 fn kind(value: &serde_json::Value) -> &'static str {
@@ -178,7 +211,7 @@ mod tests {
             payload_size: 2,
             content_type: "application/json".into(),
             headers: json!({"traceparent": "x"}),
-            occurred_at: Utc::now(),
+            occurred_at: Some(Utc::now()),
             partition: 0,
             attempts: 0,
         }

@@ -158,7 +158,7 @@ fn claimed(row: &sqlx::sqlite::SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
         payload_size: row.try_get("payload_size")?,
         content_type: text("content_type")?,
         headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
-        occurred_at: parse_time(&occurred_at).unwrap_or_else(Utc::now),
+        occurred_at: Some(parse_time(&occurred_at).unwrap_or_else(Utc::now)),
         partition: row.try_get("partition")?,
         attempts: row.try_get("attempts")?,
     })

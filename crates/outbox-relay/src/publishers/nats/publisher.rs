@@ -93,15 +93,8 @@ impl NatsPublisher {
     async fn send(
         &self,
         message: &Message,
+        headers: HeaderMap,
     ) -> Result<(), async_nats::jetstream::context::PublishError> {
-        let mut headers = HeaderMap::new();
-        message.visit_headers(|name, value| {
-            headers.insert(
-                name.parse::<HeaderName>()
-                    .unwrap_or_else(|_| HeaderName::from_static("x-invalid-header")),
-                HeaderValue::from(value),
-            );
-        });
         let publish = PublishMessage::build()
             .payload(message.payload.clone())
             .headers(headers)
@@ -134,18 +127,41 @@ fn classify(error: &async_nats::jetstream::context::PublishError) -> PublishErro
     }
 }
 
+/// The message's headers as NATS headers. A value with CR or LF would end the header line
+/// (async-nats panics on one): a permanent error, never a panic. `ClaimedRow::decode` refuses
+/// such rows already; this guards messages built elsewhere.
+fn nats_headers(message: &Message) -> Result<HeaderMap, PublishError> {
+    let mut headers = HeaderMap::new();
+    let mut invalid = None;
+    message.visit_headers(|name, value| match value.parse::<HeaderValue>() {
+        Ok(value) => headers.insert(
+            name.parse::<HeaderName>()
+                .unwrap_or_else(|_| HeaderName::from_static("x-invalid-header")),
+            value,
+        ),
+        Err(_) => invalid = Some(name.to_owned()),
+    });
+    match invalid {
+        None => Ok(headers),
+        Some(name) => Err(PublishError::permanent(format!(
+            "nats: header {name:?} contains CR or LF"
+        ))),
+    }
+}
+
 impl Publisher for NatsPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
             check_payload_size(message, self.max_payload_bytes())?;
-            match self.send(message).await {
+            let headers = nats_headers(message)?;
+            match self.send(message, headers.clone()).await {
                 Ok(()) => Ok(()),
                 Err(e)
                     if e.kind() == PublishErrorKind::StreamNotFound
                         && self.config.create_stream =>
                 {
                     self.ensure_stream_covers(&message.destination).await?;
-                    self.send(message).await.map_err(|e| classify(&e))
+                    self.send(message, headers).await.map_err(|e| classify(&e))
                 }
                 Err(e) => Err(classify(&e)),
             }
@@ -209,6 +225,18 @@ mod tests {
         for bad in ["", "a..b", ".a", "a.", "a b", "a.*", "a.>", "a\n"] {
             assert!(!is_valid_subject(bad), "{bad:?}");
         }
+    }
+
+    /// async-nats panics on a header value with CR or LF: such a value is a permanent error.
+    #[test]
+    fn a_header_value_with_a_line_break_is_a_permanent_error_not_a_panic() {
+        let mut m = crate::message::sample(1, "42\r\nevent-type: Forged");
+        let err = nats_headers(&m).unwrap_err();
+        assert!(!err.is_transient());
+        assert!(err.message.contains("aggregate-id"), "{err}");
+        m.aggregate_id = "42".into();
+        let headers = nats_headers(&m).unwrap();
+        assert_eq!(headers.get("aggregate-id").unwrap().as_str(), "42");
     }
 
     #[test]

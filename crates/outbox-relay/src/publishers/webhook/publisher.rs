@@ -75,6 +75,12 @@ impl Publisher for WebhookPublisher {
             }
             match request.send().await {
                 Ok(response) => classify(response.status()),
+                // The request could not be built (a header value or a destination that HTTP
+                // cannot carry): no retry changes that.
+                Err(e) if e.is_builder() => Err(PublishError::permanent(format!(
+                    "webhook: {}",
+                    e.without_url()
+                ))),
                 // Connection refused, reset, DNS, timeout: the receiver may come back.
                 Err(e) => Err(PublishError::transient(format!(
                     "webhook: {}",
@@ -104,6 +110,22 @@ mod tests {
             sign("Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    /// A header value HTTP cannot carry (a control character, which rows may hold) used to be
+    /// a transient error: retried forever, pausing the whole publisher each time.
+    #[tokio::test]
+    async fn a_request_that_cannot_be_built_is_a_permanent_error() {
+        // Nothing listens there; the request fails before any connection is tried.
+        let publisher = WebhookPublisher::new(WebhookConfig {
+            url: "http://127.0.0.1:9/{destination}".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut m = crate::message::sample(1, "a1");
+        m.headers.insert("note".into(), "bell\u{7}".into());
+        let err = publisher.publish(&m).await.unwrap_err();
+        assert!(!err.is_transient(), "{err}");
     }
 
     #[test]

@@ -1,5 +1,9 @@
 -- name: backlog
-SELECT count(*)::bigint AS pending, min(occurred_at) AS oldest,
+-- `oldest` is clamped to what the relay can represent: a row written with occurred_at
+-- '-infinity' must not make the gauge fail (it is dead-lettered by the claim).
+SELECT count(*)::bigint AS pending,
+       LEAST(GREATEST(min(occurred_at), '4714-11-24 00:00:00+00 BC'),
+             '262142-12-31 23:59:59+00') AS oldest,
        (SELECT count(*)::bigint FROM {schema}.{events} WHERE status = 'dead') AS dead,
        now() AS now
 FROM {schema}.{events}
@@ -9,7 +13,9 @@ SELECT l.partition, l.owner, l.epoch, l.expires_at > now() AS live,
        coalesce(p.pending, 0)::bigint AS pending, p.oldest
 FROM {schema}.leases l
 LEFT JOIN (
-    SELECT partition, count(*) AS pending, min(occurred_at) AS oldest
+    SELECT partition, count(*) AS pending,
+           LEAST(GREATEST(min(occurred_at), '4714-11-24 00:00:00+00 BC'),
+                 '262142-12-31 23:59:59+00') AS oldest
     FROM {schema}.{events}
     WHERE status = 'pending'
     GROUP BY partition
