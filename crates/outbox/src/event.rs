@@ -14,8 +14,11 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 
 /// Longest accepted aggregate type, event type, destination or header name, in bytes.
 const MAX_NAME_BYTES: usize = 255;
-/// Longest accepted aggregate id or header value, in bytes.
+/// Longest accepted header value, in bytes.
 const MAX_VALUE_BYTES: usize = 4096;
+/// Longest accepted aggregate id, in bytes: with the aggregate type, the key must fit in one
+/// PostgreSQL index entry (about 2.7 kB), or the database refuses the row.
+const MAX_AGGREGATE_ID_BYTES: usize = 2048;
 
 /// String headers carried with the event to the broker (trace context, correlation id, tenant…).
 pub type Headers = BTreeMap<String, String>;
@@ -146,7 +149,7 @@ impl Event {
     /// Checks every field; the error names the field and what is wrong with it.
     pub fn validate(&self, max_payload_bytes: usize) -> Result<(), Error> {
         check_name("aggregate_type", &self.aggregate_type, MAX_NAME_BYTES)?;
-        check_name("aggregate_id", &self.aggregate_id, MAX_VALUE_BYTES)?;
+        check_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_ID_BYTES)?;
         check_name("event_type", &self.event_type, MAX_NAME_BYTES)?;
         check_name("content_type", &self.content_type, MAX_NAME_BYTES)?;
         if let Some(destination) = &self.destination {
@@ -233,6 +236,17 @@ mod tests {
 
     fn valid() -> Event {
         Event::new("order", "1", "OrderPlaced")
+    }
+
+    #[test]
+    fn an_aggregate_id_must_fit_an_index_entry() {
+        let long = Event::new("order", "x".repeat(2049), "OrderPlaced");
+        let error = long.validate(1024).unwrap_err().to_string();
+        assert!(error.contains("aggregate_id"), "{error}");
+        assert!(error.contains("2048"), "{error}");
+        assert!(Event::new("order", "x".repeat(2048), "OrderPlaced")
+            .validate(1024)
+            .is_ok());
     }
 
     #[test]
