@@ -12,7 +12,7 @@
 #[path = "chaos/mod.rs"]
 mod chaos;
 
-use std::time::Instant;
+use std::{io::Write, time::Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_keep_g1_g2_g4_through_kills_pauses_and_broker_and_database_crashes() {
@@ -20,7 +20,9 @@ async fn relays_keep_g1_g2_g4_through_kills_pauses_and_broker_and_database_crash
     let started = Instant::now();
     let outcome = chaos::run(&settings).await;
     let f = &outcome.figures;
-    println!(
+    // Straight to stderr, past the test harness's capture: CI logs show the counts.
+    let _ = writeln!(
+        std::io::stderr(),
         "\nchaos end to end, {:?}: seed {:#x}, {:?} of chaos, {} relays, wall {:.1} s\n{f}",
         settings.broker,
         settings.seed,

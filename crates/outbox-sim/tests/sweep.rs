@@ -3,6 +3,8 @@
 //!
 //! `OUTBOX_SIM_SEEDS` sets the sweep's size (default 2000, in four parallel parts).
 
+use std::io::Write;
+
 use outbox_sim::{Bug, Faults, Report, SimConfig, Summary};
 
 fn sweep_part(part: u64) {
@@ -17,7 +19,12 @@ fn sweep_part(part: u64) {
         .map(|seed| outbox_sim::run(seed, &config))
         .collect();
     let summary = Summary::of(&reports);
-    println!("seeds {first}..{}:\n{summary}", first + per_part - 1);
+    // Straight to stderr, past the test harness's capture: CI logs show the counts.
+    let _ = writeln!(
+        std::io::stderr(),
+        "simulation, seeds {first}..{}:\n{summary}",
+        first + per_part - 1
+    );
     let failures: Vec<String> = reports
         .iter()
         .filter(|r| !r.ok())
