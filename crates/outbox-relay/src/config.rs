@@ -138,37 +138,33 @@ impl RelayConfig {
         if self.lane_concurrency == 0 {
             return Err("lane_concurrency: must be 1 or more".into());
         }
-        for (name, value) in [
-            ("poll_interval", self.poll_interval),
-            ("publish_timeout", self.publish_timeout),
-            ("rescan_interval", self.rescan_interval),
-            ("lease_ttl", self.lease_ttl),
-            ("heartbeat_interval", self.heartbeat_interval),
-            ("stats_interval", self.stats_interval),
-            ("stall_timeout", self.stall_timeout),
-            ("purge_interval", self.purge_interval),
-        ] {
-            if value.is_zero() {
-                return Err(format!("{name}: must be more than 0"));
-            }
-        }
-        for (name, value) in [
-            ("poll_interval", self.poll_interval),
-            ("publish_timeout", self.publish_timeout),
-            ("rescan_interval", self.rescan_interval),
-            ("lease_ttl", self.lease_ttl),
-            ("heartbeat_interval", self.heartbeat_interval),
-            ("stats_interval", self.stats_interval),
-            ("stall_timeout", self.stall_timeout),
-            ("purge_interval", self.purge_interval),
-            ("purge_retention", self.purge_retention.unwrap_or_default()),
-            ("retry.initial_backoff", self.retry.initial_backoff),
-            ("retry.max_backoff", self.retry.max_backoff),
+        // Every duration is capped (the relay's arithmetic must not overflow); the intervals
+        // must also be more than zero (the retry policy checks its own).
+        for (name, value, positive) in [
+            ("poll_interval", self.poll_interval, true),
+            ("publish_timeout", self.publish_timeout, true),
+            ("rescan_interval", self.rescan_interval, true),
+            ("lease_ttl", self.lease_ttl, true),
+            ("heartbeat_interval", self.heartbeat_interval, true),
+            ("stats_interval", self.stats_interval, true),
+            ("stall_timeout", self.stall_timeout, true),
+            ("purge_interval", self.purge_interval, true),
+            (
+                "purge_retention",
+                self.purge_retention.unwrap_or_default(),
+                false,
+            ),
+            ("retry.initial_backoff", self.retry.initial_backoff, false),
+            ("retry.max_backoff", self.retry.max_backoff, false),
             (
                 "retry.max_transient_backoff",
                 self.retry.max_transient_backoff,
+                false,
             ),
         ] {
+            if positive && value.is_zero() {
+                return Err(format!("{name}: must be more than 0"));
+            }
             if value > MAX_DURATION {
                 return Err(format!("{name}: must be at most 100 years"));
             }
