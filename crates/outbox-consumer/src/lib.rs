@@ -23,6 +23,7 @@ pub mod nats;
 mod processor;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+pub mod saga;
 
 pub use config::ConsumerConfig;
 pub use envelope::{DecodeError, Envelope};

@@ -141,6 +141,16 @@ impl Event {
         self.aggregate_version
     }
 
+    /// The event type.
+    pub fn kind(&self) -> &str {
+        &self.event_type
+    }
+
+    /// The headers set so far.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+
     /// The payload bytes.
     pub fn payload_bytes(&self) -> &[u8] {
         &self.payload

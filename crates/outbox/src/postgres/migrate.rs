@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "pending rows by aggregate",
         include_str!("migrations/0006_pending_aggregate_index.sql"),
     ),
+    (7, "sagas", include_str!("migrations/0007_sagas.sql")),
 ];
 
 /// Settings fixed when the outbox is created.

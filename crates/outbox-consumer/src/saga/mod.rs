@@ -1,0 +1,26 @@
+//! Orchestrated sagas on the outbox's guarantees.
+//!
+//! A saga coordinates a process across services (create order → reserve inventory → take
+//! payment → ship; compensate when a step fails). Here an instance is a row in the `sagas`
+//! table (type, correlation id, state, data as JSON, version, deadline) and every step is **one
+//! local transaction**: the inbox check, loading and locking the instance, the transition, the
+//! new state and the commands it emits into the outbox. A crash at any point leaves all of it or
+//! none, so no step is lost and none is applied twice; the outbox relay then delivers what the
+//! step emitted at least once, in order per aggregate.
+//!
+//! - Define the machine with [`Saga`]: one `match` over (state, trigger) in [`Saga::react`].
+//! - Run it with [`SagaHandler`] inside a [`Processor`](crate::Processor).
+//! - Fire deadlines with [`SagaTimeouts`]: the [`TIMEOUT`] trigger goes through the same step.
+//! - Events the saga does not expect, or that match no instance, are recorded in `saga_steps`
+//!   (`unexpected`, `orphan`, `uncorrelated`) and logged, never dropped silently;
+//!   `outbox sagas list | show` reports them.
+
+mod definition;
+mod handler;
+mod runtime;
+mod timeouts;
+
+pub use definition::{Saga, Step, Trigger, TIMEOUT};
+pub use handler::SagaHandler;
+pub use runtime::Outcome;
+pub use timeouts::SagaTimeouts;

@@ -1,0 +1,410 @@
+//! Saga steps on the real PostgreSQL: each step is one transaction with the inbox, the
+//! instance, the emitted events and the step's record; timeouts fire once; nothing a saga
+//! receives is dropped silently.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use outbox::Event;
+use outbox_consumer::{
+    saga::{Saga, SagaHandler, Step, Trigger, TIMEOUT},
+    Envelope, HandlerError, Outcome, Processor,
+};
+use outbox_testkit::TestDb;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+enum State {
+    AwaitingPayment,
+    Paid,
+    Cancelled,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Order {
+    id: String,
+    notes: u32,
+}
+
+/// A checkout: placed → awaiting payment → paid, or cancelled when payment does not come in
+/// time. `Note` only counts; `Boom` changes the data and then fails.
+struct Checkout {
+    payment_timeout: Duration,
+}
+
+impl Saga for Checkout {
+    type State = State;
+    type Data = Order;
+
+    fn name(&self) -> &str {
+        "checkout"
+    }
+
+    fn reacts_to(&self) -> &[&str] {
+        &["OrderPlaced", "PaymentTaken", "Note", "Boom"]
+    }
+
+    fn correlate(&self, event: &Envelope) -> Option<String> {
+        event.aggregate_id.clone()
+    }
+
+    fn start(&self, event: &Envelope) -> Option<(State, Order)> {
+        let id = event.aggregate_id.clone()?;
+        (event.event_type == "OrderPlaced")
+            .then_some((State::AwaitingPayment, Order { id, notes: 0 }))
+    }
+
+    fn react(
+        &self,
+        state: &State,
+        order: &mut Order,
+        on: &Trigger,
+    ) -> Result<Step<State>, HandlerError> {
+        use State::*;
+        Ok(match (state, on.name()) {
+            (AwaitingPayment, "OrderPlaced") => {
+                Step::stay().emit(Event::new("order", &order.id, "TakePayment"))
+            }
+            (AwaitingPayment, "PaymentTaken") => Step::to(Paid),
+            (AwaitingPayment, TIMEOUT) => {
+                Step::to(Cancelled).emit(Event::new("order", &order.id, "CancelOrder"))
+            }
+            (_, "Note") => {
+                order.notes += 1;
+                Step::stay()
+            }
+            (_, "Boom") => {
+                order.notes += 1000;
+                return Err(HandlerError::new("boom"));
+            }
+            _ => Step::unexpected(format!("{} while {state:?}", on.name())),
+        })
+    }
+
+    fn timeout(&self, state: &State) -> Option<Duration> {
+        (*state == State::AwaitingPayment).then_some(self.payment_timeout)
+    }
+
+    fn is_final(&self, state: &State) -> bool {
+        matches!(state, State::Paid | State::Cancelled)
+    }
+}
+
+fn envelope(order: Option<&str>, event_type: &str) -> Envelope {
+    Envelope {
+        event_id: Uuid::now_v7(),
+        event_type: event_type.into(),
+        schema_version: 1,
+        aggregate_type: Some("order".into()),
+        aggregate_id: order.map(str::to_owned),
+        aggregate_version: None,
+        occurred_at: None,
+        destination: format!("order.{event_type}"),
+        headers: BTreeMap::new(),
+        payload: Bytes::from_static(b"{}"),
+    }
+}
+
+struct Fixture {
+    db: TestDb,
+    saga: Arc<SagaHandler<Checkout>>,
+    processor: Processor,
+}
+
+async fn fixture(payment_timeout: Duration) -> Fixture {
+    let db = TestDb::new(4).await;
+    let saga = Arc::new(SagaHandler::new(Checkout { payment_timeout }, &db.tables));
+    let processor = Processor::new(db.pool.clone(), &db.tables, "checkout", saga.clone());
+    Fixture {
+        db,
+        saga,
+        processor,
+    }
+}
+
+#[derive(Debug, PartialEq)]
+struct Row {
+    state: String,
+    version: i64,
+    notes: i64,
+    finished: bool,
+    has_deadline: bool,
+}
+
+impl Fixture {
+    async fn instance(&self, id: &str) -> Option<Row> {
+        let row: Option<(String, i64, i64, bool, bool)> = sqlx::query_as(&self.db.tables.render(
+            "SELECT state, version, (data->>'notes')::bigint, finished, deadline IS NOT NULL \
+             FROM {schema}.sagas WHERE saga_type = 'checkout' AND correlation_id = $1",
+        ))
+        .bind(id)
+        .fetch_optional(&self.db.pool)
+        .await
+        .unwrap();
+        row.map(|(state, version, notes, finished, has_deadline)| Row {
+            state,
+            version,
+            notes,
+            finished,
+            has_deadline,
+        })
+    }
+
+    async fn steps(&self, id: &str) -> Vec<(String, String, Option<String>, Option<String>)> {
+        sqlx::query_as(&self.db.tables.render(
+            "SELECT trigger, outcome, from_state, to_state FROM {schema}.saga_steps \
+             WHERE correlation_id = $1 ORDER BY id",
+        ))
+        .bind(id)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn emitted(&self, id: &str) -> Vec<(String, serde_json::Value)> {
+        sqlx::query_as(&self.db.tables.render(
+            "SELECT event_type, headers FROM {schema}.{events} WHERE aggregate_id = $1 ORDER BY id",
+        ))
+        .bind(id)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_step_saves_the_instance_and_enqueues_what_it_emits_in_one_transaction() {
+    let f = fixture(Duration::from_secs(600)).await;
+    let placed = envelope(Some("o1"), "OrderPlaced");
+    assert_eq!(f.processor.apply(&placed).await.unwrap(), Outcome::Applied);
+
+    let row = f.instance("o1").await.expect("instance created");
+    assert_eq!(
+        (row.state.as_str(), row.version, row.has_deadline),
+        ("AwaitingPayment", 1, true)
+    );
+    let emitted = f.emitted("o1").await;
+    assert_eq!(emitted.len(), 1);
+    let (event_type, headers) = &emitted[0];
+    assert_eq!(event_type, "TakePayment");
+    assert_eq!(headers["correlation-id"], "o1");
+    assert_eq!(headers["saga-type"], "checkout");
+    assert_eq!(headers["causation-id"], placed.event_id.to_string());
+
+    f.processor
+        .apply(&envelope(Some("o1"), "PaymentTaken"))
+        .await
+        .unwrap();
+    let row = f.instance("o1").await.unwrap();
+    assert_eq!(
+        row,
+        Row {
+            state: "Paid".into(),
+            version: 2,
+            notes: 0,
+            finished: true,
+            has_deadline: false
+        }
+    );
+    let steps = f.steps("o1").await;
+    assert_eq!(
+        steps,
+        vec![
+            (
+                "OrderPlaced".into(),
+                "started".into(),
+                None,
+                Some("AwaitingPayment".into())
+            ),
+            (
+                "PaymentTaken".into(),
+                "transitioned".into(),
+                Some("AwaitingPayment".into()),
+                Some("Paid".into())
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_redelivered_event_is_not_applied_twice() {
+    let f = fixture(Duration::from_secs(600)).await;
+    f.processor
+        .apply(&envelope(Some("o2"), "OrderPlaced"))
+        .await
+        .unwrap();
+    let note = envelope(Some("o2"), "Note");
+    for _ in 0..3 {
+        f.processor.apply(&note).await.unwrap();
+    }
+    let row = f.instance("o2").await.unwrap();
+    assert_eq!((row.notes, row.version), (1, 2), "one Note applied, once");
+    assert_eq!(f.steps("o2").await.len(), 2);
+}
+
+#[tokio::test]
+async fn a_failed_step_leaves_nothing_behind_and_is_retried_whole() {
+    let f = fixture(Duration::from_secs(600)).await;
+    f.processor
+        .apply(&envelope(Some("o3"), "OrderPlaced"))
+        .await
+        .unwrap();
+    let boom = envelope(Some("o3"), "Boom");
+    let err = f.processor.apply(&boom).await.unwrap_err();
+    assert!(err.to_string().contains("boom"), "{err}");
+    let row = f.instance("o3").await.unwrap();
+    assert_eq!((row.notes, row.version), (0, 1), "data change rolled back");
+    assert_eq!(f.steps("o3").await.len(), 1, "no step recorded");
+    assert_eq!(f.emitted("o3").await.len(), 1, "nothing more emitted");
+    let inbox: i64 = sqlx::query_scalar(
+        &f.db
+            .tables
+            .render("SELECT count(*) FROM {schema}.inbox WHERE event_id = $1"),
+    )
+    .bind(boom.event_id)
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        inbox, 0,
+        "the event is not marked seen: a redelivery runs the step again"
+    );
+}
+
+#[tokio::test]
+async fn unexpected_orphan_and_uncorrelated_events_are_recorded_not_dropped() {
+    let f = fixture(Duration::from_secs(600)).await;
+    // Payment for an order the saga never saw.
+    assert_eq!(
+        f.saga
+            .step(
+                &mut *f.db.pool.acquire().await.unwrap(),
+                &envelope(Some("ghost"), "PaymentTaken")
+            )
+            .await
+            .unwrap(),
+        Some(outbox_consumer::saga::Outcome::Orphan)
+    );
+    // A second payment after the first: not expected once paid.
+    f.processor
+        .apply(&envelope(Some("o4"), "OrderPlaced"))
+        .await
+        .unwrap();
+    f.processor
+        .apply(&envelope(Some("o4"), "PaymentTaken"))
+        .await
+        .unwrap();
+    f.processor
+        .apply(&envelope(Some("o4"), "PaymentTaken"))
+        .await
+        .unwrap();
+    // No correlation id at all.
+    f.processor
+        .apply(&envelope(None, "PaymentTaken"))
+        .await
+        .unwrap();
+    // Not addressed to this saga: skipped without a trace.
+    f.processor
+        .apply(&envelope(Some("o4"), "Unrelated"))
+        .await
+        .unwrap();
+
+    assert_eq!(f.steps("ghost").await[0].1, "orphan");
+    let o4 = f.steps("o4").await;
+    assert_eq!(o4.len(), 3);
+    assert_eq!(
+        o4[2],
+        (
+            "PaymentTaken".into(),
+            "unexpected".into(),
+            Some("Paid".into()),
+            Some("Paid".into())
+        )
+    );
+    assert_eq!(
+        f.instance("o4").await.unwrap().version,
+        3,
+        "the unexpected step is a version too"
+    );
+    assert_eq!(f.steps("").await[0].1, "uncorrelated");
+}
+
+#[tokio::test]
+async fn a_deadline_fires_once_even_with_two_schedulers_racing() {
+    let f = fixture(Duration::ZERO).await;
+    for n in 0..20 {
+        f.processor
+            .apply(&envelope(Some(&format!("t{n}")), "OrderPlaced"))
+            .await
+            .unwrap();
+    }
+    let (a, b) = (
+        f.saga.timeouts(f.db.pool.clone()),
+        f.saga.timeouts(f.db.pool.clone()),
+    );
+    let (fired_a, fired_b) = tokio::join!(a.fire_due(), b.fire_due());
+    assert_eq!(fired_a.unwrap() + fired_b.unwrap(), 20);
+    assert_eq!(a.fire_due().await.unwrap(), 0, "nothing left to fire");
+    for n in 0..20 {
+        let id = format!("t{n}");
+        let row = f.instance(&id).await.unwrap();
+        assert_eq!(
+            (row.state.as_str(), row.finished, row.has_deadline),
+            ("Cancelled", true, false)
+        );
+        let types: Vec<String> = f.emitted(&id).await.into_iter().map(|(t, _)| t).collect();
+        assert_eq!(types, ["TakePayment", "CancelOrder"]);
+        assert_eq!(f.steps(&id).await[1].1, "timed_out");
+    }
+    // A reply after the timeout is recorded as unexpected and changes nothing.
+    f.processor
+        .apply(&envelope(Some("t0"), "PaymentTaken"))
+        .await
+        .unwrap();
+    assert_eq!(f.instance("t0").await.unwrap().state, "Cancelled");
+    assert_eq!(f.steps("t0").await[2].1, "unexpected");
+}
+
+#[tokio::test]
+async fn concurrent_steps_on_one_instance_serialise() {
+    let f = fixture(Duration::from_secs(600)).await;
+    f.processor
+        .apply(&envelope(Some("c1"), "OrderPlaced"))
+        .await
+        .unwrap();
+    let notes = (0..24).map(|_| {
+        let p = f.processor.clone();
+        tokio::spawn(async move { p.apply(&envelope(Some("c1"), "Note")).await })
+    });
+    for r in futures::future::join_all(notes).await {
+        r.unwrap().unwrap();
+    }
+    let row = f.instance("c1").await.unwrap();
+    assert_eq!((row.notes, row.version), (24, 25));
+}
+
+#[tokio::test]
+async fn concurrent_starts_create_one_instance() {
+    let f = fixture(Duration::from_secs(600)).await;
+    // Two different events that both start the same instance, at once: one creates it, the
+    // other fails its step (the instance appeared) and succeeds when retried.
+    let (a, b) = (
+        envelope(Some("s1"), "OrderPlaced"),
+        envelope(Some("s1"), "OrderPlaced"),
+    );
+    let (ra, rb) = tokio::join!(f.processor.apply(&a), f.processor.apply(&b));
+    for (r, e) in [(ra, &a), (rb, &b)] {
+        if r.is_err() {
+            f.processor.apply(e).await.unwrap();
+        }
+    }
+    let row = f.instance("s1").await.unwrap();
+    assert_eq!(
+        row.version, 2,
+        "created once, then the second start is a step on it"
+    );
+    let steps = f.steps("s1").await;
+    assert_eq!(steps[0].1, "started");
+    assert_eq!(steps[1].1, "stayed");
+}
