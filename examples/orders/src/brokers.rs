@@ -1,7 +1,7 @@
 //! The broker side of the scenario: a stream (NATS) or an exchange with one queue per consumer
 //! (RabbitMQ), named after the scenario's schema, and the consumer runners.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::{self, stream};
 use lapin::{
@@ -31,9 +31,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{shop, BoxError};
 
-const CONSUMERS: &[&str] = &["inventory", "notifications"];
+/// The consumers of the plain orders flow.
+pub(crate) const ORDER_CONSUMERS: &[&str] = &["inventory", "notifications"];
 
-pub(crate) enum Broker {
+/// A stream (NATS) or a topic exchange with one queue per consumer (RabbitMQ), and the names
+/// of the consumers it was set up for.
+pub(crate) struct Broker {
+    kind: Kind,
+    consumers: Vec<String>,
+}
+
+enum Kind {
     Nats {
         url: String,
         stream: String,
@@ -55,14 +63,16 @@ fn handler(name: &str, tables: &Tables) -> Arc<dyn Handler> {
 }
 
 impl Broker {
-    /// Creates the stream or the exchange and queues, so nothing published is unroutable.
+    /// Creates the stream, or the exchange and one queue per consumer, so nothing published is
+    /// unroutable. Names derive from the schema of `tables`.
     pub(crate) async fn set_up(
         url: &str,
         tables: &Tables,
-        _pool: &PgPool,
+        consumers: &[&str],
     ) -> Result<Self, BoxError> {
         let name = tables.schema().as_str();
-        if url.starts_with("nats://") {
+        let consumers: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
+        let kind = if url.starts_with("nats://") {
             let js = jetstream::new(async_nats::connect(url).await?);
             let stream = name.to_uppercase();
             js.create_stream(stream::Config {
@@ -71,11 +81,11 @@ impl Broker {
                 ..Default::default()
             })
             .await?;
-            Ok(Self::Nats {
+            Kind::Nats {
                 url: url.to_owned(),
                 stream,
                 js,
-            })
+            }
         } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
             let connection = Connection::connect(url, ConnectionProperties::default()).await?;
             let channel = connection.create_channel().await?;
@@ -86,7 +96,7 @@ impl Broker {
             channel
                 .exchange_declare(name, ExchangeKind::Topic, durable, FieldTable::default())
                 .await?;
-            for consumer in CONSUMERS {
+            for consumer in &consumers {
                 let queue = format!("{name}.{consumer}");
                 let options = QueueDeclareOptions {
                     durable: true,
@@ -105,21 +115,22 @@ impl Broker {
                     )
                     .await?;
             }
-            Ok(Self::RabbitMq {
+            Kind::RabbitMq {
                 url: url.to_owned(),
                 exchange: name.to_owned(),
                 channel,
                 _connection: connection,
-            })
+            }
         } else {
-            Err(format!("broker URL must be nats:// or amqp://, got {url:?}").into())
-        }
+            return Err(format!("broker URL must be nats:// or amqp://, got {url:?}").into());
+        };
+        Ok(Self { kind, consumers })
     }
 
     /// A publisher for a new relay.
     pub(crate) async fn publisher(&self) -> Result<Arc<dyn Publisher>, BoxError> {
-        Ok(match self {
-            Self::Nats { url, stream, .. } => Arc::new(
+        Ok(match &self.kind {
+            Kind::Nats { url, stream, .. } => Arc::new(
                 NatsPublisher::connect(NatsConfig {
                     url: url.clone(),
                     stream: stream.clone(),
@@ -127,7 +138,7 @@ impl Broker {
                 })
                 .await?,
             ),
-            Self::RabbitMq { url, exchange, .. } => Arc::new(
+            Kind::RabbitMq { url, exchange, .. } => Arc::new(
                 RabbitMqPublisher::connect(RabbitMqConfig {
                     url: url.clone(),
                     exchange: exchange.clone(),
@@ -139,7 +150,7 @@ impl Broker {
         })
     }
 
-    /// Starts one runner per consumer; they stop on `stop`.
+    /// Starts the plain flow's consumers; they stop on `stop`.
     pub(crate) async fn start_consumers(
         &self,
         pool: &PgPool,
@@ -147,54 +158,72 @@ impl Broker {
         stop: CancellationToken,
     ) -> Result<Vec<JoinHandle<()>>, BoxError> {
         let mut tasks = Vec::new();
-        for name in CONSUMERS {
-            let processor = Processor::new(pool.clone(), tables, *name, handler(name, tables));
-            let config = ConsumerConfig::new(*name);
-            let stop = stop.clone();
-            let task = match self {
-                Self::Nats { url, stream, .. } => {
-                    let consumer =
-                        NatsConsumer::connect(NatsSource::new(url, stream), config, processor)
-                            .await?;
-                    tokio::spawn(async move {
-                        if let Err(e) = consumer.run(stop).await {
-                            eprintln!("consumer stopped: {e}");
-                        }
-                    })
-                }
-                Self::RabbitMq { url, exchange, .. } => {
-                    let queue = format!("{exchange}.{name}");
-                    let consumer = RabbitMqConsumer::connect(
-                        RabbitMqSource::new(url, queue),
-                        config,
-                        processor,
-                    )
-                    .await?;
-                    tokio::spawn(async move {
-                        if let Err(e) = consumer.run(stop).await {
-                            eprintln!("consumer stopped: {e}");
-                        }
-                    })
-                }
-            };
+        for name in &self.consumers {
+            let processor = Processor::new(pool.clone(), tables, name, handler(name, tables));
+            let task = self
+                .start_consumer(
+                    processor,
+                    ConsumerConfig::new(name),
+                    Duration::from_secs(30),
+                    stop.clone(),
+                )
+                .await?;
             tasks.push(task);
         }
         Ok(tasks)
     }
 
+    /// Starts one consumer (named by `config`), which must be one this broker was set up for.
+    /// Unacknowledged messages come back after `ack_wait` (NATS) or when the consumer's
+    /// connection closes (RabbitMQ).
+    pub(crate) async fn start_consumer(
+        &self,
+        processor: Processor,
+        config: ConsumerConfig,
+        ack_wait: Duration,
+        stop: CancellationToken,
+    ) -> Result<JoinHandle<()>, BoxError> {
+        let name = config.name.clone();
+        Ok(match &self.kind {
+            Kind::Nats { url, stream, .. } => {
+                let source = NatsSource {
+                    ack_wait,
+                    ..NatsSource::new(url, stream)
+                };
+                let consumer = NatsConsumer::connect(source, config, processor).await?;
+                tokio::spawn(async move {
+                    if let Err(e) = consumer.run(stop).await {
+                        eprintln!("consumer {name} stopped: {e}");
+                    }
+                })
+            }
+            Kind::RabbitMq { url, exchange, .. } => {
+                let queue = format!("{exchange}.{name}");
+                let consumer =
+                    RabbitMqConsumer::connect(RabbitMqSource::new(url, queue), config, processor)
+                        .await?;
+                tokio::spawn(async move {
+                    if let Err(e) = consumer.run(stop).await {
+                        eprintln!("consumer {name} stopped: {e}");
+                    }
+                })
+            }
+        })
+    }
+
     /// Deletes what [`Broker::set_up`] and the consumers created.
     pub(crate) async fn clean_up(self) {
-        match self {
-            Self::Nats { stream, js, .. } => {
+        match self.kind {
+            Kind::Nats { stream, js, .. } => {
                 let _ = js.delete_stream(&stream).await;
-                for consumer in CONSUMERS {
+                for consumer in &self.consumers {
                     let _ = js.delete_stream(format!("{stream}_DEAD_{consumer}")).await;
                 }
             }
-            Self::RabbitMq {
+            Kind::RabbitMq {
                 exchange, channel, ..
             } => {
-                for consumer in CONSUMERS {
+                for consumer in &self.consumers {
                     for queue in [
                         format!("{exchange}.{consumer}"),
                         format!("{exchange}.{consumer}.dead"),

@@ -5,6 +5,7 @@
 //! `outbox demo --database-url … --broker-url …` runs it too.
 
 mod brokers;
+pub mod fulfilment;
 pub mod shop;
 mod summary;
 
@@ -61,29 +62,11 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Summary, B
         )
         .await?;
     shop::install(pool, tables).await?;
-    let broker = brokers::Broker::set_up(&s.broker_url, tables, pool).await?;
+    let broker = brokers::Broker::set_up(&s.broker_url, tables, brokers::ORDER_CONSUMERS).await?;
     let stop = CancellationToken::new();
     let consumers = broker.start_consumers(pool, tables, stop.clone()).await?;
 
-    let config = RelayConfig {
-        schema: tables.schema().as_str().to_owned(),
-        lease_ttl: Duration::from_secs(2),
-        heartbeat_interval: Duration::from_millis(500),
-        poll_interval: Duration::from_millis(100),
-        retry: RetryPolicy {
-            initial_backoff: Duration::from_millis(50),
-            max_transient_backoff: Duration::from_millis(500),
-            ..Default::default()
-        },
-        routing: RoutingConfig {
-            default: format!(
-                "{}.{{aggregate_type}}.{{event_type}}",
-                tables.schema().as_str()
-            ),
-            rules: vec![],
-        },
-        ..Default::default()
-    };
+    let config = relay_config(tables);
     let start_relay = |id: &str| {
         let config = RelayConfig {
             relay_id: Some(id.to_owned()),
@@ -139,6 +122,30 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Summary, B
     let summary = Summary::collect(pool, tables, total, crashed, started.elapsed()).await?;
     broker.clean_up().await;
     Ok(summary)
+}
+
+/// The relay settings of the example runs: short leases so that a killed relay is replaced
+/// quickly, and subjects or routing keys under the run's schema.
+pub(crate) fn relay_config(tables: &Tables) -> RelayConfig {
+    RelayConfig {
+        schema: tables.schema().as_str().to_owned(),
+        lease_ttl: Duration::from_secs(2),
+        heartbeat_interval: Duration::from_millis(500),
+        poll_interval: Duration::from_millis(100),
+        retry: RetryPolicy {
+            initial_backoff: Duration::from_millis(50),
+            max_transient_backoff: Duration::from_millis(500),
+            ..Default::default()
+        },
+        routing: RoutingConfig {
+            default: format!(
+                "{}.{{aggregate_type}}.{{event_type}}",
+                tables.schema().as_str()
+            ),
+            rules: vec![],
+        },
+        ..Default::default()
+    }
 }
 
 fn rand_u32() -> u32 {

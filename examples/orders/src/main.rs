@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run -p outbox-example-orders -- --database-url postgres://postgres@127.0.0.1:5432/test \
 //!     --broker-url nats://127.0.0.1:4222
+//! cargo run -p outbox-example-orders -- --saga orchestrated   # or choreographed
 //! ```
 
 use std::process::ExitCode;
@@ -22,14 +23,21 @@ struct Args {
     /// Orders to place.
     #[arg(long, default_value_t = 300)]
     orders: u32,
-    /// Do not kill the relay midway.
+    /// Do not kill the relay midway (nor consumers, in a saga run).
     #[arg(long)]
     no_crash: bool,
+    /// Run the order saga instead (CreateOrder → ReserveInventory → ProcessPayment → ShipOrder,
+    /// with compensation and an inventory timeout): `orchestrated` or `choreographed`.
+    #[arg(long, value_parser = ["orchestrated", "choreographed"])]
+    saga: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(mode) = &args.saga {
+        return saga(&args, mode).await;
+    }
     let scenario = Scenario {
         database_url: args.database_url,
         broker_url: args.broker_url,
@@ -40,6 +48,33 @@ async fn main() -> ExitCode {
         Ok(summary) => {
             print!("{summary}");
             if summary.guarantees_hold() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn saga(args: &Args, mode: &str) -> ExitCode {
+    use outbox_example_orders::fulfilment::{run, Mode, Scenario};
+    let mode = if mode == "orchestrated" {
+        Mode::Orchestrated
+    } else {
+        Mode::Choreographed
+    };
+    let scenario = Scenario {
+        crashes: !args.no_crash,
+        ..Scenario::new(&args.database_url, &args.broker_url, mode, args.orders)
+    };
+    match run(&scenario).await {
+        Ok(report) => {
+            print!("{report}");
+            if report.guarantees_hold() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
