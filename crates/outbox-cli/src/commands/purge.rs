@@ -25,6 +25,10 @@ pub struct Args {
     /// Also delete inbox rows older than this; it must exceed any redelivery window.
     #[arg(long, value_parser = humantime::parse_duration)]
     inbox_older_than: Option<Duration>,
+    /// Also delete finished saga instances (and their steps) not changed for this long, and
+    /// recorded orphan or uncorrelated saga events older than it.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    sagas_older_than: Option<Duration>,
     /// Count what would be deleted, delete nothing.
     #[arg(long)]
     dry_run: bool,
@@ -38,6 +42,7 @@ pub async fn run(args: Args) -> CommandResult {
         return Err("outbox purge runs on PostgreSQL outboxes only for now".into());
     };
     outbox_relay::store::PgStore::open(pool.clone(), &tables).await?;
+    let admin_pool = pool.clone();
     let admin = Admin::new(pool, &tables);
     let age = humantime::format_duration(args.older_than);
     let partitions = admin
@@ -80,6 +85,14 @@ pub async fn run(args: Args) -> CommandResult {
         let removed = admin.purge_inbox(retention, args.batch).await?;
         super::print(&format!(
             "purged {removed} inbox rows older than {}\n",
+            humantime::format_duration(retention)
+        ));
+    }
+    if let Some(retention) = args.sagas_older_than {
+        let (instances, steps) =
+            super::sagas::purge_finished(&admin_pool, &tables, retention, args.batch).await?;
+        super::print(&format!(
+            "purged {instances} finished sagas and {steps} saga steps older than {}\n",
             humantime::format_duration(retention)
         ));
     }

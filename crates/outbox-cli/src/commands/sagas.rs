@@ -320,3 +320,64 @@ fn missing_tables(e: sqlx::Error, tables: &outbox::Tables) -> Box<dyn std::error
         _ => e.into(),
     }
 }
+
+/// Deletes finished instances not changed for `retention`, with their steps, and steps
+/// recorded for no instance (orphan, uncorrelated) older than it, `batch` at a time. Open
+/// instances are never deleted. Returns (instances, steps) deleted.
+pub async fn purge_finished(
+    pool: &PgPool,
+    tables: &outbox::Tables,
+    retention: std::time::Duration,
+    batch: i64,
+) -> Result<(u64, u64), Box<dyn std::error::Error>> {
+    let finished = tables.render(
+        "WITH gone AS (
+             DELETE FROM {schema}.sagas WHERE (saga_type, correlation_id) IN (
+                 SELECT saga_type, correlation_id FROM {schema}.sagas
+                 WHERE finished AND updated_at < now() - make_interval(secs => $1)
+                 LIMIT $2 FOR UPDATE SKIP LOCKED)
+             RETURNING saga_type, correlation_id),
+         steps AS (
+             DELETE FROM {schema}.saga_steps s USING gone g
+             WHERE s.saga_type = g.saga_type AND s.correlation_id = g.correlation_id
+             RETURNING 1)
+         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM steps)",
+    );
+    let stray = tables.render(
+        "DELETE FROM {schema}.saga_steps WHERE id IN (
+             SELECT id FROM {schema}.saga_steps s
+             WHERE at < now() - make_interval(secs => $1)
+               AND NOT EXISTS (SELECT 1 FROM {schema}.sagas i
+                               WHERE i.saga_type = s.saga_type
+                                 AND i.correlation_id = s.correlation_id)
+             LIMIT $2)",
+    );
+    let secs = retention.as_secs_f64();
+    let (mut instances, mut steps) = (0u64, 0u64);
+    loop {
+        let (i, s): (i64, i64) = sqlx::query_as(&finished)
+            .bind(secs)
+            .bind(batch)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| missing_tables(e, tables))?;
+        instances += i as u64;
+        steps += s as u64;
+        if i < batch {
+            break;
+        }
+    }
+    loop {
+        let n = sqlx::query(&stray)
+            .bind(secs)
+            .bind(batch)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        steps += n;
+        if (n as i64) < batch {
+            break;
+        }
+    }
+    Ok((instances, steps))
+}
