@@ -279,7 +279,7 @@ async fn unexpected_orphan_and_uncorrelated_events_are_recorded_not_dropped() {
     assert_eq!(
         f.saga
             .step(
-                &mut *f.db.pool.acquire().await.unwrap(),
+                &mut f.db.pool.acquire().await.unwrap(),
                 &envelope(Some("ghost"), "PaymentTaken")
             )
             .await
