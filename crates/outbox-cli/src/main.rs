@@ -34,6 +34,8 @@ enum Command {
     DeadLetters(commands::dead_letters::Args),
     /// Audit a broker stream against the outbox: missing, duplicated, out-of-order events.
     Verify(commands::verify::Args),
+    /// Event schema tools: `check` that a new version is backward compatible (for CI).
+    Schema(commands::schema::Args),
 }
 
 #[tokio::main]
@@ -47,6 +49,7 @@ async fn main() -> ExitCode {
         Command::Purge(args) => commands::purge::run(args).await,
         Command::DeadLetters(args) => commands::dead_letters::run(args).await,
         Command::Verify(args) => commands::verify::run(args).await,
+        Command::Schema(args) => commands::schema::run(args).await,
     };
     match result {
         Ok(code) => code,

@@ -5,6 +5,7 @@ pub mod demo;
 pub mod migrate;
 pub mod purge;
 pub mod relay;
+pub mod schema;
 pub mod status;
 pub mod verify;
 
