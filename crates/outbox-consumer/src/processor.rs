@@ -63,13 +63,14 @@ impl Processor {
     /// (a no-op when it is already current, as after [`Processor::upcast`]).
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
         let upcast;
-        let event = if self.upcasters.current_version(&event.event_type).is_some() {
-            upcast = self
-                .upcast(event.clone())
-                .map_err(|e| HandlerError::new(e.to_string()))?;
-            &upcast
-        } else {
-            event
+        let event = match self.upcasters.current_version(&event.event_type) {
+            Some(current) if current != event.schema_version => {
+                upcast = self
+                    .upcast(event.clone())
+                    .map_err(|e| HandlerError::new(e.to_string()))?;
+                &upcast
+            }
+            _ => event,
         };
         let mut tx = self.pool.begin().await?;
         let seen = self
