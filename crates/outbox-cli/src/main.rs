@@ -36,6 +36,8 @@ enum Command {
     Verify(commands::verify::Args),
     /// Saga instances and their history: state, deadline, every step, unexpected events.
     Sagas(commands::sagas::Args),
+    /// Event schema tools: `check` that a new version is backward compatible (for CI).
+    Schema(commands::schema::Args),
 }
 
 #[tokio::main]
@@ -50,6 +52,7 @@ async fn main() -> ExitCode {
         Command::DeadLetters(args) => commands::dead_letters::run(args).await,
         Command::Verify(args) => commands::verify::run(args).await,
         Command::Sagas(args) => commands::sagas::run(args).await,
+        Command::Schema(args) => commands::schema::run(args).await,
     };
     match result {
         Ok(code) => code,

@@ -4,7 +4,10 @@ use bytes::Bytes;
 use chrono::{DateTime, FixedOffset, Utc};
 use uuid::Uuid;
 
-/// An outbox event as a consumer receives it: the relay's standard headers, decoded.
+use crate::cloudevents;
+
+/// An outbox event as a consumer receives it: the relay's standard headers (or CloudEvents
+/// attributes), decoded.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Envelope {
     /// The event id (the inbox key).
@@ -35,12 +38,55 @@ pub struct Envelope {
 pub struct DecodeError(pub String);
 
 impl Envelope {
-    /// Decodes the relay's headers (`event-id` required, `event-type` required).
+    /// Decodes a message: the relay's native headers (`event-id` and `event-type` required), or
+    /// a CloudEvents 1.0 message in binary or structured mode (`id` and `type` required; see
+    /// the module docs of `cloudevents`). `headers` are kept as received; for a structured
+    /// CloudEvent, `payload` becomes the event's data.
     pub fn decode(
         destination: impl Into<String>,
         headers: BTreeMap<String, String>,
         payload: Bytes,
     ) -> Result<Self, DecodeError> {
+        let (fields, payload) = match cloudevents::to_native(&headers, &payload) {
+            None => (Fields::parse(&headers)?, payload),
+            Some(native) => {
+                let native = native?;
+                (Fields::parse(&native.headers)?, native.payload)
+            }
+        };
+        Ok(Self {
+            event_id: fields.event_id,
+            event_type: fields.event_type,
+            schema_version: fields.schema_version,
+            aggregate_type: fields.aggregate_type,
+            aggregate_id: fields.aggregate_id,
+            aggregate_version: fields.aggregate_version,
+            occurred_at: fields.occurred_at,
+            destination: destination.into(),
+            headers,
+            payload,
+        })
+    }
+
+    /// Parses the payload as JSON.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.payload)
+    }
+}
+
+/// The standard fields, parsed from native header names.
+struct Fields {
+    event_id: Uuid,
+    event_type: String,
+    schema_version: i32,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    aggregate_version: Option<i64>,
+    occurred_at: Option<DateTime<Utc>>,
+}
+
+impl Fields {
+    fn parse(headers: &BTreeMap<String, String>) -> Result<Self, DecodeError> {
         let get = |name: &str| headers.get(name).map(String::as_str);
         let event_id = get("event-id").ok_or_else(|| DecodeError("no event-id header".into()))?;
         let event_id = Uuid::parse_str(event_id)
@@ -79,15 +125,7 @@ impl Envelope {
             aggregate_id: get("aggregate-id").map(str::to_owned),
             aggregate_version,
             occurred_at,
-            destination: destination.into(),
-            headers,
-            payload,
         })
-    }
-
-    /// Parses the payload as JSON.
-    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_slice(&self.payload)
     }
 }
 

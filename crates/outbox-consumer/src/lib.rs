@@ -4,7 +4,9 @@
 //! applies each event's effect exactly once (guarantee G5):
 //!
 //! 1. decode the message into an [`Envelope`] (event id, type, schema version, aggregate,
-//!    headers, payload) — a message that cannot be decoded is dead-lettered with the reason;
+//!    headers, payload; the relay's native headers or a CloudEvents 1.0 message, binary or
+//!    structured) and bring it to the current version with the [`Upcasters`] — a message that
+//!    cannot be decoded or upcast is dead-lettered with the reason;
 //! 2. in one database transaction: record the event id in the inbox
 //!    ([`outbox::postgres::PgInbox`]) and, only if it is new, run the [`Handler`];
 //! 3. commit, and only then acknowledge the broker.
@@ -14,6 +16,7 @@
 //! and skips. A handler that fails is retried with backoff; after `max_attempts` the message
 //! goes to the consumer's dead letter with its error, and later messages keep flowing.
 
+mod cloudevents;
 mod config;
 mod envelope;
 mod error;
@@ -24,9 +27,11 @@ mod processor;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 pub mod saga;
+mod upcast;
 
 pub use config::ConsumerConfig;
 pub use envelope::{DecodeError, Envelope};
 pub use error::Error;
 pub use handler::{Handler, HandlerError};
 pub use processor::{Outcome, Processor};
+pub use upcast::{UpcastError, Upcaster, Upcasters};

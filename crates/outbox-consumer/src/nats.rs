@@ -133,7 +133,10 @@ impl NatsConsumer {
             message.subject.to_string(),
             headers,
             message.payload.clone(),
-        );
+        )
+        .map_err(|e| e.to_string())
+        // An event that cannot reach its current version never will: dead-letter it at once.
+        .and_then(|e| self.processor.upcast(e).map_err(|e| e.to_string()));
         let result = match &envelope {
             Err(e) => Err((e.to_string(), true)),
             Ok(event) => self

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use outbox::postgres::{PgInbox, Seen};
 use sqlx::PgPool;
 
-use crate::{Envelope, Handler, HandlerError};
+use crate::{Envelope, Handler, HandlerError, UpcastError, Upcasters};
 
 /// What processing did with an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +22,7 @@ pub struct Processor {
     inbox: PgInbox,
     name: String,
     handler: Arc<dyn Handler>,
+    upcasters: Upcasters,
 }
 
 impl Processor {
@@ -37,7 +38,20 @@ impl Processor {
             inbox: PgInbox::new(tables),
             name: name.into(),
             handler,
+            upcasters: Upcasters::new(),
         }
+    }
+
+    /// The same processor, bringing every event to its current version with `upcasters`
+    /// before the handler sees it (payload rewritten, `schema_version` set to the current one).
+    pub fn with_upcasters(self, upcasters: Upcasters) -> Self {
+        Self { upcasters, ..self }
+    }
+
+    /// The event as the handler will see it. Runners call this right after decoding, and
+    /// dead-letter the message at once on an error (it cannot succeed on a retry).
+    pub fn upcast(&self, event: Envelope) -> Result<Envelope, UpcastError> {
+        self.upcasters.upcast_envelope(event)
     }
 
     /// The consumer name.
@@ -45,8 +59,19 @@ impl Processor {
         &self.name
     }
 
-    /// In one transaction: inbox check, handler (when new), commit.
+    /// In one transaction: inbox check, handler (when new), commit. The event is upcast first
+    /// (a no-op when it is already current, as after [`Processor::upcast`]).
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+        let upcast;
+        let event = match self.upcasters.current_version(&event.event_type) {
+            Some(current) if current != event.schema_version => {
+                upcast = self
+                    .upcast(event.clone())
+                    .map_err(|e| HandlerError::new(e.to_string()))?;
+                &upcast
+            }
+            _ => event,
+        };
         let mut tx = self.pool.begin().await?;
         let seen = self
             .inbox

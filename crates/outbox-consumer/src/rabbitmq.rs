@@ -135,7 +135,10 @@ impl RabbitMqConsumer {
             delivery.routing_key.to_string(),
             headers,
             delivery.data.clone().into(),
-        );
+        )
+        .map_err(|e| e.to_string())
+        // An event that cannot reach its current version never will: dead-letter it at once.
+        .and_then(|e| self.processor.upcast(e).map_err(|e| e.to_string()));
         let key = envelope
             .as_ref()
             .map(|e| e.event_id.to_string())
@@ -233,8 +236,10 @@ impl RabbitMqConsumer {
     }
 }
 
+/// The message's headers, plus its `content-type` property (where AMQP carries a CloudEvent's
+/// `datacontenttype`, and the structured mode's media type) unless a header has that name.
 fn headers_of(delivery: &Delivery) -> BTreeMap<String, String> {
-    delivery
+    let mut headers: BTreeMap<String, String> = delivery
         .properties
         .headers()
         .as_ref()
@@ -251,7 +256,13 @@ fn headers_of(delivery: &Delivery) -> BTreeMap<String, String> {
                 })
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if let Some(content_type) = delivery.properties.content_type() {
+        headers
+            .entry("content-type".into())
+            .or_insert_with(|| content_type.to_string());
+    }
+    headers
 }
 
 /// Convenience: connect and run until `shutdown`.

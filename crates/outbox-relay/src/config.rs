@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{retry::RetryPolicy, routing::RoutingConfig};
+use crate::{cloudevents::Envelope, retry::RetryPolicy, routing::RoutingConfig};
 
 /// Longest duration any setting takes: far above any sensible value, and small enough that
 /// what the relay computes from one (three times a heartbeat, an instant that far ahead, a
@@ -82,8 +82,14 @@ pub struct RelayConfig {
     pub on_dead: OnDead,
     /// Retry and dead-letter policy.
     pub retry: RetryPolicy,
-    /// Destination routing.
+    /// Destination routing, and fan-out copies for other schema versions.
     pub routing: RoutingConfig,
+    /// How events go on the wire (default `outbox`: the payload and the relay's native
+    /// headers; or `cloudevents-binary`, `cloudevents-structured`). See [`crate::cloudevents`].
+    pub envelope: Envelope,
+    /// The CloudEvents `source` attribute, a URI reference (default `/outbox/{aggregate_type}`;
+    /// placeholders as in routing templates). Used by the CloudEvents envelopes only.
+    pub cloudevents_source: String,
 }
 
 impl Default for RelayConfig {
@@ -109,6 +115,8 @@ impl Default for RelayConfig {
             on_dead: OnDead::Park,
             retry: RetryPolicy::default(),
             routing: RoutingConfig::default(),
+            envelope: Envelope::Outbox,
+            cloudevents_source: "/outbox/{aggregate_type}".into(),
         }
     }
 }
@@ -181,7 +189,12 @@ impl RelayConfig {
             return Err("max_payload_bytes: must be more than 0".into());
         }
         self.retry.validate()?;
-        self.routing.validate()
+        self.routing.validate()?;
+        crate::routing::check_template("cloudevents_source", &self.cloudevents_source)?;
+        if self.cloudevents_source.chars().any(char::is_whitespace) {
+            return Err("cloudevents_source: a URI reference has no spaces".into());
+        }
+        Ok(())
     }
 
     /// The outbox tables these settings point at.
@@ -229,6 +242,13 @@ mod tests {
                     ..Default::default()
                 },
                 "poll_interval",
+            ),
+            (
+                RelayConfig {
+                    cloudevents_source: "/orders/{aggregate_id}".into(),
+                    ..Default::default()
+                },
+                "cloudevents_source: unknown placeholder {aggregate_id}",
             ),
         ];
         for (config, field) in cases {

@@ -22,16 +22,23 @@
 //! * **Failures** ([`publisher::FailureClass`]): transient errors retry with backoff and never
 //!   dead-letter; permanent ones dead-letter after the configured attempts and park the aggregate.
 //!
+//! * **Versioning** ([`fanout`], [`cloudevents`], [`outgoing`]): a routing rule can publish
+//!   one stored event as several schema versions during a migration, and events can go out
+//!   as CloudEvents 1.0 (binary or structured mode) instead of the native headers.
+//!
 //! The entry point is [`Relay`].
 
 pub mod admin;
+pub mod cloudevents;
 pub mod config;
 pub mod dashboard;
 pub mod dispatcher;
 mod error;
+pub mod fanout;
 pub mod http;
 pub mod lease;
 pub mod message;
+pub mod outgoing;
 pub mod publisher;
 pub mod publishers;
 mod relay;

@@ -31,8 +31,12 @@ pub mod header {
 pub struct Message {
     /// Internal row id in the outbox table.
     pub id: i64,
-    /// The event id: sent as the broker's message id and dedupe key.
+    /// The event id: the `event-id` header, the consumers' idempotency key.
     pub event_id: Uuid,
+    /// The broker's message id and dedupe key (`Nats-Msg-Id`, AMQP `message-id`, …): the
+    /// event id, except on a fan-out copy, which needs an id of its own for the broker to keep
+    /// it ([`crate::fanout::copy_message_id`]).
+    pub message_id: Uuid,
     /// Ordering key, first half.
     pub aggregate_type: String,
     /// Ordering key, second half; the broker partition key.
@@ -55,12 +59,21 @@ pub struct Message {
     pub occurred_at: DateTime<Utc>,
     /// Publish attempts made before this one.
     pub attempts: i32,
+    /// Whether the relay's native headers ([`header`]) go on the wire with `headers`. `false`
+    /// when an envelope (CloudEvents) already put its own attributes in `headers`.
+    pub native_headers: bool,
 }
 
 impl Message {
     /// Calls `f` for every header to put on the broker message, without building a map: the
     /// writer's headers (except those the relay sets), then the relay's standard ones.
     pub fn visit_headers(&self, mut f: impl FnMut(&str, &str)) {
+        if !self.native_headers {
+            for (name, value) in &self.headers {
+                f(name, value);
+            }
+            return;
+        }
         const STANDARD: &[&str] = &[
             header::EVENT_ID,
             header::EVENT_TYPE,
@@ -96,6 +109,9 @@ impl Message {
     /// All headers to put on the broker message: the writer's, then the relay's standard ones
     /// (which win on a name clash).
     pub fn broker_headers(&self) -> Vec<(String, String)> {
+        if !self.native_headers {
+            return self.headers.clone().into_iter().collect();
+        }
         let mut out: BTreeMap<String, String> = self.headers.clone();
         out.insert(header::EVENT_ID.into(), self.event_id.to_string());
         out.insert(header::EVENT_TYPE.into(), self.event_type.clone());
@@ -120,9 +136,11 @@ impl Message {
 
 #[cfg(test)]
 pub(crate) fn sample(id: i64, aggregate_id: &str) -> Message {
+    let event_id = Uuid::now_v7();
     Message {
         id,
-        event_id: Uuid::now_v7(),
+        event_id,
+        message_id: event_id,
         aggregate_type: "order".into(),
         aggregate_id: aggregate_id.into(),
         aggregate_version: Some(id),
@@ -137,6 +155,7 @@ pub(crate) fn sample(id: i64, aggregate_id: &str) -> Message {
         ]),
         occurred_at: Utc::now(),
         attempts: 0,
+        native_headers: true,
     }
 }
 

@@ -10,8 +10,10 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     config::{OnDead, RelayConfig},
     dispatcher::{self, Item, Outcome},
+    fanout::Downcasts,
     http::Health,
     lease::{self, LeaseSettings, Leases},
+    outgoing::Outgoing,
     store::{ClaimedRow, Failure, Fence, PgStore, Store},
     telemetry::{DestinationLabel, FailureLabels, Metrics},
     Error, FailureClass, Publisher,
@@ -27,7 +29,11 @@ struct Shared {
     store: Arc<dyn Store>,
     /// Operator actions (PostgreSQL only): the periodic purge uses them.
     admin: Option<crate::admin::Admin>,
+    /// What the relay publishes through: the broker's publisher, wrapped by
+    /// [`crate::outgoing::Outgoing`] when the config fans out or changes the envelope.
     publisher: Arc<dyn Publisher>,
+    /// The broker's publisher itself, to wrap again with [`Relay::with_downcasts`].
+    broker: Arc<dyn Publisher>,
     config: RelayConfig,
     relay_id: String,
     metrics: Arc<Metrics>,
@@ -108,7 +114,8 @@ impl Relay {
             shared: Arc::new(Shared {
                 store,
                 admin: None,
-                publisher,
+                publisher: Outgoing::wrap(publisher.clone(), &config, Downcasts::new()),
+                broker: publisher,
                 config,
                 relay_id,
                 metrics: Arc::new(Metrics::new()),
@@ -116,6 +123,14 @@ impl Relay {
                 leases: Arc::new(Leases::default()),
             }),
         })
+    }
+
+    /// The same relay, making fan-out copies with these Rust downcasts where they apply
+    /// (instead of the copies' `keep_fields` / `drop_fields`). See [`crate::fanout`].
+    pub fn with_downcasts(mut self, downcasts: Downcasts) -> Self {
+        let shared = Arc::get_mut(&mut self.shared).expect("not running yet");
+        shared.publisher = Outgoing::wrap(shared.broker.clone(), &shared.config, downcasts);
+        self
     }
 
     /// This relay's id in the lease table.

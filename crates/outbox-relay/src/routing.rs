@@ -5,6 +5,8 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fanout::FanOutCopy;
+
 /// Placeholders a destination template may use.
 const PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type", "schema_version"];
 
@@ -39,6 +41,10 @@ pub struct RouteRule {
     pub aggregate_type: Option<String>,
     /// Destination template for matching events.
     pub destination: String,
+    /// Extra copies of matching events for other schema versions, during a migration
+    /// (default none). See [`crate::fanout`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fan_out: Vec<FanOutCopy>,
 }
 
 impl RoutingConfig {
@@ -50,8 +56,33 @@ impl RoutingConfig {
                 &format!("routing.rules[{i}].destination"),
                 &rule.destination,
             )?;
+            for (j, copy) in rule.fan_out.iter().enumerate() {
+                copy.check(&format!("routing.rules[{i}].fan_out[{j}]"))?;
+            }
         }
         Ok(())
+    }
+
+    /// Whether any rule fans events out.
+    pub fn has_fan_out(&self) -> bool {
+        self.rules.iter().any(|r| !r.fan_out.is_empty())
+    }
+
+    /// The fan-out copies for an event: those of the first rule whose filters match it. They
+    /// apply even when the row names its own destination (the copies serve the consumers of
+    /// older versions, wherever the event itself goes).
+    pub fn fan_out(&self, aggregate_type: &str, event_type: &str) -> &[FanOutCopy] {
+        self.matching(aggregate_type, event_type)
+            .map_or(&[], |r| r.fan_out.as_slice())
+    }
+
+    fn matching(&self, aggregate_type: &str, event_type: &str) -> Option<&RouteRule> {
+        self.rules.iter().find(|r| {
+            r.event_type.as_deref().is_none_or(|t| t == event_type)
+                && r.aggregate_type
+                    .as_deref()
+                    .is_none_or(|t| t == aggregate_type)
+        })
     }
 
     /// The destination of an event: its own override, else the first matching rule, else the
@@ -67,14 +98,7 @@ impl RoutingConfig {
             return own.to_owned();
         }
         let template = self
-            .rules
-            .iter()
-            .find(|r| {
-                r.event_type.as_deref().is_none_or(|t| t == event_type)
-                    && r.aggregate_type
-                        .as_deref()
-                        .is_none_or(|t| t == aggregate_type)
-            })
+            .matching(aggregate_type, event_type)
             .map_or(self.default.as_str(), |r| r.destination.as_str());
         render(template, aggregate_type, event_type, schema_version)
     }
@@ -83,7 +107,12 @@ impl RoutingConfig {
 /// Fills the placeholders of `template` in one pass: the values are taken literally, so an
 /// event type that itself contains `{schema_version}` is not substituted again. Anything that
 /// is not a known placeholder is kept as written.
-fn render(template: &str, aggregate_type: &str, event_type: &str, schema_version: i32) -> String {
+pub(crate) fn render(
+    template: &str,
+    aggregate_type: &str,
+    event_type: &str,
+    schema_version: i32,
+) -> String {
     let mut out = String::with_capacity(template.len() + aggregate_type.len() + event_type.len());
     let mut rest = template;
     while let Some(open) = rest.find('{') {
@@ -113,7 +142,7 @@ fn render(template: &str, aggregate_type: &str, event_type: &str, schema_version
     out
 }
 
-fn check_template(field: &str, template: &str) -> Result<(), String> {
+pub(crate) fn check_template(field: &str, template: &str) -> Result<(), String> {
     if template.trim().is_empty() {
         return Err(format!("{field}: must not be empty"));
     }
@@ -147,11 +176,13 @@ mod tests {
                     event_type: Some("OrderPaid".into()),
                     aggregate_type: None,
                     destination: "payments.v{schema_version}".into(),
+                    fan_out: Vec::new(),
                 },
                 RouteRule {
                     event_type: None,
                     aggregate_type: Some("user".into()),
                     destination: "users".into(),
+                    fan_out: Vec::new(),
                 },
             ],
             ..Default::default()
@@ -169,6 +200,7 @@ mod tests {
                 event_type: None,
                 aggregate_type: None,
                 destination: "x.{aggregate_id}".into(),
+                fan_out: Vec::new(),
             }],
             ..Default::default()
         };

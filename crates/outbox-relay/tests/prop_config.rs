@@ -94,6 +94,7 @@ prop_compose! {
             on_dead: if skip { OnDead::Skip } else { OnDead::Park },
             retry,
             routing: RoutingConfig { default, rules: vec![] },
+            ..RelayConfig::default()
         }
     }
 }

@@ -56,6 +56,7 @@ fn rule(template: impl Strategy<Value = String>) -> impl Strategy<Value = RouteR
             event_type: event_type.map(str::to_owned),
             aggregate_type: aggregate_type.map(str::to_owned),
             destination,
+            fan_out: Vec::new(),
         })
 }
 

@@ -29,6 +29,7 @@
 //! The outbox table is a public contract: services in any language may `INSERT` into it directly
 //! (see the README for the plain-SQL form).
 
+pub mod compat;
 mod error;
 mod event;
 mod ident;

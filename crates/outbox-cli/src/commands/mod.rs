@@ -6,6 +6,7 @@ pub mod migrate;
 pub mod purge;
 pub mod relay;
 pub mod sagas;
+pub mod schema;
 pub mod status;
 pub mod verify;
 

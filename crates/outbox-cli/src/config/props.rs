@@ -23,6 +23,8 @@ const KEYS: &[(&str, &str, &str)] = &[
     ("relay", "purge_retention", "\"7days\""),
     ("relay", "max_payload_bytes", "100000"),
     ("relay", "on_dead", "\"skip\""),
+    ("relay", "envelope", "\"cloudevents-binary\""),
+    ("relay", "cloudevents_source", "\"/orders\""),
     ("relay.retry", "max_attempts", "3"),
     ("relay.retry", "max_backoff", "\"1m\""),
     (

@@ -93,6 +93,7 @@ impl ClaimedRow {
         Ok(Message {
             id: self.id,
             event_id: self.event_id,
+            message_id: self.event_id,
             aggregate_type: self.aggregate_type.clone(),
             aggregate_id: self.aggregate_id.clone(),
             aggregate_version: self.aggregate_version,
@@ -104,6 +105,7 @@ impl ClaimedRow {
             headers,
             occurred_at,
             attempts: self.attempts,
+            native_headers: true,
         })
     }
 }

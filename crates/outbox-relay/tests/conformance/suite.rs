@@ -60,9 +60,11 @@ pub trait Harness: Sized + Send + Sync + 'static {
 
 /// A message as the relay would hand it over.
 pub fn message(destination: String, aggregate: &str, version: i64, payload: &[u8]) -> Message {
+    let event_id = Uuid::now_v7();
     Message {
         id: version,
-        event_id: Uuid::now_v7(),
+        event_id,
+        message_id: event_id,
         aggregate_type: "order".into(),
         aggregate_id: aggregate.into(),
         aggregate_version: Some(version),
@@ -83,6 +85,7 @@ pub fn message(destination: String, aggregate: &str, version: i64, payload: &[u8
         ]),
         occurred_at: Utc::now(),
         attempts: 0,
+        native_headers: true,
     }
 }
 

@@ -98,7 +98,7 @@ impl NatsPublisher {
         let publish = PublishMessage::build()
             .payload(message.payload.clone())
             .headers(headers)
-            .message_id(message.event_id.to_string());
+            .message_id(message.message_id.to_string());
         self.js
             .send_publish(message.destination.clone(), publish)
             .await?

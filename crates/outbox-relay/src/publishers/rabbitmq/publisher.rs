@@ -108,7 +108,7 @@ impl RabbitMqPublisher {
             );
         }
         BasicProperties::default()
-            .with_message_id(ShortString::from(message.event_id.to_string()))
+            .with_message_id(ShortString::from(message.message_id.to_string()))
             .with_content_type(ShortString::from(message.content_type.clone()))
             .with_type(ShortString::from(message.event_type.clone()))
             .with_delivery_mode(2)
@@ -123,7 +123,7 @@ fn classify(
     confirmation: Confirmation,
     exchange: &str,
     key: &str,
-    event_id: &str,
+    message_id: &str,
 ) -> Result<(), PublishError> {
     match confirmation {
         Confirmation::Ack(None) => Ok(()),
@@ -132,7 +132,7 @@ fn classify(
                 .properties
                 .message_id()
                 .as_ref()
-                .is_some_and(|id| id.as_str() != event_id) =>
+                .is_some_and(|id| id.as_str() != message_id) =>
         {
             // Another message's return: never conclude anything from it; retry this one.
             Err(PublishError::transient(
@@ -207,7 +207,7 @@ impl Publisher for RabbitMqPublisher {
                 confirmation,
                 &self.config.exchange,
                 &message.destination,
-                &message.event_id.to_string(),
+                &message.message_id.to_string(),
             );
             self.idle.lock().await.push(channel);
             outcome

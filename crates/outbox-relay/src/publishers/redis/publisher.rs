@@ -62,7 +62,7 @@ impl RedisPublisher {
     fn dedupe_key(message: &Message) -> String {
         format!(
             "{{{}}}:outbox-dedupe:{}",
-            message.destination, message.event_id
+            message.destination, message.message_id
         )
     }
 

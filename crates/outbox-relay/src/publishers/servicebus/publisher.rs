@@ -463,7 +463,7 @@ pub(crate) fn amqp_message(message: &Message) -> AmqpMessage<Data> {
         .header(Header::builder().durable(true).build())
         .properties(
             Properties::builder()
-                .message_id(message.event_id.to_string())
+                .message_id(message.message_id.to_string())
                 .group_id(message.aggregate_id.clone())
                 .subject(message.event_type.clone())
                 .content_type(Symbol::from(message.content_type.as_str()))

@@ -100,7 +100,7 @@ pub fn encode(message: &Message, fifo: bool) -> Entry {
     let (group_id, deduplication_id) = if fifo {
         (
             Some(group_id(&message.aggregate_type, &message.aggregate_id)),
-            Some(message.event_id.to_string()),
+            Some(message.message_id.to_string()),
         )
     } else {
         (None, None)

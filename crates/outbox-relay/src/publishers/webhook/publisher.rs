@@ -63,7 +63,7 @@ impl Publisher for WebhookPublisher {
                 .client
                 .post(&url)
                 .header(reqwest::header::CONTENT_TYPE, &message.content_type)
-                .header("idempotency-key", message.event_id.to_string())
+                .header("idempotency-key", message.message_id.to_string())
                 .body(message.payload.clone());
             for (name, value) in message.broker_headers() {
                 if name != "content-type" {

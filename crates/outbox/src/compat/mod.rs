@@ -1,0 +1,218 @@
+//! Is a new version of an event type backward compatible with the previous one? The
+//! additive-only rule, for CI (`outbox schema check`).
+//!
+//! Consumers of version N keep reading events of version N+1, and consumers of N+1 keep
+//! reading the N events already stored (through an upcaster), only when N+1 *adds* optional
+//! fields and changes nothing else. Each of these is a problem, reported with its JSON path:
+//!
+//! * a field removed (`$.total: removed`);
+//! * a type changed (`$.total: type changed from number to string`, the `decimal` → `string`
+//!   change of the source documents), including a type dropped from or added to a union;
+//! * an optional field made required, or a new field added as required;
+//! * an `enum` narrowed (values removed), or one added where any value was allowed;
+//! * `additionalProperties` turned to `false`.
+//!
+//! Added optional fields, widened enums, removed `required` entries and annotations
+//! (`title`, `description`, …) are compatible. Every problem is reported, not only the first.
+//!
+//! Either side is a JSON Schema (draft 7 / 2020-12, the subset `type`, `properties`,
+//! `required`, `items`, `enum`, `additionalProperties` plus annotations; other keywords such
+//! as `$ref` or `oneOf` are refused as bad input rather than ignored) or an example payload,
+//! whose shape is inferred (every number is a `number`, `null` says nothing, no field is
+//! required, arrays take their first element's shape).
+//!
+//! ```
+//! use outbox::compat::check;
+//! use serde_json::json;
+//!
+//! let v1 = json!({"order_id": "o-1", "total": 19.9});
+//! let added = json!({"order_id": "o-1", "total": 19.9, "region": "eu"});
+//! assert!(check(&v1, &added).unwrap().is_compatible());
+//!
+//! let decimal_to_string = json!({"order_id": "o-1", "total": "19.90"});
+//! let report = check(&v1, &decimal_to_string).unwrap();
+//! assert_eq!(report.to_string(), "$.total: type changed from number to string");
+//! ```
+
+mod shape;
+
+use std::{collections::BTreeSet, fmt};
+
+use serde_json::Value;
+
+use shape::{Kind, Shape};
+
+/// One incompatibility, at a JSON path (`$.customer.email`, `$.lines[*].sku`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Where: `$` is the payload itself.
+    pub path: String,
+    /// What changed.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Every incompatibility found; compatible when there is none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// In document order of the previous version, then new fields.
+    pub problems: Vec<Problem>,
+}
+
+impl Report {
+    /// Whether the next version is backward compatible.
+    pub fn is_compatible(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+impl fmt::Display for Report {
+    /// One problem a line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.problems.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A document that cannot be compared: the message names where and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// How to read a document.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// A JSON Schema when it declares `$schema` or is an object of schema keywords with a
+    /// valid `type`; an example payload otherwise.
+    #[default]
+    Auto,
+    /// A JSON Schema.
+    Schema,
+    /// An example payload.
+    Example,
+}
+
+/// Compares two documents read with [`Format::Auto`].
+pub fn check(previous: &Value, next: &Value) -> Result<Report, BadInput> {
+    check_as(previous, next, Format::Auto)
+}
+
+/// Compares the `next` version of an event type with the `previous` one.
+pub fn check_as(previous: &Value, next: &Value, format: Format) -> Result<Report, BadInput> {
+    let read = |document: &Value, which: &str| {
+        let schema = match format {
+            Format::Auto => Shape::looks_like_schema(document),
+            Format::Schema => true,
+            Format::Example => false,
+        };
+        if schema {
+            Shape::from_schema(document, "$").map_err(|e| BadInput(format!("{which}: {}", e.0)))
+        } else {
+            Ok(Shape::infer(document))
+        }
+    };
+    let previous = read(previous, "previous")?;
+    let next = read(next, "next")?;
+    let mut report = Report::default();
+    compare("$", &previous, &next, &mut report.problems);
+    Ok(report)
+}
+
+fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Problem>) {
+    if let (Some(old), Some(new)) = (&previous.types, &next.types) {
+        if old != new {
+            let names = |kinds: &BTreeSet<Kind>| {
+                let names: Vec<_> = kinds.iter().map(|k| k.name()).collect();
+                names.join(" or ")
+            };
+            let message = format!("type changed from {} to {}", names(old), names(new));
+            push(problems, path, message);
+        }
+    }
+    let list = |values: &[&Value]| {
+        let texts: Vec<_> = values.iter().map(|v| v.to_string()).collect();
+        texts.join(", ")
+    };
+    match (&previous.values, &next.values) {
+        (Some(old), Some(new)) => {
+            let removed: Vec<&Value> = old.iter().filter(|v| !new.contains(v)).collect();
+            if !removed.is_empty() {
+                let message = format!("enum narrowed: {} no longer allowed", list(&removed));
+                push(problems, path, message);
+            }
+        }
+        (None, Some(new)) => {
+            let message = format!(
+                "enum added: only {} allowed now",
+                list(&new.iter().collect::<Vec<_>>())
+            );
+            push(problems, path, message);
+        }
+        _ => {}
+    }
+    if previous.additional && !next.additional {
+        push(
+            problems,
+            path,
+            "additionalProperties changed to false".into(),
+        );
+    }
+    for (name, old) in &previous.properties {
+        let child = path_of_property(path, name);
+        match next.properties.get(name) {
+            None => push(problems, &child, "removed".into()),
+            Some(new) => {
+                if next.required.contains(name) && !previous.required.contains(name) {
+                    push(problems, &child, "optional field made required".into());
+                }
+                compare(&child, old, new, problems);
+            }
+        }
+    }
+    for name in &next.required {
+        if !previous.properties.contains_key(name) && !previous.required.contains(name) {
+            let message = "added as required (stored events of the previous version lack it)";
+            push(problems, &path_of_property(path, name), message.into());
+        }
+    }
+    if let (Some(old), Some(new)) = (&previous.items, &next.items) {
+        compare(&path_of_items(path), old, new, problems);
+    }
+}
+
+fn push(problems: &mut Vec<Problem>, path: &str, message: String) {
+    problems.push(Problem {
+        path: path.to_owned(),
+        message,
+    });
+}
+
+/// `$.name`, or `$["odd name"]` when the name is not a plain identifier.
+fn path_of_property(parent: &str, name: &str) -> String {
+    let plain = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if plain {
+        format!("{parent}.{name}")
+    } else {
+        format!("{parent}[{}]", Value::String(name.to_owned()))
+    }
+}
+
+/// `$.lines[*]`: any item of the array.
+fn path_of_items(parent: &str) -> String {
+    format!("{parent}[*]")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,190 @@
+use serde_json::{json, Value};
+
+use super::*;
+
+fn problems(previous: Value, next: Value) -> Vec<String> {
+    check(&previous, &next)
+        .unwrap()
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+fn order_v1() -> Value {
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "OrderCreated v1",
+        "type": "object",
+        "properties": {
+            "order_id": { "type": "string", "format": "uuid" },
+            "total": { "type": "number" },
+            "status": { "enum": ["placed", "paid", "shipped"] },
+            "lines": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": { "sku": { "type": "string" }, "qty": { "type": "integer" } },
+                    "required": ["sku", "qty"]
+                }
+            }
+        },
+        "required": ["order_id", "total"]
+    })
+}
+
+fn with(mut schema: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    schema.pointer_mut(parent).unwrap()[key] = value;
+    schema
+}
+
+#[test]
+fn the_sources_decimal_to_string_change_is_rejected() {
+    let next = with(order_v1(), "/properties/total", json!({ "type": "string" }));
+    assert_eq!(
+        problems(order_v1(), next),
+        ["$.total: type changed from number to string"]
+    );
+    // The same change seen in example payloads.
+    assert_eq!(
+        problems(
+            json!({"order_id": "o-1", "total": 19.9}),
+            json!({"order_id": "o-1", "total": "19.90"})
+        ),
+        ["$.total: type changed from number to string"]
+    );
+}
+
+#[test]
+fn an_added_optional_field_is_compatible() {
+    let next = with(
+        order_v1(),
+        "/properties/region",
+        json!({ "type": "string" }),
+    );
+    assert!(check(&order_v1(), &next).unwrap().is_compatible());
+    let example = check(
+        &json!({"order_id": "o-1", "total": 19.9}),
+        &json!({"order_id": "o-1", "total": 19, "region": null, "currency": "EUR"}),
+    )
+    .unwrap();
+    assert!(example.is_compatible(), "{example}");
+}
+
+#[test]
+fn widening_an_enum_and_dropping_a_required_entry_are_compatible() {
+    let next = with(
+        order_v1(),
+        "/properties/status",
+        json!({ "enum": ["placed", "paid", "shipped", "cancelled"] }),
+    );
+    let next = with(next, "/required", json!(["order_id"]));
+    assert!(check(&order_v1(), &next).unwrap().is_compatible());
+}
+
+#[test]
+fn every_problem_is_reported_with_its_path() {
+    let mut next = order_v1();
+    next["properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("order_id");
+    let next = with(
+        next,
+        "/properties/status",
+        json!({ "enum": ["placed", "paid"] }),
+    );
+    let next = with(
+        next,
+        "/properties/lines/items/properties/qty",
+        json!({ "type": "number" }),
+    );
+    let next = with(next, "/properties/currency", json!({ "type": "string" }));
+    let next = with(
+        next,
+        "/required",
+        json!(["order_id", "total", "status", "currency"]),
+    );
+    let next = with(next, "/additionalProperties", json!(false));
+    assert_eq!(
+        problems(order_v1(), next),
+        [
+            "$: additionalProperties changed to false",
+            "$.lines[*].qty: type changed from integer to number",
+            "$.order_id: removed",
+            "$.status: optional field made required",
+            "$.status: enum narrowed: \"shipped\" no longer allowed",
+            "$.currency: added as required (stored events of the previous version lack it)",
+        ]
+    );
+}
+
+#[test]
+fn nested_objects_and_odd_names_get_readable_paths() {
+    let previous = json!({"customer": {"address": {"zip code": "1000"}}});
+    let next = json!({"customer": {"address": {"zip code": 1000}}});
+    assert_eq!(
+        problems(previous, next),
+        ["$.customer.address[\"zip code\"]: type changed from string to number"]
+    );
+}
+
+#[test]
+fn adding_an_enum_or_changing_a_union_is_a_problem() {
+    let previous = json!({"type": "object", "properties": {"a": {"type": ["string", "null"]}, "b": {"type": "string"}}});
+    let next =
+        json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"enum": ["x"]}}});
+    assert_eq!(
+        problems(previous, next),
+        [
+            "$.a: type changed from null or string to string",
+            "$.b: enum added: only \"x\" allowed now"
+        ]
+    );
+}
+
+#[test]
+fn unsupported_schemas_are_bad_input_naming_the_place() {
+    let cases = [
+        (
+            json!({"$schema": "x", "properties": {"a": {"$ref": "#/defs/a"}}}),
+            "previous: $.a: keyword \"$ref\" is not supported",
+        ),
+        (
+            json!({"$schema": "x", "type": "decimal"}),
+            "previous: $: unknown type \"decimal\"",
+        ),
+        (
+            json!({"$schema": "x", "required": "a"}),
+            "previous: $: required must be a list of names",
+        ),
+    ];
+    for (schema, expected) in cases {
+        let err = check(&schema, &json!({})).unwrap_err().to_string();
+        assert!(err.starts_with(expected), "{err} vs {expected}");
+    }
+}
+
+#[test]
+fn documents_are_told_apart_and_the_format_can_be_forced() {
+    // A payload with a field called `type` is an example, not a schema.
+    let payload = json!({"type": "order", "total": 1});
+    assert!(check(&payload, &json!({"type": "order"}))
+        .unwrap()
+        .problems
+        .iter()
+        .any(|p| p.to_string() == "$.total: removed"));
+    // The same text read as an example on purpose.
+    let schema_like = json!({"type": "string"});
+    let forced = check_as(&schema_like, &json!({"type": 3}), Format::Example).unwrap();
+    assert_eq!(
+        forced.to_string(),
+        "$.type: type changed from string to number"
+    );
+    let as_schema = check_as(&schema_like, &json!({"type": "number"}), Format::Schema).unwrap();
+    assert_eq!(
+        as_schema.to_string(),
+        "$: type changed from string to number"
+    );
+}
