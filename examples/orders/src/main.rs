@@ -44,20 +44,8 @@ async fn main() -> ExitCode {
         orders: args.orders,
         crash: !args.no_crash,
     };
-    match run(&scenario).await {
-        Ok(summary) => {
-            print!("{summary}");
-            if summary.guarantees_hold() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-    }
+    let result = run(&scenario).await;
+    exit(result.map(|s| (s.guarantees_hold(), s)))
 }
 
 async fn saga(args: &Args, mode: &str) -> ExitCode {
@@ -71,10 +59,18 @@ async fn saga(args: &Args, mode: &str) -> ExitCode {
         crashes: !args.no_crash,
         ..Scenario::new(&args.database_url, &args.broker_url, mode, args.orders)
     };
-    match run(&scenario).await {
-        Ok(report) => {
-            print!("{report}");
-            if report.guarantees_hold() {
+    let result = run(&scenario).await;
+    exit(result.map(|r| (r.guarantees_hold(), r)))
+}
+
+/// Prints what a run counted: exit 0 when the guarantees held, 1 when not, 2 on an error.
+fn exit<T: std::fmt::Display>(
+    result: Result<(bool, T), outbox_example_orders::BoxError>,
+) -> ExitCode {
+    match result {
+        Ok((held, counts)) => {
+            print!("{counts}");
+            if held {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

@@ -107,12 +107,7 @@ impl<S: Saga> Runtime<S> {
         conn: &mut PgConnection,
         correlation_id: &str,
     ) -> Result<Option<Loaded<S>>, HandlerError> {
-        let row = sqlx::query(&self.lock)
-            .bind(self.saga.name())
-            .bind(correlation_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        row.map(|row| self.decode(correlation_id, &row)).transpose()
+        self.fetch(&self.lock, conn, correlation_id).await
     }
 
     /// Loads and locks the instance only if its deadline has passed and no one else holds it.
@@ -121,7 +116,16 @@ impl<S: Saga> Runtime<S> {
         conn: &mut PgConnection,
         correlation_id: &str,
     ) -> Result<Option<Loaded<S>>, HandlerError> {
-        let row = sqlx::query(&self.lock_due)
+        self.fetch(&self.lock_due, conn, correlation_id).await
+    }
+
+    async fn fetch(
+        &self,
+        sql: &str,
+        conn: &mut PgConnection,
+        correlation_id: &str,
+    ) -> Result<Option<Loaded<S>>, HandlerError> {
+        let row = sqlx::query(sql)
             .bind(self.saga.name())
             .bind(correlation_id)
             .fetch_optional(&mut *conn)

@@ -185,17 +185,44 @@ impl ServiceHandler {
         }
     }
 
-    /// Reserves stock, refuses it, or back-orders it (and then stays silent). An order whose
-    /// release arrived first (a tombstone) is refused.
-    async fn reserve(&self, tx: &mut PgConnection, t: &Ticket) -> Result<(), HandlerError> {
-        let existing: Option<String> = sqlx::query_scalar(
+    /// The order's reservation status, locked; `None` when there is none yet.
+    async fn reservation(
+        &self,
+        tx: &mut PgConnection,
+        t: &Ticket,
+    ) -> Result<Option<String>, HandlerError> {
+        Ok(sqlx::query_scalar(
             &self
                 .tables
                 .render("SELECT status FROM {schema}.reservations WHERE order_id = $1 FOR UPDATE"),
         )
         .bind(t.order_id)
         .fetch_optional(&mut *tx)
+        .await?)
+    }
+
+    async fn record_reservation(
+        &self,
+        tx: &mut PgConnection,
+        t: &Ticket,
+        status: &str,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.tables.render(
+            "INSERT INTO {schema}.reservations (order_id, sku, qty, status) VALUES ($1, $2, $3, $4)",
+        ))
+        .bind(t.order_id)
+        .bind(&t.sku)
+        .bind(t.qty)
+        .bind(status)
+        .execute(&mut *tx)
         .await?;
+        Ok(())
+    }
+
+    /// Reserves stock, refuses it, or back-orders it (and then stays silent). An order whose
+    /// release arrived first (a tombstone) is refused.
+    async fn reserve(&self, tx: &mut PgConnection, t: &Ticket) -> Result<(), HandlerError> {
+        let existing = self.reservation(tx, t).await?;
         let (status, reply) = match existing.as_deref() {
             Some("released") => return Ok(t.send(&self.outbox, tx, "InventoryRejected").await?),
             Some(_) => return Ok(()), // already decided for this order
@@ -217,15 +244,7 @@ impl ServiceHandler {
                 }
             }
         };
-        sqlx::query(&self.tables.render(
-            "INSERT INTO {schema}.reservations (order_id, sku, qty, status) VALUES ($1, $2, $3, $4)",
-        ))
-        .bind(t.order_id)
-        .bind(&t.sku)
-        .bind(t.qty)
-        .bind(status)
-        .execute(&mut *tx)
-        .await?;
+        self.record_reservation(tx, t, status).await?;
         if let Some(reply) = reply {
             t.send(&self.outbox, tx, reply).await?;
         }
@@ -236,14 +255,7 @@ impl ServiceHandler {
     /// tombstone, so the late reservation is refused: stock is never left reserved for a
     /// cancelled order, whatever order the two arrive in.
     async fn release(&self, tx: &mut PgConnection, t: &Ticket) -> Result<(), HandlerError> {
-        let existing: Option<String> = sqlx::query_scalar(
-            &self
-                .tables
-                .render("SELECT status FROM {schema}.reservations WHERE order_id = $1 FOR UPDATE"),
-        )
-        .bind(t.order_id)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let existing = self.reservation(tx, t).await?;
         match existing.as_deref() {
             Some("reserved") => {
                 sqlx::query(
@@ -259,15 +271,7 @@ impl ServiceHandler {
             Some("backordered") => {}
             Some(_) => return Ok(()), // refused or released already: nothing held
             None => {
-                sqlx::query(&self.tables.render(
-                    "INSERT INTO {schema}.reservations (order_id, sku, qty, status) \
-                     VALUES ($1, $2, $3, 'released')",
-                ))
-                .bind(t.order_id)
-                .bind(&t.sku)
-                .bind(t.qty)
-                .execute(&mut *tx)
-                .await?;
+                self.record_reservation(tx, t, "released").await?;
                 return Ok(());
             }
         }
