@@ -23,10 +23,61 @@ pub enum OnDead {
     Skip,
 }
 
+/// Where the relay finds committed events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Claim pending rows of the events table (default; PostgreSQL and SQLite). Any number of
+    /// relays share the partitions.
+    #[default]
+    Poll,
+    /// Stream inserts (and table-less messages) from a PostgreSQL logical replication slot, in
+    /// commit order. One relay streams at a time; others wait as standbys. See [`crate::cdc`].
+    Cdc,
+}
+
+/// Settings of the CDC source (`[relay.cdc]`), used when `mode = "cdc"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CdcConfig {
+    /// Replication slot (default `{schema}_{table}`, as `outbox migrate --cdc` creates it).
+    pub slot: Option<String>,
+    /// Publication (default `{schema}_{table}`).
+    pub publication: Option<String>,
+    /// How often, when nothing is written, the relay writes a heartbeat into the WAL so that
+    /// the slot keeps advancing and retains no WAL for other databases' writes (default 10s).
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// Largest WAL the slot should retain (default 1 GiB). At 80% of it the relay logs an
+    /// error and sets `outbox_cdc_retained_wal_alarm` to 1; readiness fails past it. Set
+    /// PostgreSQL's `max_slot_wal_keep_size` above it to protect the disk.
+    pub max_retained_wal_bytes: u64,
+    /// Longest wait for more changes before a partial batch is published (default 0: publish
+    /// whatever has arrived at once).
+    #[serde(with = "humantime_serde")]
+    pub batch_linger: Duration,
+}
+
+impl Default for CdcConfig {
+    fn default() -> Self {
+        Self {
+            slot: None,
+            publication: None,
+            heartbeat_interval: Duration::from_secs(10),
+            max_retained_wal_bytes: 1 << 30,
+            batch_linger: Duration::ZERO,
+        }
+    }
+}
+
 /// Relay configuration (`[relay]` in the config file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
+    /// Where events come from: `poll` (default) or `cdc`.
+    pub mode: Mode,
+    /// The CDC source's settings (`mode = "cdc"`).
+    pub cdc: CdcConfig,
     /// This instance's id in the lease table. Default: `{hostname}-{pid}-{random}`.
     pub relay_id: Option<String>,
     /// Schema holding the outbox (default `outbox`).
@@ -95,6 +146,8 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
+            mode: Mode::Poll,
+            cdc: CdcConfig::default(),
             relay_id: None,
             schema: "outbox".into(),
             table: "events".into(),
@@ -157,6 +210,8 @@ impl RelayConfig {
             ("stats_interval", self.stats_interval, true),
             ("stall_timeout", self.stall_timeout, true),
             ("purge_interval", self.purge_interval, true),
+            ("cdc.heartbeat_interval", self.cdc.heartbeat_interval, true),
+            ("cdc.batch_linger", self.cdc.batch_linger, false),
             (
                 "purge_retention",
                 self.purge_retention.unwrap_or_default(),
@@ -188,6 +243,10 @@ impl RelayConfig {
         if self.max_payload_bytes == Some(0) {
             return Err("max_payload_bytes: must be more than 0".into());
         }
+        if self.cdc.max_retained_wal_bytes == 0 {
+            return Err("cdc.max_retained_wal_bytes: must be more than 0".into());
+        }
+        self.cdc_names()?;
         self.retry.validate()?;
         self.routing.validate()?;
         crate::routing::check_template("cloudevents_source", &self.cloudevents_source)?;
@@ -195,6 +254,20 @@ impl RelayConfig {
             return Err("cloudevents_source: a URI reference has no spaces".into());
         }
         Ok(())
+    }
+
+    /// The CDC slot and publication these settings name (or their defaults).
+    pub fn cdc_names(&self) -> Result<outbox::postgres::cdc::CdcNames, String> {
+        let tables = outbox::Tables::new(&self.schema, &self.table).map_err(|e| e.to_string())?;
+        let defaults = outbox::postgres::cdc::CdcNames::for_tables(&tables);
+        outbox::postgres::cdc::CdcNames::new(
+            self.cdc.slot.as_deref().unwrap_or(defaults.slot.as_str()),
+            self.cdc
+                .publication
+                .as_deref()
+                .unwrap_or(defaults.publication.as_str()),
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// The outbox tables these settings point at.

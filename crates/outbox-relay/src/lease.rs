@@ -174,6 +174,9 @@ pub struct LeaseSettings {
     pub ttl: Duration,
     /// Heartbeat period.
     pub heartbeat: Duration,
+    /// All partitions or none (the CDC streamer of a slot): instead of a fair share, acquire
+    /// every lease at once when all are free, and give all back when one is lost.
+    pub exclusive: bool,
 }
 
 /// Heartbeats, renews, acquires and sheds leases until `shutdown`.
@@ -206,6 +209,9 @@ async fn tick(
     local_validity: Duration,
 ) -> Result<(), sqlx::Error> {
     let live = store.heartbeat(&s.relay_id, &s.hostname, s.ttl).await?;
+    if s.exclusive {
+        return tick_exclusive(store, leases, s, local_validity).await;
+    }
     let target = fair_share(store.partitions(), &live, &s.relay_id);
     let sent = Instant::now();
     let held = leases.all();
@@ -233,6 +239,48 @@ async fn tick(
             tracing::info!(partitions = ?gained.iter().map(|g| g.0).collect::<Vec<_>>(),
                 "acquired partition leases");
         }
+        leases.add(&gained, sent + local_validity);
+    }
+    Ok(())
+}
+
+/// The exclusive variant of [`tick`]: renew everything held, or acquire everything.
+async fn tick_exclusive(
+    store: &dyn Store,
+    leases: &Leases,
+    s: &LeaseSettings,
+    local_validity: Duration,
+) -> Result<(), sqlx::Error> {
+    let held = leases.all();
+    let sent = Instant::now();
+    if !held.is_empty() {
+        let still = match store.renew(&s.relay_id, &held, s.ttl).await {
+            Ok(still) => still,
+            Err(e) => {
+                leases.expire_all();
+                return Err(e);
+            }
+        };
+        if still.len() == held.len() {
+            leases.renewed(&still, sent + local_validity);
+            return Ok(());
+        }
+        tracing::warn!(
+            lost = held.len() - still.len(),
+            "exclusive leases lost (expired and taken over): giving up the rest"
+        );
+        leases.expire_all();
+        let rest = leases.take_all();
+        leases.changed.notify_one();
+        store.release(&s.relay_id, &rest).await?;
+        return Ok(());
+    }
+    let gained = store.acquire_all(&s.relay_id, s.ttl).await?;
+    if !gained.is_empty() {
+        tracing::info!(
+            partitions = gained.len(),
+            "acquired every partition lease (exclusive)"
+        );
         leases.add(&gained, sent + local_validity);
     }
     Ok(())

@@ -29,6 +29,7 @@
 //! The entry point is [`Relay`].
 
 pub mod admin;
+pub mod cdc;
 pub mod cloudevents;
 pub mod config;
 pub mod dashboard;
@@ -47,7 +48,7 @@ pub mod routing;
 pub mod store;
 pub mod telemetry;
 
-pub use config::RelayConfig;
+pub use config::{Mode, RelayConfig};
 pub use error::Error;
 pub use message::Message;
 pub use publisher::{check_payload_size, FailureClass, PublishError, Publisher};

@@ -14,6 +14,7 @@ use crate::{
     http::Health,
     lease::{self, LeaseSettings, Leases},
     outgoing::Outgoing,
+    retry::Backoff,
     store::{ClaimedRow, Failure, Fence, PgStore, Store},
     telemetry::{DestinationLabel, FailureLabels, Metrics},
     Error, FailureClass, Publisher,
@@ -39,6 +40,10 @@ struct Shared {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     leases: Arc<Leases>,
+    /// The PostgreSQL pool (CDC mode needs it beside the store).
+    pool: Option<PgPool>,
+    /// Where the CDC source's replication connection goes (`mode = "cdc"`).
+    replication: Option<crate::cdc::ReplicationTarget>,
 }
 
 /// A relay running in the background.
@@ -75,12 +80,23 @@ impl Relay {
     ) -> Result<Self, Error> {
         config.validate()?;
         let admin = crate::admin::Admin::new(pool.clone(), &config.tables());
-        let store = PgStore::open(pool, &config.tables()).await?;
+        let store = PgStore::open(pool.clone(), &config.tables()).await?;
         let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
-        Arc::get_mut(&mut relay.shared)
-            .expect("not shared yet")
-            .admin = Some(admin);
+        let shared = Arc::get_mut(&mut relay.shared).expect("not shared yet");
+        shared.admin = Some(admin);
+        shared.pool = Some(pool);
         Ok(relay)
+    }
+
+    /// The same relay, with the database URL its CDC source (`mode = "cdc"`) opens its
+    /// replication connection to: the URL the pool was opened with (the pool cannot give the
+    /// password back). Needs the REPLICATION attribute for the user.
+    pub fn with_replication_url(mut self, database_url: &str) -> Result<Self, Error> {
+        let target = crate::cdc::ReplicationTarget::from_url(database_url)?;
+        Arc::get_mut(&mut self.shared)
+            .expect("not running yet")
+            .replication = Some(target);
+        Ok(self)
     }
 
     /// Opens the SQLite outbox (migrated with `outbox::sqlite::SqliteOutbox::migrate`). One
@@ -121,6 +137,8 @@ impl Relay {
                 metrics: Arc::new(Metrics::new()),
                 health,
                 leases: Arc::new(Leases::default()),
+                pool: None,
+                replication: None,
             }),
         })
     }
@@ -160,6 +178,14 @@ impl Relay {
     /// leases and returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let this = self.shared;
+        let cdc = this.config.mode == crate::config::Mode::Cdc;
+        if cdc && (this.pool.is_none() || this.replication.is_none()) {
+            return Err(Error::Config(
+                "mode = \"cdc\" needs a PostgreSQL relay (Relay::new) and its database URL \
+                 (Relay::with_replication_url)"
+                    .into(),
+            ));
+        }
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
         tracing::info!(relay_id = %this.relay_id, publisher = this.publisher.name(),
@@ -172,13 +198,16 @@ impl Relay {
                 hostname: hostname(),
                 ttl: this.config.lease_ttl,
                 heartbeat: this.config.heartbeat_interval,
+                exclusive: cdc,
             },
             this.metrics.clone(),
             background.clone(),
         ));
         let wake = Arc::new(tokio::sync::Notify::new());
-        if let Some(listener) = this.store.notifications(wake.clone(), background.clone()) {
-            tokio::spawn(listener);
+        if !cdc {
+            if let Some(listener) = this.store.notifications(wake.clone(), background.clone()) {
+                tokio::spawn(listener);
+            }
         }
         tokio::spawn(sample_stats(
             this.store.clone(),
@@ -196,7 +225,24 @@ impl Relay {
                 background.clone(),
             ));
         }
-        let result = this.main_loop(&wake, &shutdown).await;
+        let result = if cdc {
+            let context = crate::cdc::source::Context {
+                pool: this.pool.clone().expect("checked"),
+                tables: this.config.tables(),
+                store: this.store.clone(),
+                publisher: this.publisher.clone(),
+                config: this.config.clone(),
+                leases: this.leases.clone(),
+                metrics: this.metrics.clone(),
+                health: this.health.clone(),
+                relay_id: this.relay_id.clone(),
+                target: this.replication.clone().expect("checked"),
+                max_payload: this.max_payload_bytes(),
+            };
+            crate::cdc::run(context, shutdown.clone()).await
+        } else {
+            this.main_loop(&wake, &shutdown).await
+        };
         // Stop the lease task and wait for it: a heartbeat in progress could otherwise acquire
         // partitions (freed by relays shutting down alongside) after the release below.
         background.cancel();
@@ -549,34 +595,6 @@ fn adapt(current: i64, got: usize, config: &RelayConfig) -> i64 {
         current
     };
     next.clamp(config.min_batch_size, config.max_batch_size)
-}
-
-/// Exponential backoff with jitter for the relay's own retries (database, circuit breaker).
-struct Backoff {
-    initial: Duration,
-    max: Duration,
-    current: Duration,
-}
-
-impl Backoff {
-    fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            current: initial,
-        }
-    }
-
-    fn next(&mut self) -> Duration {
-        let d = self.current;
-        self.current = (self.current * 2).min(self.max);
-        let half = d / 2;
-        half + half.mul_f64(crate::retry::random_fraction())
-    }
-
-    fn reset(&mut self) {
-        self.current = self.initial;
-    }
 }
 
 /// Samples the backlog gauges (G7).

@@ -100,6 +100,34 @@ pub(crate) fn random_fraction() -> f64 {
     })
 }
 
+/// Exponential backoff with jitter for the relay's own retries (database, circuit breaker).
+pub(crate) struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            current: initial,
+        }
+    }
+
+    pub(crate) fn next(&mut self) -> Duration {
+        let d = self.current;
+        self.current = (self.current * 2).min(self.max);
+        let half = d / 2;
+        half + half.mul_f64(random_fraction())
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.current = self.initial;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

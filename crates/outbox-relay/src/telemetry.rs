@@ -15,6 +15,12 @@
 //! | `outbox_fenced_out_total` | counter | outcomes not written because the lease was lost |
 //! | `outbox_database_errors_total` | counter | failed relay statements (retried) |
 //! | `outbox_purged_total` | counter | published rows deleted by the relay's purge |
+//! | `outbox_cdc_streaming` | gauge | 1 while this relay streams the slot (CDC), else 0 |
+//! | `outbox_cdc_slot_lag_bytes` | gauge | WAL written since the slot's confirmed position |
+//! | `outbox_cdc_slot_retained_wal_bytes` | gauge | WAL the slot keeps on disk |
+//! | `outbox_cdc_slot_lag_seconds` | gauge | age of the oldest commit streamed and not confirmed |
+//! | `outbox_cdc_retained_wal_alarm` | gauge | 1 when retained WAL passed 80% of `cdc.max_retained_wal_bytes` |
+//! | `outbox_cdc_spilled_total` | counter | streamed events handed to the table path (failed, or behind a held aggregate) |
 
 use std::{
     collections::HashSet,
@@ -76,6 +82,18 @@ pub struct Metrics {
     pub database_errors: Counter,
     /// Rows deleted by the relay's purge.
     pub purged: Counter,
+    /// Whether this relay streams the slot.
+    pub cdc_streaming: Gauge<i64, AtomicI64>,
+    /// WAL since the slot's confirmed position, bytes.
+    pub cdc_slot_lag_bytes: Gauge<i64, AtomicI64>,
+    /// WAL retained by the slot, bytes.
+    pub cdc_retained_wal_bytes: Gauge<i64, AtomicI64>,
+    /// Age of the oldest streamed, unconfirmed commit, seconds.
+    pub cdc_slot_lag_seconds: Gauge<f64, AtomicU64>,
+    /// Retained WAL over 80% of the configured maximum.
+    pub cdc_retained_wal_alarm: Gauge<i64, AtomicI64>,
+    /// Streamed events handed to the table path.
+    pub cdc_spilled: Counter,
     seen_destinations: Mutex<HashSet<String>>,
 }
 
@@ -105,7 +123,43 @@ impl Metrics {
         let fenced_out = Counter::default();
         let database_errors = Counter::default();
         let purged = Counter::default();
+        let cdc_streaming = Gauge::default();
+        let cdc_slot_lag_bytes = Gauge::default();
+        let cdc_retained_wal_bytes = Gauge::default();
+        let cdc_slot_lag_seconds = Gauge::<f64, AtomicU64>::default();
+        let cdc_retained_wal_alarm = Gauge::default();
+        let cdc_spilled = Counter::default();
         let r = &mut registry;
+        r.register(
+            "outbox_cdc_streaming",
+            "1 while this relay streams the replication slot",
+            cdc_streaming.clone(),
+        );
+        r.register(
+            "outbox_cdc_slot_lag_bytes",
+            "WAL written since the slot's confirmed position",
+            cdc_slot_lag_bytes.clone(),
+        );
+        r.register(
+            "outbox_cdc_slot_retained_wal_bytes",
+            "WAL the replication slot keeps on disk",
+            cdc_retained_wal_bytes.clone(),
+        );
+        r.register(
+            "outbox_cdc_slot_lag_seconds",
+            "Age of the oldest commit streamed and not yet confirmed",
+            cdc_slot_lag_seconds.clone(),
+        );
+        r.register(
+            "outbox_cdc_retained_wal_alarm",
+            "1 when the slot retains more than 80% of cdc.max_retained_wal_bytes",
+            cdc_retained_wal_alarm.clone(),
+        );
+        r.register(
+            "outbox_cdc_spilled",
+            "Streamed events handed to the table path",
+            cdc_spilled.clone(),
+        );
         r.register(
             "outbox_oldest_pending_age_seconds",
             "Age of the oldest unpublished event",
@@ -172,6 +226,12 @@ impl Metrics {
             fenced_out,
             database_errors,
             purged,
+            cdc_streaming,
+            cdc_slot_lag_bytes,
+            cdc_retained_wal_bytes,
+            cdc_slot_lag_seconds,
+            cdc_retained_wal_alarm,
+            cdc_spilled,
             seen_destinations: Mutex::new(HashSet::new()),
         }
     }

@@ -84,6 +84,8 @@ pub enum SchemaError {
     Missing,
     /// A time-partitioning setting that cannot be applied; the text says why.
     TimePartitioning(String),
+    /// Change data capture cannot be set up or used as asked; the text says why.
+    Cdc(String),
 }
 
 impl fmt::Display for SchemaError {
@@ -111,6 +113,7 @@ impl fmt::Display for SchemaError {
             }
             Self::Missing => write!(f, "outbox tables not found; run `outbox migrate` first"),
             Self::TimePartitioning(why) => write!(f, "time partitioning: {why}"),
+            Self::Cdc(why) => write!(f, "change data capture: {why}"),
         }
     }
 }

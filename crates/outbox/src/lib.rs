@@ -39,6 +39,7 @@ mod migration;
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod wal;
 
 pub use error::{Error, SchemaError};
 pub use event::{Event, Headers, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};

@@ -40,12 +40,7 @@ struct Sql {
 
 impl Sql {
     fn new(tables: &Tables) -> Self {
-        let fence = include_str!("sql/fence.sql")
-            .lines()
-            .filter(|l| !l.starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n    ");
-        let render = |text: &str| tables.render(&text.replace("{fence}", &fence));
+        let render = |text: &str| render_fenced(tables, text);
         let leases = include_str!("sql/leases.sql");
         let stats = include_str!("sql/stats.sql");
         Self {
@@ -65,6 +60,17 @@ impl Sql {
             analyze: render(named(stats, "analyze")),
         }
     }
+}
+
+/// Renders a statement for `tables`, with the lease fence (`sql/fence.sql`) in place of
+/// `{fence}`.
+pub(crate) fn render_fenced(tables: &Tables, text: &str) -> String {
+    let fence = include_str!("sql/fence.sql")
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n    ");
+    tables.render(&text.replace("{fence}", &fence))
 }
 
 /// The statement that follows `-- name: {name}` in a file of named statements.
@@ -134,6 +140,16 @@ pub trait Store: Send + Sync + 'static {
         n: i64,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>>;
+    /// Takes every partition lease at once if all are free or expired (bumping each epoch),
+    /// or none. Stores without CDC support take none.
+    fn acquire_all<'a>(
+        &'a self,
+        relay_id: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>> {
+        let _ = (relay_id, ttl);
+        Box::pin(async { Ok(Vec::new()) })
+    }
     /// Gives leases back.
     fn release<'a>(
         &'a self,
@@ -469,6 +485,23 @@ impl Store for PgStore {
         leases: &'a [Fence],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(PgStore::release(self, relay_id, leases))
+    }
+    fn acquire_all<'a>(
+        &'a self,
+        relay_id: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>> {
+        Box::pin(async move {
+            let sql = self
+                .tables
+                .render(crate::store::named(crate::cdc::SQL, "acquire_all"));
+            let rows = sqlx::query(&sql)
+                .bind(relay_id)
+                .bind(ttl.as_secs_f64())
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
     }
     fn claim<'a>(
         &'a self,

@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("migrations/0006_pending_aggregate_index.sql"),
     ),
     (7, "sagas", include_str!("migrations/0007_sagas.sql")),
+    (8, "cdc slots", include_str!("migrations/0008_cdc.sql")),
 ];
 
 /// Settings fixed when the outbox is created.

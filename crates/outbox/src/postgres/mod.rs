@@ -1,5 +1,6 @@
 //! PostgreSQL storage (sqlx): enqueue into the caller's transaction, and the schema migrations.
 
+pub mod cdc;
 mod inbox;
 mod migrate;
 pub mod time_partitions;
@@ -14,6 +15,28 @@ pub use migrate::{MigrateOptions, DEFAULT_PARTITIONS, MIGRATIONS};
 use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
 
 const ENQUEUE_SQL: &str = include_str!("sql/enqueue.sql");
+const ENQUEUE_RETURNING_IDS_SQL: &str = include_str!("sql/enqueue_returning_ids.sql");
+
+/// How [`PgOutbox`] writes an event. The table is the default and works with every relay
+/// mode; the other two need the CDC relay (`outbox relay --mode cdc`), which publishes from
+/// the WAL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteMode {
+    /// A row in the events table (default). The relay marks it published; a purge job deletes
+    /// it after the retention.
+    #[default]
+    Table,
+    /// A row inserted and deleted again in the same transaction: the insert reaches the WAL,
+    /// the CDC relay publishes it from there, and the table stays empty (no purge, no bloat
+    /// from published rows). The unique `event_id` and `aggregate_version` checks still run
+    /// at insert. Dead letters are written back into the table by the relay.
+    ZeroGrowth,
+    /// No table at all: a transactional logical decoding message per event
+    /// (`pg_logical_emit_message`, see [`crate::wal`]). The cheapest write; but nothing
+    /// checks `aggregate_version` uniqueness, and only the CDC relay can publish it.
+    WalOnly,
+}
 
 /// Writes events into a PostgreSQL outbox. Cheap to clone; holds no connection.
 #[derive(Clone, Debug)]
@@ -21,7 +44,12 @@ pub struct PgOutbox {
     tables: Tables,
     max_payload_bytes: usize,
     notify: bool,
+    mode: WriteMode,
     enqueue_sql: String,
+    enqueue_returning_ids_sql: String,
+    delete_sql: String,
+    emit_sql: String,
+    prefix: String,
 }
 
 impl Default for PgOutbox {
@@ -34,12 +62,18 @@ impl PgOutbox {
     /// An outbox in the given schema and table, with the defaults: payloads up to
     /// [`DEFAULT_MAX_PAYLOAD_BYTES`], and a NOTIFY on each enqueue so the relay wakes at commit.
     pub fn new(tables: Tables) -> Self {
-        let enqueue_sql = tables.render(ENQUEUE_SQL);
         Self {
+            enqueue_sql: tables.render(ENQUEUE_SQL),
+            enqueue_returning_ids_sql: tables.render(ENQUEUE_RETURNING_IDS_SQL),
+            delete_sql: tables.render("DELETE FROM {schema}.{events} WHERE id = ANY($1)"),
+            // One message per array element, in order (unnest yields them in order).
+            emit_sql: "SELECT pg_logical_emit_message(true, $1, c) FROM unnest($2::bytea[]) AS c"
+                .into(),
+            prefix: crate::wal::prefix(&tables),
             tables,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             notify: true,
-            enqueue_sql,
+            mode: WriteMode::Table,
         }
     }
 
@@ -54,6 +88,13 @@ impl PgOutbox {
     /// relay find work by its fallback poll (see `bench/RESULTS.md` for the measured cost).
     pub fn notify(mut self, on: bool) -> Self {
         self.notify = on;
+        self
+    }
+
+    /// Chooses how events are written (default [`WriteMode::Table`]). The zero-growth and
+    /// WAL-only modes need the CDC relay and issue no NOTIFY (the stream wakes the relay).
+    pub fn write_mode(mut self, mode: WriteMode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -98,20 +139,41 @@ impl PgOutbox {
                     other => other,
                 })?;
         }
+        match self.mode {
+            WriteMode::Table => self.insert(conn, events).await,
+            WriteMode::ZeroGrowth => {
+                let columns = Columns::from(events);
+                let ids: Vec<i64> = columns
+                    .bind(sqlx::query_scalar(&self.enqueue_returning_ids_sql))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(|e| self.map_insert_error(e, events))?;
+                sqlx::query(&self.delete_sql)
+                    .bind(&ids)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Error::Database)?;
+                Ok(columns.event_id)
+            }
+            WriteMode::WalOnly => {
+                let contents: Vec<Vec<u8>> =
+                    events.iter().map(crate::wal::WalEvent::encode).collect();
+                sqlx::query(&self.emit_sql)
+                    .bind(&self.prefix)
+                    .bind(&contents)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Error::Database)?;
+                Ok(events.iter().map(|e| e.event_id).collect())
+            }
+        }
+    }
+
+    async fn insert(&self, conn: &mut PgConnection, events: &[Event]) -> Result<Vec<Uuid>, Error> {
         let columns = Columns::from(events);
         let channel = self.notify.then(|| self.tables.channel());
-        sqlx::query(&self.enqueue_sql)
-            .bind(&columns.event_id)
-            .bind(&columns.aggregate_type)
-            .bind(&columns.aggregate_id)
-            .bind(&columns.aggregate_version)
-            .bind(&columns.event_type)
-            .bind(&columns.schema_version)
-            .bind(&columns.destination)
-            .bind(&columns.payload)
-            .bind(&columns.content_type)
-            .bind(&columns.headers)
-            .bind(&columns.occurred_at)
+        columns
+            .bind(sqlx::query(&self.enqueue_sql))
             .bind(channel)
             .execute(&mut *conn)
             .await
@@ -158,6 +220,51 @@ struct Columns {
     content_type: Vec<String>,
     headers: Vec<Json<crate::Headers>>,
     occurred_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+}
+
+impl Columns {
+    /// Binds the eleven column arrays, in the order of `sql/enqueue.sql`.
+    fn bind<'q, Q: Bindable<'q>>(&'q self, query: Q) -> Q {
+        query
+            .bind_array(&self.event_id)
+            .bind_array(&self.aggregate_type)
+            .bind_array(&self.aggregate_id)
+            .bind_array(&self.aggregate_version)
+            .bind_array(&self.event_type)
+            .bind_array(&self.schema_version)
+            .bind_array(&self.destination)
+            .bind_array(&self.payload)
+            .bind_array(&self.content_type)
+            .bind_array(&self.headers)
+            .bind_array(&self.occurred_at)
+    }
+}
+
+/// A query that takes bind parameters (`query` and `query_scalar` alike).
+trait Bindable<'q>: Sized {
+    fn bind_array<T>(self, value: &'q T) -> Self
+    where
+        T: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Sync;
+}
+
+impl<'q> Bindable<'q> for sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    fn bind_array<T>(self, value: &'q T) -> Self
+    where
+        T: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Sync,
+    {
+        self.bind(value)
+    }
+}
+
+impl<'q, O> Bindable<'q>
+    for sqlx::query::QueryScalar<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>
+{
+    fn bind_array<T>(self, value: &'q T) -> Self
+    where
+        T: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Sync,
+    {
+        self.bind(value)
+    }
 }
 
 impl From<&[Event]> for Columns {

@@ -1,0 +1,142 @@
+//! Where the replication connection goes: the database URL the relay was given, read into the
+//! replication client's settings (the pool's options cannot give the password back).
+
+use pgwire_replication::{ReplicationConfig, TlsConfig};
+
+use crate::Error;
+
+/// The server, credentials and TLS mode of a replication connection. `Debug` never shows the
+/// password.
+#[derive(Clone)]
+pub struct ReplicationTarget {
+    host: String,
+    port: u16,
+    user: String,
+    password: String,
+    database: String,
+    tls: TlsConfig,
+}
+
+impl std::fmt::Debug for ReplicationTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationTarget")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("database", &self.database)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicationTarget {
+    /// Reads a `postgres://user:password@host:port/database?sslmode=…` URL (`host=` in the
+    /// query may name a Unix socket directory). `sslmode` is `disable` (default), `prefer`,
+    /// `require`, `verify-ca` or `verify-full` (with `sslrootcert=` for a CA file).
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let bad = |why: &str| Error::Config(format!("database URL for replication: {why}"));
+        let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+        if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+            return Err(bad("CDC needs a postgres:// URL"));
+        }
+        let decode = |s: &str| {
+            percent_decode(s).ok_or_else(|| bad("user or password is not valid percent-encoding"))
+        };
+        let mut host = parsed.host_str().unwrap_or("localhost").to_owned();
+        let mut sslmode = "disable".to_owned();
+        let mut root_cert = None;
+        for (k, v) in parsed.query_pairs() {
+            match k.as_ref() {
+                "host" => host = v.into_owned(),
+                "sslmode" => sslmode = v.into_owned(),
+                "sslrootcert" => root_cert = Some(std::path::PathBuf::from(v.as_ref())),
+                _ => {}
+            }
+        }
+        let tls = match sslmode.as_str() {
+            "disable" | "allow" | "prefer" => TlsConfig::disabled(),
+            "require" => TlsConfig::require(),
+            "verify-ca" => TlsConfig::verify_ca(root_cert),
+            "verify-full" => TlsConfig::verify_full(root_cert),
+            other => return Err(bad(&format!("unknown sslmode {other:?}"))),
+        };
+        let user = match parsed.username() {
+            "" => "postgres".to_owned(),
+            u => decode(u)?,
+        };
+        let database = parsed.path().trim_start_matches('/');
+        Ok(Self {
+            host,
+            port: parsed.port().unwrap_or(5432),
+            database: if database.is_empty() {
+                user.clone()
+            } else {
+                decode(database)?
+            },
+            password: parsed
+                .password()
+                .map(decode)
+                .transpose()?
+                .unwrap_or_default(),
+            user,
+            tls,
+        })
+    }
+
+    /// The replication client's settings for `slot` and `publication`.
+    pub(crate) fn config(&self, slot: &str, publication: &str, app: &str) -> ReplicationConfig {
+        ReplicationConfig::new(
+            self.host.clone(),
+            self.user.clone(),
+            self.password.clone(),
+            self.database.clone(),
+            slot,
+            publication,
+        )
+        .with_port(self.port)
+        .with_tls(self.tls.clone())
+        .with_binary(true)
+        .with_status_interval(std::time::Duration::from_millis(100))
+        .with_wakeup_interval(std::time::Duration::from_secs(1))
+        .with_buffer_size(16_384)
+        .with_application_name(app)
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_parts_of_a_url_and_hides_the_password() {
+        let t = ReplicationTarget::from_url("postgres://app:s%40cret@db:6543/shop?sslmode=require")
+            .unwrap();
+        assert_eq!(
+            (
+                t.host.as_str(),
+                t.port,
+                t.user.as_str(),
+                t.database.as_str()
+            ),
+            ("db", 6543, "app", "shop")
+        );
+        assert_eq!(t.password, "s@cret");
+        assert!(!format!("{t:?}").contains("s@cret"));
+        let t = ReplicationTarget::from_url("postgres://postgres@127.0.0.1/test").unwrap();
+        assert_eq!(t.port, 5432);
+        for (bad, expected) in [
+            ("mysql://x@h/db", "postgres://"),
+            ("postgres://x@h/db?sslmode=maybe", "unknown sslmode"),
+            ("not a url", "database URL for replication"),
+        ] {
+            let e = ReplicationTarget::from_url(bad).unwrap_err().to_string();
+            assert!(e.contains(expected), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The CDC source (`mode = "cdc"`): committed events from a PostgreSQL logical replication
+//! slot (pgoutput), in commit order, through the same dispatcher, publishers and fenced
+//! completion statements as the polling relay.
+//!
+//! ```text
+//!  WAL ──► slot ──► stream (pgoutput) ──► batches of whole transactions ──► dispatcher ──► broker
+//!                    rows carried in the stream,                            (ordered lanes)
+//!                    never read back from the table                              │
+//!         confirmed LSN ◄── every event of every earlier transaction settled ◄────┘
+//! ```
+//!
+//! * **What is streamed.** Inserts into the events table (`WriteMode::Table`), inserts deleted
+//!   again in the same transaction (`WriteMode::ZeroGrowth`: the table stays empty) and
+//!   transactional logical messages with the outbox's prefix (`WriteMode::WalOnly`: no table;
+//!   format in [`outbox::wal`]). The relay publishes the row *carried in the stream*: a commit
+//!   can reach the stream before it is visible to queries, and a relay that looked the row up
+//!   would find nothing and lose the event.
+//! * **One streamer per slot.** The streamer holds every partition lease
+//!   ([`crate::lease`], exclusive mode); standbys wait for all of them. Every write is fenced
+//!   by those epochs, and a takeover terminates the walsender the previous holder left behind.
+//! * **Confirmation.** A batch holds whole transactions (a transaction larger than
+//!   `max_batch_size` is published in chunks, confirmed after its last). The slot's position
+//!   advances to a transaction's end only when each of its events is *settled*: acknowledged
+//!   by the broker (and marked published when it is a row of the table), or handed to the
+//!   table path. Never further: after a crash the stream resumes from there (duplicates, never
+//!   losses). Idle, a heartbeat message keeps the slot advancing.
+//! * **Failures: the table path.** A broker that fails every publish is waited out in place
+//!   with backoff (nothing is dead-lettered for it). An event that fails otherwise is handed
+//!   to the table: its row (written back by the relay in zero-growth and table-less modes)
+//!   gets the attempt, the error and a hold with backoff, or is dead-lettered and parks its
+//!   aggregate, as in polling mode. Later streamed events of a held aggregate join it in the
+//!   table. The relay publishes held aggregates from the table when their hold lapses (or an
+//!   operator replays or skips the dead head), in id order, and gives an aggregate back to the
+//!   stream once nothing of it is pending there. Other aggregates flow meanwhile (G8).
+//! * **Catch-up.** Rows pending when the slot was created (`outbox migrate --cdc` records the
+//!   highest id) are published from the table before streaming starts, so events that
+//!   predate the slot, or a slot that was lost and recreated, are not lost.
+//!
+//! Write modes: use one per outbox. A table-less event and a table row of the same aggregate
+//! would be ordered by commit in the stream but by id in the table path.
+
+mod connect;
+mod pgoutput;
+pub(crate) mod source;
+
+pub use connect::ReplicationTarget;
+pub use pgoutput::{BadRow, Change, Decoder};
+pub(crate) use source::run;
+
+/// The CDC statements (named, rendered per outbox).
+pub(crate) const SQL: &str = include_str!("sql/cdc.sql");

@@ -1,0 +1,152 @@
+-- Statements of the CDC source (see cdc/mod.rs). Every write of event state is fenced by the
+-- partition leases, which the streaming relay holds all of.
+-- name: acquire_all
+-- Takes every partition lease at once, or none: the streamer of a slot must own the whole
+-- outbox. Rows are locked in partition order (no deadlock between standbys). $1 relay id,
+-- $2 TTL seconds.
+WITH locked AS (
+    SELECT partition, owner, expires_at FROM {schema}.leases ORDER BY partition FOR UPDATE
+), free AS (
+    SELECT NOT EXISTS (
+        SELECT 1 FROM locked WHERE owner IS NOT NULL AND owner <> $1 AND expires_at >= now()
+    ) AS ok
+)
+UPDATE {schema}.leases l
+SET owner = $1, epoch = l.epoch + 1, expires_at = now() + make_interval(secs => $2),
+    acquired_at = now()
+FROM free
+WHERE free.ok
+RETURNING l.partition, l.epoch;
+-- name: mark_published
+-- Acknowledged events whose rows are in the table; returns the ids marked, so that a row not
+-- yet visible (its commit reached the stream first) is marked again shortly after.
+-- $1 ids, $2/$3 (partition, epoch) pairs, $4 relay id
+WITH fence AS (
+    {fence}
+), done AS (
+    UPDATE {schema}.{events} e
+    SET status = 'published', published_at = now(), attempts = e.attempts + 1,
+        next_attempt_at = NULL
+    FROM fence
+    WHERE e.id = ANY($1::bigint[]) AND e.partition = fence.partition AND e.status = 'pending'
+    RETURNING e.id
+)
+SELECT id FROM done;
+-- name: fence_count
+-- How many of the given leases this relay still holds (locked until the transaction ends).
+-- $1 true (unused otherwise), $2/$3 (partition, epoch) pairs, $4 relay id
+WITH fence AS (
+    {fence}
+)
+SELECT count(*)::bigint FROM fence WHERE $1::boolean;
+-- name: spill
+-- Writes events that are not rows of the table (zero-growth rows deleted in their
+-- transaction, table-less messages) into it, for the table path: pending, or dead with the
+-- error. Returns the new ids in order.
+-- $1 event ids, $2 aggregate types, $3 aggregate ids, $4 versions, $5 event types,
+-- $6 schema versions, $7 destinations, $8 payloads, $9 content types, $10 headers,
+-- $11 occurred at, $12 statuses, $13 attempts, $14 errors, $15 backoff seconds
+INSERT INTO {schema}.{events} (
+    event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+    destination, payload, content_type, headers, occurred_at, status, attempts, last_error,
+    next_attempt_at
+)
+SELECT s.event_id, s.aggregate_type, s.aggregate_id, s.aggregate_version, s.event_type,
+       s.schema_version, s.destination, s.payload, s.content_type, s.headers,
+       COALESCE(s.occurred_at, now()), s.status, s.attempts, s.error,
+       CASE WHEN s.status = 'pending' AND s.backoff IS NOT NULL
+            THEN now() + make_interval(secs => s.backoff) END
+FROM unnest(
+    $1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::integer[], $7::text[],
+    $8::bytea[], $9::text[], $10::jsonb[], $11::timestamptz[], $12::text[], $13::integer[],
+    $14::text[], $15::double precision[]
+) WITH ORDINALITY AS s(
+    event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+    destination, payload, content_type, headers, occurred_at, status, attempts, error,
+    backoff, ord
+)
+ORDER BY s.ord
+ON CONFLICT (event_id) DO NOTHING
+RETURNING id;
+-- name: hold
+-- Holds (or parks, with a NULL $4) an aggregate whose events were spilled into the table.
+-- $1 aggregate type, $2 aggregate id, $3 head event id, $4 held until (seconds from now)
+INSERT INTO {schema}.holds (aggregate_type, aggregate_id, partition, event_id, held_until)
+SELECT $1, $2, e.partition, e.id,
+       CASE WHEN $4::double precision IS NULL THEN NULL
+            ELSE now() + make_interval(secs => $4) END
+FROM {schema}.{events} e WHERE e.id = $3
+ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
+    SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
+        held_until = EXCLUDED.held_until, created_at = now();
+-- name: pending_of
+-- The pending rows of one aggregate, in id order (the table path). $1 type, $2 id, $3 limit,
+-- $4 max payload bytes
+SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
+       e.schema_version, e.destination,
+       CASE WHEN octet_length(e.payload) <= $4 THEN e.payload END AS payload,
+       octet_length(e.payload)::bigint AS payload_size,
+       e.content_type, e.headers,
+       CASE WHEN e.occurred_at > '-infinity' AND e.occurred_at < '262143-01-01 00:00:00+00'
+            THEN e.occurred_at END AS occurred_at,
+       e.partition, e.attempts
+FROM {schema}.{events} e
+WHERE e.aggregate_type = $1 AND e.aggregate_id = $2 AND e.status = 'pending'
+ORDER BY e.id
+LIMIT $3;
+-- name: catch_up
+-- Pending rows that may predate the slot (id up to $1), not held, in id order.
+-- $1 max id, $2 limit, $3 max payload bytes
+SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
+       e.schema_version, e.destination,
+       CASE WHEN octet_length(e.payload) <= $3 THEN e.payload END AS payload,
+       octet_length(e.payload)::bigint AS payload_size,
+       e.content_type, e.headers,
+       CASE WHEN e.occurred_at > '-infinity' AND e.occurred_at < '262143-01-01 00:00:00+00'
+            THEN e.occurred_at END AS occurred_at,
+       e.partition, e.attempts
+FROM {schema}.{events} e
+WHERE e.status = 'pending' AND e.id <= $1
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.holds h
+      WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
+  )
+ORDER BY e.id
+LIMIT $2;
+-- name: catch_up_max_id
+SELECT catch_up_max_id FROM {schema}.cdc_slots WHERE slot = $1;
+-- name: catch_up_done
+UPDATE {schema}.cdc_slots SET catch_up_max_id = NULL WHERE slot = $1;
+-- name: holds
+-- Every held or parked aggregate, with the seconds until its hold lapses (NULL: parked).
+SELECT aggregate_type, aggregate_id,
+       EXTRACT(epoch FROM held_until - now())::double precision AS wait_seconds
+FROM {schema}.holds;
+-- name: unpark
+-- Gives an aggregate back to the stream once the table holds nothing pending of it: removes
+-- its hold and says true; otherwise keeps it and says false. $1 type, $2 id
+WITH free AS (
+    SELECT NOT EXISTS (
+        SELECT 1 FROM {schema}.{events} e
+        WHERE e.aggregate_type = $1 AND e.aggregate_id = $2 AND e.status = 'pending'
+    ) AS ok
+), gone AS (
+    DELETE FROM {schema}.holds h USING free
+    WHERE free.ok AND h.aggregate_type = $1 AND h.aggregate_id = $2
+)
+SELECT ok FROM free;
+-- name: slot
+-- The slot's state: who streams it, WAL not yet confirmed, WAL retained.
+SELECT active_pid,
+       (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint AS lag_bytes,
+       (pg_current_wal_lsn() - restart_lsn)::bigint AS retained_bytes,
+       wal_status
+FROM pg_replication_slots WHERE slot_name = $1;
+-- name: terminate
+-- Ends a walsender still holding the slot for a relay whose lease this one has taken over.
+SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+WHERE slot_name = $1 AND active_pid IS NOT NULL;
+-- name: heartbeat
+SELECT pg_logical_emit_message(false, $1, ''::text)::text;
+-- name: relay_write
+SELECT pg_logical_emit_message(true, $1, ''::text)::text;

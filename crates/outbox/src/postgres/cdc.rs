@@ -1,0 +1,208 @@
+//! Change data capture set-up: the publication on the events table and the logical replication
+//! slot the CDC relay (`outbox relay --mode cdc`) streams from. Idempotent and safe from
+//! several processes at once, like the migrations; `outbox migrate --cdc` calls [`setup`].
+//!
+//! A slot retains WAL until the relay confirms it: a slot nobody reads fills the disk. Drop
+//! what you no longer use with [`drop`] (`outbox migrate --drop-cdc`).
+
+use sqlx::{Executor, PgPool};
+
+use crate::{Error, Ident, SchemaError, Tables};
+
+/// The publication and slot of one CDC relay group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CdcNames {
+    /// Replication slot name (validated identifier; cluster-wide).
+    pub slot: Ident,
+    /// Publication name (validated identifier; per database).
+    pub publication: Ident,
+}
+
+impl CdcNames {
+    /// Validates both names.
+    pub fn new(slot: &str, publication: &str) -> Result<Self, Error> {
+        Ok(Self {
+            slot: Ident::new("cdc.slot", slot)?,
+            publication: Ident::new("cdc.publication", publication)?,
+        })
+    }
+
+    /// The defaults for an outbox: slot and publication both named `{schema}_{table}` (cut to
+    /// 63 bytes), so that outboxes in other schemas of the cluster do not collide.
+    pub fn for_tables(tables: &Tables) -> Self {
+        let mut name = format!("{}_{}", tables.schema().as_str(), tables.events().as_str());
+        name.truncate(63);
+        Self::new(&name, &name).expect("made of two identifiers")
+    }
+}
+
+/// What [`setup`] found or created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CdcSetup {
+    /// Whether the publication was created now.
+    pub created_publication: bool,
+    /// Whether the slot was created now (also after a lost slot was recreated).
+    pub created_slot: bool,
+    /// Highest event id that may predate the slot: the relay publishes pending rows up to it
+    /// from the table before it streams. `None` when there is nothing to catch up.
+    pub catch_up_max_id: Option<i64>,
+}
+
+fn cdc_error(why: impl Into<String>) -> Error {
+    Error::Schema(SchemaError::Cdc(why.into()))
+}
+
+/// Checks that the server can decode logical changes (`wal_level = logical`).
+pub async fn check_wal_level(pool: &PgPool) -> Result<(), Error> {
+    let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+        .fetch_one(pool)
+        .await
+        .map_err(Error::Database)?;
+    if level != "logical" {
+        return Err(cdc_error(format!(
+            "wal_level is '{level}', and logical replication needs 'logical': run \
+             ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL"
+        )));
+    }
+    Ok(())
+}
+
+/// Creates the publication (inserts and deletes of the events table) and the slot (pgoutput)
+/// if they do not exist, and records the slot in `{schema}.cdc_slots`. The outbox must be
+/// migrated first.
+pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<CdcSetup, Error> {
+    check_wal_level(pool).await?;
+    let created_publication = {
+        let mut tx = pool.begin().await.map_err(Error::Database)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
+            .bind(tables.schema().as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::Database)?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+                .bind(names.publication.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(Error::Database)?;
+        if !exists {
+            // Deletes are published so that the relay knows a zero-growth row is gone; it
+            // never publishes them. The root's name for a time-partitioned table.
+            let sql = tables.render(&format!(
+                "CREATE PUBLICATION {} FOR TABLE {{schema}}.{{events}} \
+                 WITH (publish = 'insert, delete', publish_via_partition_root = true)",
+                names.publication
+            ));
+            (&mut *tx)
+                .execute(sqlx::raw_sql(&sql))
+                .await
+                .map_err(|e| map_missing(e, tables))?;
+        }
+        tx.commit().await.map_err(Error::Database)?;
+        !exists
+    };
+    // A slot cannot be created in a transaction that wrote: its own connection, autocommit.
+    let mut conn = pool.acquire().await.map_err(Error::Database)?;
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+    )
+    .bind(names.slot.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(Error::Database)?;
+    let mut created_slot = false;
+    if !exists {
+        let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+            .bind(names.slot.as_str())
+            .execute(&mut *conn)
+            .await;
+        match created {
+            Ok(_) => created_slot = true,
+            // Another process created it between the check and here.
+            Err(e) if code(&e).as_deref() == Some("42710") => {}
+            Err(e) if code(&e).as_deref() == Some("42501") => {
+                return Err(cdc_error(format!(
+                    "creating replication slot {}: the database user needs the REPLICATION \
+                     attribute (ALTER ROLE … REPLICATION)",
+                    names.slot.as_str()
+                )))
+            }
+            Err(e) => return Err(Error::Database(e)),
+        }
+    }
+    // After the slot exists: every row committed before it is visible now, so the highest id
+    // seen bounds the rows the stream may not carry. A slot found without its record (created
+    // by hand, or before this outbox knew) is treated the same way: catching up only risks
+    // duplicates, never loss.
+    let record = tables.render(
+        "INSERT INTO {schema}.cdc_slots (slot, publication, catch_up_max_id)
+         SELECT $1, $2, (SELECT max(id) FROM {schema}.{events} WHERE status = 'pending')
+         ON CONFLICT (slot) DO UPDATE
+             SET publication = EXCLUDED.publication,
+                 catch_up_max_id = CASE WHEN $3 THEN EXCLUDED.catch_up_max_id
+                                        ELSE {schema}.cdc_slots.catch_up_max_id END
+         RETURNING catch_up_max_id",
+    );
+    let catch_up_max_id: Option<i64> = sqlx::query_scalar(&record)
+        .bind(names.slot.as_str())
+        .bind(names.publication.as_str())
+        .bind(created_slot)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| map_missing(e, tables))?;
+    Ok(CdcSetup {
+        created_publication,
+        created_slot,
+        catch_up_max_id,
+    })
+}
+
+/// Drops the slot (it must not be in use: stop the CDC relays first), the publication and the
+/// record. Missing pieces are skipped.
+pub async fn drop(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<(), Error> {
+    let active: Option<Option<i32>> =
+        sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(names.slot.as_str())
+            .fetch_optional(pool)
+            .await
+            .map_err(Error::Database)?;
+    match active {
+        Some(Some(pid)) => {
+            return Err(cdc_error(format!(
+                "replication slot {} is in use by process {pid}: stop the CDC relays first",
+                names.slot.as_str()
+            )))
+        }
+        Some(None) => {
+            sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(names.slot.as_str())
+                .execute(pool)
+                .await
+                .map_err(Error::Database)?;
+        }
+        None => {}
+    }
+    let sql = format!("DROP PUBLICATION IF EXISTS {}", names.publication);
+    pool.execute(sqlx::raw_sql(&sql))
+        .await
+        .map_err(Error::Database)?;
+    sqlx::query(&tables.render("DELETE FROM {schema}.cdc_slots WHERE slot = $1"))
+        .bind(names.slot.as_str())
+        .execute(pool)
+        .await
+        .map_err(|e| map_missing(e, tables))?;
+    Ok(())
+}
+
+fn code(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+}
+
+fn map_missing(e: sqlx::Error, _tables: &Tables) -> Error {
+    match code(&e).as_deref() {
+        Some("42P01" | "3F000") => Error::Schema(SchemaError::Missing),
+        _ => Error::Database(e),
+    }
+}
