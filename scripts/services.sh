@@ -52,6 +52,7 @@ here="$(dirname "$0")"
 bash "$here/tools/amqp1.sh"
 bash "$here/tools/kafka.sh"
 bash "$here/tools/sqs.sh"
+bash "$here/tools/pg_cdc.sh"
 
 # The test database must exist (the machine creates it; a fresh cluster may not have it).
 if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
@@ -64,4 +65,4 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   apt-get update -qq
   apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-echo "services: PostgreSQL, NATS, RabbitMQ (AMQP 0-9-1 and 1.0), Redis, Mosquitto, tansu (Kafka) and moto (SQS) are up; chromium and chromedriver installed"
+echo "services: PostgreSQL, NATS, RabbitMQ (AMQP 0-9-1 and 1.0), Redis, Mosquitto, tansu (Kafka), moto (SQS) and a wal_level=logical PostgreSQL on 5433 (CDC) are up; chromium and chromedriver installed"

@@ -10,6 +10,13 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// The PostgreSQL with `wal_level = logical` for the CDC tests (`OUTBOX_CDC_DATABASE_URL`,
+/// default the private server `scripts/tools/pg_cdc.sh` starts on port 5433).
+pub fn cdc_database_url() -> String {
+    std::env::var("OUTBOX_CDC_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5433/postgres".into())
+}
+
 /// A freshly migrated outbox in a schema of its own, dropped when the value is dropped.
 pub struct TestDb {
     /// Pool on the test database.
@@ -18,6 +25,8 @@ pub struct TestDb {
     pub tables: Tables,
     /// The schema name.
     pub schema: String,
+    /// The server it lives on.
+    pub url: String,
 }
 
 impl TestDb {
@@ -32,10 +41,15 @@ impl TestDb {
 
     /// Creates and migrates a new schema with these options.
     pub async fn with_options(options: MigrateOptions) -> Self {
+        Self::on(&database_url(), options).await
+    }
+
+    /// Creates and migrates a new schema on the server at `url`.
+    pub async fn on(url: &str, options: MigrateOptions) -> Self {
         let schema = crate::unique("t");
         let pool = PgPoolOptions::new()
             .max_connections(20)
-            .connect(&database_url())
+            .connect(url)
             .await
             .expect("connect to the test database");
         let tables = Tables::new(&schema, "events").expect("valid names");
@@ -47,6 +61,7 @@ impl TestDb {
             pool,
             tables,
             schema,
+            url: url.to_owned(),
         }
     }
 
@@ -56,6 +71,7 @@ impl TestDb {
             pool,
             tables,
             schema: String::new(),
+            url: database_url(),
         }
     }
 
@@ -92,6 +108,7 @@ impl Drop for TestDb {
             return;
         }
         let schema = self.schema.clone();
+        let url = self.url.clone();
         // Drop runs outside async context guarantees: use a thread with its own runtime.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -99,7 +116,16 @@ impl Drop for TestDb {
                 .build()
                 .expect("runtime");
             rt.block_on(async {
-                if let Ok(pool) = PgPool::connect(&database_url()).await {
+                if let Ok(pool) = PgPool::connect(&url).await {
+                    // A CDC test's slot and publication are named after its schema: without
+                    // the drop they would retain WAL for ever.
+                    let _ = sqlx::raw_sql(&format!(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE slot_name LIKE '{schema}%' AND NOT active; \
+                         DROP PUBLICATION IF EXISTS \"{schema}_events\";"
+                    ))
+                    .execute(&pool)
+                    .await;
                     let _ = sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
                         .execute(&pool)
                         .await;

@@ -13,7 +13,7 @@ mod redis_streams;
 
 use std::{future::Future, time::Duration};
 
-pub use db::{database_url, insert_sequences, TestDb};
+pub use db::{cdc_database_url, database_url, insert_sequences, TestDb};
 pub use delivery::{Delivery, Report};
 pub use mqtt::MqttReader;
 pub use nats::{NatsReader, NATS_URL};

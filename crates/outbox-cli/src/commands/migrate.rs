@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use outbox::postgres::{MigrateOptions, PgOutbox};
+use outbox::postgres::{cdc, MigrateOptions, PgOutbox};
 
 use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
 
@@ -18,6 +18,22 @@ pub struct Args {
     /// so purge drops whole partitions (PostgreSQL; only when the outbox is created).
     #[arg(long, value_name = "DAYS")]
     time_partition_days: Option<i32>,
+    /// Also set up change data capture for `outbox relay --mode cdc`: the publication and the
+    /// logical replication slot (PostgreSQL with wal_level = logical; the user needs the
+    /// REPLICATION attribute). Idempotent; a lost slot is recreated and the rows it missed
+    /// are caught up from the table.
+    #[arg(long)]
+    cdc: bool,
+    /// Drop the CDC slot and publication (stop the CDC relays first): a slot nobody reads
+    /// retains WAL until the disk is full.
+    #[arg(long, conflicts_with = "cdc")]
+    drop_cdc: bool,
+    /// Replication slot name [default: {schema}_{table}].
+    #[arg(long)]
+    slot: Option<String>,
+    /// Publication name [default: {schema}_{table}].
+    #[arg(long)]
+    publication: Option<String>,
 }
 
 /// Applies pending migrations.
@@ -33,9 +49,52 @@ pub async fn run(args: Args) -> CommandResult {
                         time_partition_days: args.time_partition_days,
                     },
                 )
-                .await?
+                .await?;
+            if args.cdc || args.drop_cdc {
+                let defaults = cdc::CdcNames::for_tables(&tables);
+                let names = cdc::CdcNames::new(
+                    args.slot.as_deref().unwrap_or(defaults.slot.as_str()),
+                    args.publication
+                        .as_deref()
+                        .unwrap_or(defaults.publication.as_str()),
+                )?;
+                if args.drop_cdc {
+                    cdc::drop(&pool, &tables, &names).await?;
+                    super::print(&format!(
+                        "dropped CDC slot {} and publication {}\n",
+                        names.slot.as_str(),
+                        names.publication.as_str()
+                    ));
+                } else {
+                    let setup = cdc::setup(&pool, &tables, &names).await?;
+                    super::print(&format!(
+                        "CDC: publication {} {}, slot {} {}{}\n",
+                        names.publication.as_str(),
+                        if setup.created_publication {
+                            "created"
+                        } else {
+                            "exists"
+                        },
+                        names.slot.as_str(),
+                        if setup.created_slot {
+                            "created"
+                        } else {
+                            "exists"
+                        },
+                        match setup.catch_up_max_id {
+                            Some(id) => format!(
+                                "; pending rows up to id {id} are published from the table first"
+                            ),
+                            None => String::new(),
+                        }
+                    ));
+                }
+            }
         }
         Db::Sqlite(pool) => {
+            if args.cdc || args.drop_cdc {
+                return Err("--cdc: change data capture needs PostgreSQL".into());
+            }
             if args.partitions.is_some_and(|p| p != 1) {
                 return Err(
                     "--partitions: a SQLite outbox has one partition (one relay at a \

@@ -46,9 +46,20 @@ pub struct Args {
     /// This instance's id in the lease table [default: hostname-pid-random].
     #[arg(long)]
     relay_id: Option<String>,
+    /// Where events come from: `poll` the events table (default), or `cdc`: stream them
+    /// from a PostgreSQL logical replication slot (set up by `outbox migrate --cdc`).
+    #[arg(long, value_enum)]
+    mode: Option<RelayMode>,
     /// Log format.
     #[arg(long, value_enum)]
     log_format: Option<logging::LogFormat>,
+}
+
+/// `--mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum RelayMode {
+    Poll,
+    Cdc,
 }
 
 /// Runs the relay until SIGINT or SIGTERM.
@@ -71,6 +82,11 @@ pub async fn run(args: Args) -> CommandResult {
     }
     if let Some(id) = args.relay_id {
         cfg.relay.relay_id = Some(id);
+    }
+    match args.mode {
+        Some(RelayMode::Poll) => cfg.relay.mode = outbox_relay::Mode::Poll,
+        Some(RelayMode::Cdc) => cfg.relay.mode = outbox_relay::Mode::Cdc,
+        None => {}
     }
     logging::init(args.log_format.unwrap_or(cfg.log_format.into()));
     cfg.relay.validate()?;
@@ -133,7 +149,11 @@ pub async fn run(args: Args) -> CommandResult {
     };
     let (relay, dashboard) = match db {
         Db::Postgres(pool) => {
-            let relay = Relay::new(pool.clone(), publisher, cfg.relay.clone()).await?;
+            let mut relay = Relay::new(pool.clone(), publisher, cfg.relay.clone()).await?;
+            if cfg.relay.mode == outbox_relay::Mode::Cdc {
+                outbox::postgres::cdc::check_wal_level(&pool).await?;
+                relay = relay.with_replication_url(database_url)?;
+            }
             let tables = cfg.relay.tables();
             let dashboard = outbox_relay::dashboard::router(outbox_relay::dashboard::Dashboard {
                 admin: outbox_relay::admin::Admin::new(pool.clone(), &tables),
@@ -142,6 +162,9 @@ pub async fn run(args: Args) -> CommandResult {
                 token: cfg.admin_token.clone().filter(|t| !t.is_empty()),
             });
             (relay, Some(dashboard))
+        }
+        Db::Sqlite(_) if cfg.relay.mode == outbox_relay::Mode::Cdc => {
+            return Err("--mode cdc: change data capture needs PostgreSQL".into())
         }
         Db::Sqlite(pool) => (
             Relay::sqlite(pool, publisher, cfg.relay.clone()).await?,

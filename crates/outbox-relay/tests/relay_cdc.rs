@@ -1,0 +1,413 @@
+//! The CDC relay (`mode = "cdc"`) against a real PostgreSQL with `wal_level = logical` (the
+//! private server of `scripts/tools/pg_cdc.sh`) and NATS JetStream: the polling relay's
+//! guarantee tests in CDC mode, in the three write modes.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use outbox::{
+    postgres::{cdc, MigrateOptions, WriteMode},
+    Event,
+};
+use outbox_relay::{Mode, Relay, RelayConfig, RelayHandle};
+use outbox_testkit::{
+    cdc_database_url, unique, wait_until, NatsReader, NatsServer, Report, TestDb, NATS_URL,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A migrated outbox on the logical server, with its slot and publication.
+async fn cdc_db(partitions: i32) -> TestDb {
+    let db = TestDb::on(
+        &cdc_database_url(),
+        MigrateOptions {
+            partitions: Some(partitions),
+            ..Default::default()
+        },
+    )
+    .await;
+    cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
+        .await
+        .expect("cdc setup");
+    db
+}
+
+fn cdc_config(db: &TestDb, prefix: &str) -> RelayConfig {
+    let mut config = common::fast_config(db, prefix);
+    config.mode = Mode::Cdc;
+    config.cdc.heartbeat_interval = Duration::from_millis(500);
+    config
+}
+
+async fn start(
+    db: &TestDb,
+    publisher: Arc<dyn outbox_relay::Publisher>,
+    config: RelayConfig,
+) -> RelayHandle {
+    Relay::new(db.pool.clone(), publisher, config)
+        .await
+        .expect("relay")
+        .with_replication_url(&db.url)
+        .expect("replication url")
+        .spawn()
+}
+
+/// Writes `per_aggregate` versions for each of `aggregates` aggregates in transactions of
+/// `chunk` events, with `mode`.
+async fn write(
+    db: &TestDb,
+    mode: WriteMode,
+    kind: &str,
+    aggregates: usize,
+    per_aggregate: i64,
+    chunk: usize,
+) -> usize {
+    let outbox = db.outbox().write_mode(mode);
+    let mut events = Vec::new();
+    for version in 1..=per_aggregate {
+        for a in 0..aggregates {
+            events.push(
+                Event::new(kind, format!("a{a}"), "Happened")
+                    .json(&serde_json::json!({ "a": a, "v": version }))
+                    .unwrap()
+                    .aggregate_version(version),
+            );
+        }
+    }
+    for part in events.chunks(chunk) {
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox.enqueue_batch(&mut tx, part).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    events.len()
+}
+
+async fn rows(db: &TestDb) -> i64 {
+    sqlx::query_scalar(&db.tables.render("SELECT count(*) FROM {schema}.{events}"))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// The slot's confirmed position reaches the current WAL end (nothing left unconfirmed).
+async fn slot_caught_up(db: &TestDb) {
+    let slot = cdc::CdcNames::for_tables(&db.tables).slot;
+    wait_until(
+        "the slot to be confirmed up to the WAL end",
+        WAIT,
+        || async {
+            let lag: Option<i64> = sqlx::query_scalar(
+                "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(slot.as_str())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            // The heartbeat itself writes WAL: a few hundred bytes behind is caught up.
+            lag.is_some_and(|l| l < 4096)
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn streams_committed_rows_in_order_and_nothing_rolled_back() {
+    let db = cdc_db(8).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+
+    let outbox = db.outbox();
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox
+        .enqueue(&mut tx, &Event::new("order", "x", "RolledBack"))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let n = write(&db, WriteMode::Table, "order", 20, 10, 7).await;
+
+    let got = reader.wait_for(n, WAIT).await;
+    common::drained(&db, WAIT).await;
+    slot_caught_up(&db).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, n);
+    assert_eq!(report.order_violations, 0);
+    assert!(got.iter().all(|d| d.headers["event-type"] != "RolledBack"));
+    assert_eq!(
+        db.count("published").await,
+        n as i64,
+        "every row marked published"
+    );
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_transaction_that_commits_late_is_published() {
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    let outbox = db.outbox();
+    // The late transaction takes its id first, then commits after later ones.
+    let mut late = db.pool.begin().await.unwrap();
+    outbox
+        .enqueue(&mut late, &Event::new("late", "1", "Late"))
+        .await
+        .unwrap();
+    let n = write(&db, WriteMode::Table, "early", 5, 4, 5).await;
+    reader.wait_for(n, WAIT).await;
+    late.commit().await.unwrap();
+    let got = reader.wait_for(n + 1, WAIT).await;
+    relay.shutdown().await.unwrap();
+    assert!(got.iter().any(|d| d.aggregate_type == "late"));
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn zero_growth_and_table_less_writes_leave_the_table_empty() {
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    let a = write(&db, WriteMode::ZeroGrowth, "zero", 10, 10, 9).await;
+    let b = write(&db, WriteMode::WalOnly, "wal", 10, 10, 9).await;
+    // A table-less event written by hand, as another language would.
+    sqlx::query("SELECT pg_logical_emit_message(true, $1, $2::text)")
+        .bind(outbox::wal::prefix(&db.tables))
+        .bind(format!(
+            r#"{{"v":1,"event_id":"{}","aggregate_type":"sql","aggregate_id":"1","event_type":"Written","payload":"{{\"ok\":true}}"}}"#,
+            uuid::Uuid::now_v7()
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let got = reader.wait_for(a + b + 1, WAIT).await;
+    slot_caught_up(&db).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, a + b + 1);
+    assert_eq!(report.order_violations, 0);
+    let by_hand = got.iter().find(|d| d.aggregate_type == "sql").unwrap();
+    assert_eq!(by_hand.payload, br#"{"ok":true}"#);
+    assert_eq!(
+        rows(&db).await,
+        0,
+        "zero-growth and table-less modes keep no rows"
+    );
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_killed_streamer_is_replaced_by_its_standby_and_nothing_is_lost() {
+    let db = cdc_db(8).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let publisher = common::nats(NATS_URL, &reader.stream).await;
+    let first = start(&db, publisher.clone(), cdc_config(&db, &prefix)).await;
+    let standby = start(&db, publisher.clone(), cdc_config(&db, &prefix)).await;
+    let writer = {
+        let pool = db.pool.clone();
+        let tables = db.tables.clone();
+        tokio::spawn(async move {
+            let db = TestDb::adopt(pool, tables);
+            let mut n = 0;
+            for round in 0..10 {
+                n += write(&db, WriteMode::ZeroGrowth, &format!("k{round}"), 30, 5, 25).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            n
+        })
+    };
+    reader.wait_for(200, WAIT).await;
+    // Whichever streams dies abruptly: the other takes the leases once they expire.
+    first.abort();
+    let n = writer.await.unwrap();
+    let got = reader.wait_for(n, WAIT).await;
+    slot_caught_up(&db).await;
+    standby.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, n, "no event lost across the takeover");
+    assert_eq!(report.order_violations, 0);
+    eprintln!("cdc takeover: {n} events, {} duplicates", report.duplicates);
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_relay_stopped_then_restarted_resumes_where_it_confirmed() {
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let publisher = common::nats(NATS_URL, &reader.stream).await;
+    let relay = start(&db, publisher.clone(), cdc_config(&db, &prefix)).await;
+    let a = write(&db, WriteMode::WalOnly, "before", 10, 5, 10).await;
+    reader.wait_for(a, WAIT).await;
+    slot_caught_up(&db).await;
+    relay.shutdown().await.unwrap();
+    // Written while no relay runs: kept by the slot.
+    let b = write(&db, WriteMode::WalOnly, "after", 10, 5, 10).await;
+    let relay = start(&db, publisher, cdc_config(&db, &prefix)).await;
+    let got = reader.wait_for(a + b, WAIT).await;
+    slot_caught_up(&db).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, a + b);
+    assert_eq!(
+        report.duplicates, 0,
+        "a clean stop confirms everything it published"
+    );
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn rows_written_before_the_slot_are_caught_up_from_the_table() {
+    let db = TestDb::on(
+        &cdc_database_url(),
+        MigrateOptions {
+            partitions: Some(4),
+            ..Default::default()
+        },
+    )
+    .await;
+    let before = write(&db, WriteMode::Table, "old", 5, 4, 10).await;
+    let setup = cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
+        .await
+        .unwrap();
+    assert!(setup.created_slot && setup.catch_up_max_id.is_some());
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    let after = write(&db, WriteMode::Table, "new", 5, 4, 10).await;
+    let got = reader.wait_for(before + after, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, before + after);
+    assert_eq!(report.order_violations, 0);
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_permanent_failure_dead_letters_keeps_the_event_and_parks_only_its_aggregate() {
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let mut config = cdc_config(&db, &prefix);
+    config.max_payload_bytes = Some(1000);
+    let relay = start(&db, common::nats(NATS_URL, &reader.stream).await, config).await;
+    let outbox = db.outbox().write_mode(WriteMode::WalOnly);
+    let big = vec![b'x'; 5000];
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox
+        .enqueue_batch(
+            &mut tx,
+            &[
+                Event::new("bad", "1", "Big")
+                    .payload(big.clone(), "text/plain")
+                    .aggregate_version(1),
+                Event::new("bad", "1", "After").aggregate_version(2),
+            ],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let good = write(&db, WriteMode::WalOnly, "good", 5, 4, 5).await;
+    reader.wait_for(good, WAIT).await;
+    wait_until("the big event to be dead-lettered", WAIT, || async {
+        db.count("dead").await == 1
+    })
+    .await;
+    let (error, payload): (String, Vec<u8>) = sqlx::query_as(
+        &db.tables
+            .render("SELECT last_error, payload FROM {schema}.{events} WHERE status = 'dead'"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(error.contains("over the limit of 1000 bytes"), "{error}");
+    assert_eq!(payload, big, "the dead letter keeps its payload");
+    assert_eq!(
+        db.count("pending").await,
+        1,
+        "the later event waits behind its dead head"
+    );
+    assert!(reader
+        .deliveries()
+        .iter()
+        .all(|d| d.aggregate_type != "bad"));
+
+    // An operator skips the dead head: the parked event goes out, from the table.
+    let dead_id: i64 = sqlx::query_scalar(
+        &db.tables
+            .render("SELECT id FROM {schema}.{events} WHERE status = 'dead'"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    outbox_relay::admin::Admin::new(db.pool.clone(), &db.tables)
+        .skip(&[dead_id], "test", "too big")
+        .await
+        .unwrap();
+    let got = reader.wait_for(good + 1, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    assert!(got
+        .iter()
+        .any(|d| d.aggregate_type == "bad" && d.headers["event-type"] == "After"));
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_broker_restarted_mid_stream_loses_and_dead_letters_nothing() {
+    let mut nats = NatsServer::start().await;
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader_name = unique("S");
+    let reader = NatsReader::start(&nats.url(), &reader_name, &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(&nats.url(), &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    let a = write(&db, WriteMode::ZeroGrowth, "one", 10, 3, 10).await;
+    reader.wait_for(a, WAIT).await;
+    // The stream is on the server's disk: a new reader after the restart reads it all.
+    let first_reader = reader;
+    nats.stop();
+    let b = write(&db, WriteMode::ZeroGrowth, "two", 10, 3, 10).await;
+    nats.restart().await;
+    let reader = NatsReader::start(&nats.url(), &reader_name, &prefix).await;
+    let got = reader.wait_for(a + b, WAIT).await;
+    slot_caught_up(&db).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, a + b);
+    assert_eq!(report.order_violations, 0);
+    assert_eq!(db.count("dead").await, 0, "an outage dead-letters nothing");
+    drop(first_reader);
+    reader.cleanup().await;
+    nats.stop();
+}
