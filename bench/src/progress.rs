@@ -47,7 +47,7 @@ impl Progress {
     /// and return the last count (or 0).
     pub async fn poll(&mut self, bench: &Bench, scope: &Scope, elapsed: Duration) -> Result<i64> {
         let started = Instant::now();
-        let count = !bench.options.light_poll || self.polls % COUNT_EVERY == 0;
+        let count = !bench.options.light_poll || self.polls.is_multiple_of(COUNT_EVERY);
         let pending = if count {
             let n = bench.pending(scope).await?;
             self.observe(elapsed, n);
