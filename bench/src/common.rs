@@ -49,6 +49,8 @@ pub struct Scope {
     /// Kafka topic of the backlog's events (`<subjects>.order.OrderPlaced`, where the relay's
     /// routing sends them), with `--broker kafka`.
     pub topic: String,
+    /// Whether the relay runs in CDC mode (the `cdc` comparison).
+    pub cdc: bool,
 }
 
 impl Scope {
@@ -199,6 +201,7 @@ impl Bench {
             stream: format!("BENCH_{}_{}", self.run_id, scenario.to_uppercase()),
             subjects: format!("bench.{}.{scenario}", self.run_id),
             topic: format!("bench.{}.{scenario}.order.OrderPlaced", self.run_id),
+            cdc: false,
         })
     }
 

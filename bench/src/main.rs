@@ -1,6 +1,7 @@
 //! `outbox-bench`: the benchmark harness of the outbox relay. Each scenario is a subcommand;
 //! `all` runs them in order and writes the results table. See `bench/README.md`.
 
+mod cdc;
 mod common;
 mod dbbound;
 mod drain;
@@ -43,6 +44,9 @@ enum Command {
     Steady,
     /// All of the above, in that order, with the (a)/(b) ratio.
     All,
+    /// (e) Polling and the three CDC write modes side by side on `--cdc-database-url`: drain,
+    /// latency at `--rate` (default 1000/s), WAL and row writes per event, table left behind.
+    Cdc,
 }
 
 /// Settings shared by every scenario. Flags may come before or after the subcommand.
@@ -139,6 +143,14 @@ pub struct Options {
     /// rate with NOTIFY on].
     #[arg(long, global = true)]
     pub rate: Option<f64>,
+    /// PostgreSQL with wal_level = logical for (e) cdc (the tests' private server by default).
+    #[arg(
+        long,
+        global = true,
+        env = "BENCH_CDC_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5433/postgres"
+    )]
+    pub cdc_database_url: String,
     /// Fraction of the measured maximum rate used when `--rate` is not given.
     #[arg(long, global = true, default_value_t = 0.5)]
     pub rate_fraction: f64,
@@ -172,8 +184,32 @@ async fn run(cli: Cli) -> common::Result<()> {
     let needs_nats = match cli.command {
         Command::Drain => cli.options.broker == Broker::Nats,
         Command::Dbbound => false,
-        Command::Naive | Command::Steady | Command::All => true,
+        Command::Naive | Command::Steady | Command::All | Command::Cdc => true,
     };
+    if cli.command == Command::Cdc {
+        let mut options = cli.options.clone();
+        options.database_url = options.cdc_database_url.clone();
+        let bench = Bench::connect(options, true, false, false).await?;
+        let results = cdc::run(&bench).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# CDC comparison\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit {}), \
+             load average {} at the start; {}.\n\n{}\n`{}`\n",
+            m.nproc,
+            m.cpu_model,
+            m.postgres,
+            m.synchronous_commit,
+            m.load_average,
+            m.brokers,
+            cdc::render(&results),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("cdc.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
+    }
     let drains = matches!(cli.command, Command::Drain | Command::All);
     let needs_kafka = cli.options.broker == Broker::Kafka && drains;
     let needs_rabbitmq = cli.options.broker == Broker::Rabbitmq && drains;

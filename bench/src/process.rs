@@ -164,6 +164,7 @@ fn relay_config(bench: &Bench, scope: &Scope) -> String {
          relay_id = \"bench-{run}-{scenario}\"\n\
          max_batch_size = {batch}\n\
          max_inflight_batches = {inflight}\n\
+         mode = \"{mode}\"\n\
          \n\
          [relay.routing]\n\
          default = \"{subjects}.{{aggregate_type}}.{{event_type}}\"\n\
@@ -182,6 +183,7 @@ fn relay_config(bench: &Bench, scope: &Scope) -> String {
         inflight = bench.options.inflight,
         subjects = scope.subjects,
         stream = scope.stream,
+        mode = if scope.cdc { "cdc" } else { "poll" },
     )
 }
 

@@ -237,14 +237,14 @@ async fn wait_for_leases(bench: &Bench, scope: &Scope, relay: &mut RelayProcess)
 }
 
 /// What the subscriber saw.
-struct Collected {
-    distinct: usize,
-    duplicates: usize,
-    latencies_ms: Vec<f64>,
+pub(crate) struct Collected {
+    pub(crate) distinct: usize,
+    pub(crate) duplicates: usize,
+    pub(crate) latencies_ms: Vec<f64>,
 }
 
 /// Records, for every message, its receive time minus its `occurred-at` header, until `stop`.
-async fn collect(
+pub(crate) async fn collect(
     mut subscriber: async_nats::Subscriber,
     received: Arc<AtomicU64>,
     mut stop: oneshot::Receiver<()>,

@@ -40,8 +40,11 @@
 //! would be ordered by commit in the stream but by id in the table path.
 
 mod connect;
+mod messages;
 mod pgoutput;
+mod slot;
 pub(crate) mod source;
+mod table_path;
 
 pub use connect::ReplicationTarget;
 pub use pgoutput::{BadRow, Change, Decoder};

@@ -8,20 +8,24 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use outbox::{wal::WalEvent, Tables};
+use outbox::Tables;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
-use sqlx::{types::Json, PgPool, Row};
+use sqlx::PgPool;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{pgoutput::Change, ReplicationTarget};
+use super::{
+    messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
+    pgoutput::Change,
+    ReplicationTarget,
+};
 use crate::{
-    config::{OnDead, RelayConfig},
+    config::RelayConfig,
     dispatcher::{self, Item, Outcome},
     http::Health,
     lease::Leases,
     retry::Backoff,
-    store::{named, render_fenced, ClaimedRow, Failure, Fence, Store},
+    store::{named, render_fenced, ClaimedRow, Fence, Store},
     telemetry::{DestinationLabel, Metrics},
     Error, PublishError, Publisher,
 };
@@ -42,21 +46,21 @@ pub(crate) struct Context {
 }
 
 /// The CDC statements, rendered for one outbox.
-struct Sql {
-    mark_published: String,
-    fence_count: String,
-    spill: String,
-    hold: String,
-    pending_of: String,
-    catch_up: String,
-    catch_up_max_id: String,
-    catch_up_done: String,
-    holds: String,
-    unpark: String,
-    slot: String,
-    terminate: String,
-    heartbeat: String,
-    relay_write: String,
+pub(super) struct Sql {
+    pub(super) mark_published: String,
+    pub(super) fence_count: String,
+    pub(super) spill: String,
+    pub(super) hold: String,
+    pub(super) pending_of: String,
+    pub(super) catch_up: String,
+    pub(super) catch_up_max_id: String,
+    pub(super) catch_up_done: String,
+    pub(super) holds: String,
+    pub(super) unpark: String,
+    pub(super) slot: String,
+    pub(super) terminate: String,
+    pub(super) heartbeat: String,
+    pub(super) relay_write: String,
 }
 
 impl Sql {
@@ -82,7 +86,7 @@ impl Sql {
 }
 
 /// Why a streaming session ended.
-enum End {
+pub(super) enum End {
     /// Shutdown requested.
     Stop,
     /// The exclusive lease was lost (or never complete): back to standby.
@@ -93,53 +97,44 @@ enum End {
 
 /// One streamed event.
 #[derive(Debug, Clone)]
-struct Streamed {
+pub(super) struct Streamed {
     /// Position in the stream (orders lanes).
-    seq: u64,
+    pub(super) seq: u64,
     /// The row as the stream carried it; `id` 0 for a table-less event.
-    row: ClaimedRow,
+    pub(super) row: ClaimedRow,
     /// Whether the row is in the table (not table-less, not deleted in its transaction).
-    in_table: bool,
+    pub(super) in_table: bool,
 }
 
 /// An aggregate whose events are in the table path.
 #[derive(Debug, Default)]
-struct Held {
+pub(super) struct Held {
     /// When to publish it from the table; `None`: parked until an operator acts.
-    due: Option<Instant>,
+    pub(super) due: Option<Instant>,
     /// Ids of its rows the stream passed while it was held (they must be seen in the table
     /// before the aggregate goes back to the stream).
-    skipped: BTreeSet<i64>,
+    pub(super) skipped: BTreeSet<i64>,
     /// Since when skipped rows were not found in the table.
-    missing_since: Option<Instant>,
-}
-
-/// A streamed event to write into the table, with the relay state it gets there.
-struct SpillRow<'a> {
-    event: &'a Streamed,
-    status: &'static str,
-    attempts: i32,
-    error: Option<String>,
-    backoff: Option<Duration>,
+    pub(super) missing_since: Option<Instant>,
 }
 
 /// A transaction being received.
 #[derive(Default)]
-struct Txn {
+pub(super) struct Txn {
     events: Vec<Streamed>,
     deleted: std::collections::HashSet<i64>,
     relay_write: bool,
     commit_time: Option<DateTime<Utc>>,
 }
 
-type Key = (String, String);
+pub(super) type Key = (String, String);
 
 /// Runs the CDC source until `shutdown`.
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
     let ctx = Arc::new(ctx);
     let sql = Arc::new(Sql::new(&ctx.tables));
     let names = ctx.config.cdc_names().map_err(Error::Config)?;
-    tokio::spawn(sample_slot(
+    tokio::spawn(super::slot::sample_slot(
         ctx.clone(),
         sql.clone(),
         names.slot.as_str().to_owned(),
@@ -192,16 +187,16 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
 }
 
 /// One streaming session under one set of leases.
-struct Session {
-    ctx: Arc<Context>,
-    sql: Arc<Sql>,
-    fences: Vec<Fence>,
-    held: HashMap<Key, Held>,
-    seq: u64,
-    circuit: Backoff,
-    holds_loaded_at: Option<Instant>,
+pub(super) struct Session {
+    pub(super) ctx: Arc<Context>,
+    pub(super) sql: Arc<Sql>,
+    pub(super) fences: Vec<Fence>,
+    pub(super) held: HashMap<Key, Held>,
+    pub(super) seq: u64,
+    pub(super) circuit: Backoff,
+    pub(super) holds_loaded_at: Option<Instant>,
     /// Commit time of the oldest streamed transaction not yet confirmed.
-    unconfirmed_since: Option<DateTime<Utc>>,
+    pub(super) unconfirmed_since: Option<DateTime<Utc>>,
 }
 
 impl Session {
@@ -218,7 +213,7 @@ impl Session {
         }
     }
 
-    fn lease_ok(&self) -> bool {
+    pub(super) fn lease_ok(&self) -> bool {
         self.fences
             .iter()
             .all(|(p, e)| self.ctx.leases.is_valid(*p, *e))
@@ -265,11 +260,7 @@ impl Session {
         shutdown: &CancellationToken,
     ) -> End {
         let max_batch = self.ctx.config.max_batch_size as usize;
-        let heartbeat_prefix = format!(
-            "outbox-heartbeat:{}.{}",
-            self.ctx.tables.schema().as_str(),
-            self.ctx.tables.events().as_str()
-        );
+        let heartbeat_prefix = heartbeat_prefix(&self.ctx.tables);
         let relay_prefix = relay_write_prefix(&self.ctx.tables);
         let event_prefix = outbox::wal::prefix(&self.ctx.tables);
         let mut decoder = super::Decoder::new(
@@ -576,7 +567,7 @@ impl Session {
         Ok(())
     }
 
-    async fn dispatch(&self, events: Vec<Streamed>) -> Vec<(Streamed, Outcome)> {
+    pub(super) async fn dispatch(&self, events: Vec<Streamed>) -> Vec<(Streamed, Outcome)> {
         let epoch_of = |p: i32| self.fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
         let mut by_seq: HashMap<i64, Streamed> = HashMap::with_capacity(events.len());
         let items: Vec<Item> = events
@@ -621,7 +612,7 @@ impl Session {
         .collect()
     }
 
-    fn observe_published(&self, e: &Streamed, at: Instant) {
+    pub(super) fn observe_published(&self, e: &Streamed, at: Instant) {
         let m = &self.ctx.metrics;
         if let Some(occurred) = e.row.occurred_at {
             let acked = Utc::now() - chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
@@ -637,7 +628,7 @@ impl Session {
             .inc();
     }
 
-    fn destination_of(&self, row: &ClaimedRow) -> String {
+    pub(super) fn destination_of(&self, row: &ClaimedRow) -> String {
         self.ctx.config.routing.route(
             row.destination.as_deref(),
             &row.aggregate_type,
@@ -646,7 +637,7 @@ impl Session {
         )
     }
 
-    fn count_failure(&self, e: &Streamed, error: &PublishError) {
+    pub(super) fn count_failure(&self, e: &Streamed, error: &PublishError) {
         let m = &self.ctx.metrics;
         m.failed
             .get_or_create(&crate::telemetry::FailureLabels {
@@ -714,7 +705,7 @@ impl Session {
     }
 
     /// Retries a database statement with backoff while the lease lasts.
-    async fn retry_db<T, F, Fut>(&self, mut f: F) -> Result<T, End>
+    pub(super) async fn retry_db<T, F, Fut>(&self, mut f: F) -> Result<T, End>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
@@ -736,565 +727,6 @@ impl Session {
                     tokio::time::sleep(delay).await;
                 }
             }
-        }
-    }
-
-    /// Hands a failed event to the table path: attempt, error, hold with backoff, or dead
-    /// letter (parking its aggregate).
-    async fn spill_failed(&mut self, e: Streamed, error: &PublishError) -> Result<(), End> {
-        let policy = &self.ctx.config.retry;
-        let attempts = e.row.attempts + 1;
-        let dead = policy.is_dead(attempts, error.class);
-        let backoff = policy.backoff(attempts, error.class);
-        let key: Key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
-        if dead {
-            tracing::error!(event_id = %e.row.event_id, aggregate_type = %key.0,
-                aggregate_id = %key.1, attempts, %error, "event dead-lettered");
-            self.ctx
-                .metrics
-                .dead_lettered
-                .get_or_create(&DestinationLabel {
-                    destination: self
-                        .ctx
-                        .metrics
-                        .destination_label(&self.destination_of(&e.row)),
-                })
-                .inc();
-            self.ctx.health.progressed();
-        } else {
-            tracing::debug!(event_id = %e.row.event_id, attempts, %error, "publish failed; handed to the table path");
-        }
-        self.ctx.metrics.cdc_spilled.inc();
-        let park = self.ctx.config.on_dead == OnDead::Park;
-        let head_id = if e.in_table {
-            let failure = Failure {
-                id: e.row.id,
-                error: error.to_string(),
-                backoff,
-                dead,
-            };
-            let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
-            // The row may not be visible yet (its commit reached the stream first).
-            for tries in 1..=20u64 {
-                let n = self
-                    .retry_db(|| {
-                        store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true)
-                    })
-                    .await?;
-                if n > 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
-            }
-            e.row.id
-        } else {
-            let status = if dead { "dead" } else { "pending" };
-            let ids = self
-                .write_rows(&[SpillRow {
-                    event: &e,
-                    status,
-                    attempts,
-                    error: Some(error.to_string()),
-                    backoff: Some(backoff),
-                }])
-                .await?;
-            ids[0]
-        };
-        // Held until the backoff lapses; parked when dead (or due at once with on_dead = skip,
-        // so that the later events go on).
-        let wait = if dead {
-            (!park).then_some(0.0)
-        } else {
-            Some(backoff.as_secs_f64())
-        };
-        if !e.in_table || dead {
-            let sql = &self.sql.hold;
-            let pool = &self.ctx.pool;
-            self.retry_db(|| {
-                sqlx::query(sql)
-                    .bind(&key.0)
-                    .bind(&key.1)
-                    .bind(head_id)
-                    .bind(wait)
-                    .execute(pool)
-            })
-            .await?;
-        }
-        let entry = self.held.entry(key).or_default();
-        entry.due = wait.map(|w| Instant::now() + Duration::from_secs_f64(w));
-        Ok(())
-    }
-
-    /// Hands events of held aggregates (in stream order) to the table: rows already there are
-    /// noted; the others are written.
-    async fn spill_behind(&mut self, events: Vec<Streamed>) -> Result<(), End> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        self.ctx.metrics.cdc_spilled.inc_by(events.len() as u64);
-        let to_write: Vec<&Streamed> = events.iter().filter(|e| !e.in_table).collect();
-        let rows: Vec<SpillRow<'_>> = to_write
-            .iter()
-            .map(|e| SpillRow {
-                event: e,
-                status: "pending",
-                attempts: e.row.attempts,
-                error: None,
-                backoff: None,
-            })
-            .collect();
-        let written = if rows.is_empty() {
-            Vec::new()
-        } else {
-            self.write_rows(&rows).await?
-        };
-        let mut written = written.into_iter();
-        for e in &events {
-            let id = if e.in_table {
-                e.row.id
-            } else {
-                match written.next() {
-                    Some(id) => id,
-                    None => continue,
-                }
-            };
-            let key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
-            self.held.entry(key).or_default().skipped.insert(id);
-        }
-        Ok(())
-    }
-
-    /// Writes streamed events into the table, fenced, in one transaction marked as the
-    /// relay's own (the stream passes over it). Returns their new ids.
-    async fn write_rows(&self, rows: &[SpillRow<'_>]) -> Result<Vec<i64>, End> {
-        let (parts, epochs): (Vec<i32>, Vec<i64>) = self.fences.iter().copied().unzip();
-        let prefix = relay_write_prefix(&self.ctx.tables);
-        self.retry_db(|| async {
-            let mut tx = self.ctx.pool.begin().await?;
-            let held: i64 = sqlx::query_scalar(&self.sql.fence_count)
-                .bind(true)
-                .bind(&parts)
-                .bind(&epochs)
-                .bind(&self.ctx.relay_id)
-                .fetch_one(&mut *tx)
-                .await?;
-            if held != parts.len() as i64 {
-                return Ok(None);
-            }
-            sqlx::query(&self.sql.relay_write)
-                .bind(&prefix)
-                .execute(&mut *tx)
-                .await?;
-            let ids: Vec<i64> = sqlx::query_scalar(&self.sql.spill)
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.event_id)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.aggregate_type.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.aggregate_id.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.aggregate_version)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.event_type.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.schema_version)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.destination.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.payload.clone().unwrap_or_default())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.content_type.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| Json(x.event.row.headers.clone()))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.occurred_at)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(rows.iter().map(|x| x.status.to_owned()).collect::<Vec<_>>())
-                .bind(rows.iter().map(|x| x.attempts).collect::<Vec<_>>())
-                .bind(rows.iter().map(|x| x.error.clone()).collect::<Vec<_>>())
-                .bind(
-                    rows.iter()
-                        .map(|x| x.backoff.map(|d| d.as_secs_f64()))
-                        .collect::<Vec<_>>(),
-                )
-                .fetch_all(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(Some(ids))
-        })
-        .await?
-        .ok_or(End::LeaseLost)
-    }
-
-    /// Reads the holds: aggregates held or parked in the table. One no longer there was
-    /// released by an operator (replay, skip): due at once.
-    async fn reload_holds(&mut self) -> Result<(), sqlx::Error> {
-        let rows = sqlx::query(&self.sql.holds)
-            .fetch_all(&self.ctx.pool)
-            .await?;
-        self.holds_loaded_at = Some(Instant::now());
-        let now = Instant::now();
-        let mut in_db: HashMap<Key, Option<f64>> = HashMap::with_capacity(rows.len());
-        for r in &rows {
-            in_db.insert((r.get(0), r.get(1)), r.get(2));
-        }
-        for (key, h) in self.held.iter_mut() {
-            if !in_db.contains_key(key) && h.due.is_none() {
-                h.due = Some(now);
-            }
-        }
-        for (key, wait) in in_db {
-            let h = self.held.entry(key).or_default();
-            h.due = wait.map(|w| now + Duration::from_secs_f64(w.max(0.0)));
-        }
-        Ok(())
-    }
-
-    /// Publishes held aggregates whose hold lapsed from the table, in id order; gives each
-    /// back to the stream once nothing of it is pending there.
-    async fn resume(&mut self, keys: Vec<Key>) -> Result<(), End> {
-        const LIMIT: i64 = 1000;
-        let mut items: Vec<ClaimedRow> = Vec::new();
-        for key in &keys {
-            let sql = &self.sql.pending_of;
-            let pool = &self.ctx.pool;
-            let max = i32::try_from(self.ctx.max_payload).unwrap_or(i32::MAX);
-            let rows: Vec<ClaimedRow> = self
-                .retry_db(|| {
-                    sqlx::query_as(sql)
-                        .bind(&key.0)
-                        .bind(&key.1)
-                        .bind(LIMIT)
-                        .bind(max)
-                        .fetch_all(pool)
-                })
-                .await?;
-            items.extend(rows);
-        }
-        let published_ids: std::collections::HashSet<i64>;
-        let mut failures: Vec<Failure> = Vec::new();
-        let mut failed_keys: HashMap<Key, Option<Duration>> = HashMap::new();
-        {
-            let events: Vec<Streamed> = items
-                .iter()
-                .cloned()
-                .map(|row| Streamed {
-                    seq: row.id as u64,
-                    row,
-                    in_table: true,
-                })
-                .collect();
-            let results = self.dispatch(events).await;
-            let mut published = Vec::new();
-            let policy = &self.ctx.config.retry;
-            for (e, outcome) in results {
-                match outcome {
-                    Outcome::Published(at) => {
-                        self.observe_published(&e, at);
-                        published.push(e.row.id);
-                    }
-                    Outcome::Failed(error) => {
-                        self.count_failure(&e, &error);
-                        let attempts = e.row.attempts + 1;
-                        let dead = policy.is_dead(attempts, error.class);
-                        let backoff = policy.backoff(attempts, error.class);
-                        if dead {
-                            tracing::error!(event_id = %e.row.event_id, attempts, %error,
-                                "event dead-lettered");
-                        }
-                        failed_keys.insert(
-                            (e.row.aggregate_type.clone(), e.row.aggregate_id.clone()),
-                            (!dead).then_some(backoff),
-                        );
-                        failures.push(Failure {
-                            id: e.row.id,
-                            error: error.to_string(),
-                            backoff,
-                            dead,
-                        });
-                    }
-                    Outcome::Skipped => {}
-                }
-            }
-            if !published.is_empty() || !failures.is_empty() {
-                self.ctx.health.progressed();
-            }
-            let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
-            if !published.is_empty() {
-                // The CDC statement leaves the holds: an aggregate stays with the table path
-                // until `unpark` finds nothing of it pending, even across a crash.
-                let (parts, epochs): (Vec<i32>, Vec<i64>) = fences.iter().copied().unzip();
-                let sql = &self.sql.mark_published;
-                let pool = &self.ctx.pool;
-                let _: Vec<i64> = self
-                    .retry_db(|| {
-                        sqlx::query_scalar(sql)
-                            .bind(published.clone())
-                            .bind(parts.clone())
-                            .bind(epochs.clone())
-                            .bind(relay_id)
-                            .fetch_all(pool)
-                    })
-                    .await?;
-            }
-            if !failures.is_empty() {
-                let park = self.ctx.config.on_dead == OnDead::Park;
-                self.retry_db(|| store.mark_failed(relay_id, fences, &failures, park))
-                    .await?;
-            }
-            published_ids = published.into_iter().collect();
-        }
-        let now = Instant::now();
-        for key in keys {
-            let found = items
-                .iter()
-                .filter(|r| r.aggregate_type == key.0 && r.aggregate_id == key.1)
-                .count() as i64;
-            let Some(h) = self.held.get_mut(&key) else {
-                continue;
-            };
-            h.skipped.retain(|id| !published_ids.contains(id));
-            if let Some(wait) = failed_keys.get(&key) {
-                h.due = wait.map(|w| now + w);
-                continue;
-            }
-            if found >= LIMIT {
-                h.due = Some(now);
-                continue;
-            }
-            if !h.skipped.is_empty() {
-                // Rows the stream passed are not visible yet: look again shortly.
-                let since = *h.missing_since.get_or_insert(now);
-                if since.elapsed() < Duration::from_secs(10) {
-                    h.due = Some(now + Duration::from_millis(20));
-                    continue;
-                }
-                tracing::warn!(aggregate_type = %key.0, aggregate_id = %key.1,
-                    rows = h.skipped.len(), "rows the stream carried were not found pending \
-                    in the table after 10 s (deleted?): giving the aggregate back to the stream");
-            }
-            let sql = &self.sql.unpark;
-            let pool = &self.ctx.pool;
-            let free: bool = self
-                .retry_db(|| {
-                    sqlx::query_scalar(sql)
-                        .bind(&key.0)
-                        .bind(&key.1)
-                        .fetch_one(pool)
-                })
-                .await?;
-            if free {
-                self.held.remove(&key);
-            } else if let Some(h) = self.held.get_mut(&key) {
-                h.due = Some(now);
-            }
-        }
-        Ok(())
-    }
-
-    /// A row whose columns cannot be read at all: dead-lettered by id when it has one.
-    async fn unreadable_row(&mut self, bad: super::BadRow) -> Result<(), End> {
-        tracing::error!(id = ?bad.id, reason = %bad.reason, "unreadable outbox row in the stream");
-        let Some(id) = bad.id else {
-            return Ok(());
-        };
-        let failure = Failure {
-            id,
-            error: format!("permanent: unreadable row: {}", bad.reason),
-            backoff: Duration::ZERO,
-            dead: true,
-        };
-        let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
-        self.retry_db(|| store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true))
-            .await?;
-        self.reload_holds()
-            .await
-            .map_err(|e| End::Failed(format!("loading holds: {e}")))
-    }
-
-    /// Publishes, from the table, the pending rows that may predate the slot.
-    async fn catch_up(&mut self, slot: &str, shutdown: &CancellationToken) -> Result<(), End> {
-        let max_id: Option<i64> = sqlx::query_scalar(&self.sql.catch_up_max_id)
-            .bind(slot)
-            .fetch_optional(&self.ctx.pool)
-            .await
-            .map_err(|e| End::Failed(format!("reading the slot record: {e}")))?
-            .flatten();
-        let Some(max_id) = max_id else {
-            return Ok(());
-        };
-        tracing::info!(
-            max_id,
-            "catching up: publishing rows that may predate the slot"
-        );
-        let mut total = 0usize;
-        loop {
-            if shutdown.is_cancelled() {
-                return Err(End::Stop);
-            }
-            let sql = &self.sql.catch_up;
-            let pool = &self.ctx.pool;
-            let limit = self.ctx.config.max_batch_size;
-            let max = i32::try_from(self.ctx.max_payload).unwrap_or(i32::MAX);
-            let rows: Vec<ClaimedRow> = self
-                .retry_db(|| {
-                    sqlx::query_as(sql)
-                        .bind(max_id)
-                        .bind(limit)
-                        .bind(max)
-                        .fetch_all(pool)
-                })
-                .await?;
-            if rows.is_empty() {
-                break;
-            }
-            total += rows.len();
-            let keys: Vec<Key> = rows
-                .iter()
-                .map(|r| (r.aggregate_type.clone(), r.aggregate_id.clone()))
-                .collect();
-            // The table path does exactly this: publish in id order, mark, hold failures.
-            for key in &keys {
-                self.held.entry(key.clone()).or_default().due = Some(Instant::now());
-            }
-            let mut unique = keys;
-            unique.sort();
-            unique.dedup();
-            self.resume(unique).await?;
-        }
-        let sql = &self.sql.catch_up_done;
-        let pool = &self.ctx.pool;
-        self.retry_db(|| sqlx::query(sql).bind(slot).execute(pool))
-            .await?;
-        tracing::info!(rows = total, "caught up");
-        Ok(())
-    }
-}
-
-/// The prefix of the marker message in the relay's own writes to the table.
-fn relay_write_prefix(tables: &Tables) -> String {
-    format!(
-        "outbox-relay-write:{}.{}",
-        tables.schema().as_str(),
-        tables.events().as_str()
-    )
-}
-
-/// PostgreSQL's timestamps: microseconds since 2000-01-01 UTC.
-fn pg_time(micros: i64) -> Option<DateTime<Utc>> {
-    DateTime::from_timestamp_micros(micros.checked_add(946_684_800_000_000)?)
-}
-
-/// A table-less event as a row (id 0). Content that is not a valid event still becomes a row,
-/// under a key of its own, whose decode fails with the reason: it is dead-lettered into the
-/// table with its raw bytes, and blocks nothing.
-fn table_less_row(content: &[u8], commit_time: Option<DateTime<Utc>>, lsn: Lsn) -> ClaimedRow {
-    let decoded = WalEvent::decode(content).and_then(|w| w.payload_bytes().map(|p| (w, p)));
-    match decoded {
-        Ok((w, payload)) => ClaimedRow {
-            id: 0,
-            event_id: w.event_id,
-            aggregate_type: w.aggregate_type,
-            aggregate_id: w.aggregate_id,
-            aggregate_version: w.aggregate_version,
-            event_type: w.event_type,
-            schema_version: w.schema_version,
-            destination: w.destination,
-            payload_size: payload.len() as i64,
-            payload: Some(payload),
-            content_type: w.content_type,
-            headers: serde_json::to_value(&w.headers).unwrap_or_default(),
-            occurred_at: w.occurred_at.or(commit_time),
-            partition: 0,
-            attempts: 0,
-        },
-        Err(reason) => ClaimedRow {
-            id: 0,
-            event_id: uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, content),
-            aggregate_type: "outbox.undecodable".into(),
-            aggregate_id: lsn.to_string(),
-            aggregate_version: None,
-            event_type: "Undecodable".into(),
-            schema_version: 1,
-            destination: None,
-            payload_size: content.len() as i64,
-            payload: Some(content.to_vec()),
-            content_type: "application/octet-stream".into(),
-            // Not an object: decode refuses it, naming the reason below.
-            headers: serde_json::Value::String(reason),
-            occurred_at: commit_time,
-            partition: 0,
-            attempts: 0,
-        },
-    }
-}
-
-/// Samples the slot: WAL not confirmed, WAL retained, the alarm.
-async fn sample_slot(ctx: Arc<Context>, sql: Arc<Sql>, slot: String, shutdown: CancellationToken) {
-    let max = ctx.config.cdc.max_retained_wal_bytes;
-    let mut alarmed = false;
-    loop {
-        match sqlx::query(&sql.slot)
-            .bind(&slot)
-            .fetch_optional(&ctx.pool)
-            .await
-        {
-            Ok(Some(r)) => {
-                let lag: Option<i64> = r.get("lag_bytes");
-                let retained: Option<i64> = r.get("retained_bytes");
-                let retained = retained.unwrap_or(0).max(0);
-                ctx.metrics.cdc_slot_lag_bytes.set(lag.unwrap_or(0).max(0));
-                ctx.metrics.cdc_retained_wal_bytes.set(retained);
-                let over = retained as u64 >= max / 10 * 8;
-                ctx.metrics.cdc_retained_wal_alarm.set(i64::from(over));
-                if over && !alarmed {
-                    tracing::error!(retained_bytes = retained, max_retained_wal_bytes = max,
-                        slot = %slot, "replication slot retains over 80% of the allowed WAL: \
-                        is the CDC relay stalled? (see docs/operations.md, CDC)");
-                }
-                alarmed = over;
-            }
-            Ok(None) => {
-                tracing::error!(slot = %slot, "replication slot not found: run `outbox migrate --cdc` \
-                    (rows written meanwhile are caught up from the table when it is recreated)");
-            }
-            Err(error) => tracing::warn!(%error, "could not sample the replication slot"),
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(ctx.config.stats_interval) => {}
         }
     }
 }

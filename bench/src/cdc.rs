@@ -1,0 +1,307 @@
+//! (e) `cdc`: polling and the three CDC write modes side by side, in one run, on a PostgreSQL
+//! with `wal_level = logical` (`--cdc-database-url`): for each mode, the drain of a backlog
+//! written while no relay runs, then commit-to-delivery latency at one fixed write rate, the
+//! database writes per event (WAL bytes, and row inserts, updates and deletes of the events
+//! table) and the table left behind.
+
+use std::time::{Duration, Instant};
+
+use outbox::{
+    postgres::{cdc, PgOutbox, WriteMode},
+    Event,
+};
+use sqlx::Row;
+use tokio::sync::oneshot;
+
+use crate::{
+    common::{interruptible, payload, wait_until, Bench, Result, Scope},
+    process::{RelayProcess, RelayStats},
+    steady::collect,
+    writers::{self, WriterSettings},
+};
+
+/// The modes compared, as (scenario name, CDC relay, write mode).
+const MODES: [(&str, bool, WriteMode); 4] = [
+    ("cmp_poll", false, WriteMode::Table),
+    ("cmp_cdc", true, WriteMode::Table),
+    ("cmp_zero", true, WriteMode::ZeroGrowth),
+    ("cmp_wal", true, WriteMode::WalOnly),
+];
+
+/// Figures of one mode.
+#[derive(Clone, Debug)]
+pub struct ModeResult {
+    /// `poll`, `cdc`, `cdc zero-growth`, `cdc table-less`.
+    pub name: &'static str,
+    /// Backlog size.
+    pub events: u64,
+    /// Time to write the backlog through `PgOutbox` (4 writers, 1000 events per transaction).
+    pub write_time: Duration,
+    /// From starting the relay to every event in the stream.
+    pub drain_time: Duration,
+    /// WAL written per event, writes and relay together (backlog phase).
+    pub wal_bytes_per_event: f64,
+    /// Row inserts + updates + deletes of the events table per event (backlog phase).
+    pub row_writes_per_event: f64,
+    /// Rows in the events table after the whole run.
+    pub rows_after: i64,
+    /// Size of the events table with its indexes after the whole run, bytes.
+    pub table_bytes_after: i64,
+    /// Fixed rate of the latency phase, events/s (one event per transaction).
+    pub rate: f64,
+    /// Latencies (occurred-at to the subscriber), ms, sorted.
+    pub latencies_ms: Vec<f64>,
+    /// Distinct events the subscriber got in the latency phase, and how many were written.
+    pub received: (usize, u64),
+    /// The relay process.
+    pub relay: RelayStats,
+}
+
+impl ModeResult {
+    /// Drain throughput.
+    pub fn rate_drain(&self) -> f64 {
+        self.events as f64 / self.drain_time.as_secs_f64()
+    }
+
+    /// Latency at quantile `q`, ms.
+    pub fn latency(&self, q: f64) -> Option<f64> {
+        let n = self.latencies_ms.len();
+        (n > 0).then(|| self.latencies_ms[((n - 1) as f64 * q).round() as usize])
+    }
+}
+
+/// Runs every mode, one after another, each in its own schema, slot and stream.
+pub async fn run(bench: &Bench) -> Result<Vec<ModeResult>> {
+    let mut out = Vec::new();
+    for (scenario, is_cdc, mode) in MODES {
+        let mut scope = bench.scope(scenario)?;
+        scope.cdc = is_cdc;
+        bench.create_outbox(&scope).await?;
+        let names = cdc::CdcNames::for_tables(&scope.tables);
+        let result = interruptible(async {
+            if is_cdc {
+                cdc::setup(&bench.pool, &scope.tables, &names).await?;
+            }
+            bench.create_stream(&scope).await?;
+            measure(bench, &scope, mode).await
+        })
+        .await;
+        if is_cdc {
+            if let Err(e) = cdc::drop(&bench.pool, &scope.tables, &names).await {
+                bench.log(scenario, format!("could not drop the slot: {e}"));
+            }
+        }
+        bench.cleanup(&scope).await;
+        out.push(result?);
+    }
+    Ok(out)
+}
+
+fn label(scope: &Scope, mode: WriteMode) -> &'static str {
+    match (scope.cdc, mode) {
+        (false, _) => "poll",
+        (true, WriteMode::ZeroGrowth) => "cdc zero-growth",
+        (true, WriteMode::WalOnly) => "cdc table-less",
+        (true, _) => "cdc",
+    }
+}
+
+async fn measure(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<ModeResult> {
+    let events = bench.options.events;
+    let name = label(scope, mode);
+    let outbox = PgOutbox::new(scope.tables.clone()).write_mode(mode);
+    let wal_before = wal_lsn(bench).await?;
+    let rows_before = row_writes(bench, scope).await?;
+    bench.log(scope.scenario, format!("{name}: writing {events} events"));
+    let started = Instant::now();
+    write_backlog(bench, &outbox, events).await?;
+    let write_time = started.elapsed();
+    bench.log(
+        scope.scenario,
+        format!(
+            "written in {:.1}s; starting the relay",
+            write_time.as_secs_f64()
+        ),
+    );
+    let started = Instant::now();
+    let mut relay = RelayProcess::start(bench, scope).await?;
+    let timeout = Duration::from_secs(bench.options.drain_timeout);
+    loop {
+        if bench.stream_messages(scope).await? >= events {
+            break;
+        }
+        relay.check_alive()?;
+        if started.elapsed() > timeout {
+            let _ = relay.stop().await;
+            return Err(format!("{name}: not drained after {timeout:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let drain_time = started.elapsed();
+    // Until the relay marked what it published (poll, cdc): its writes count too.
+    let pending_sql = scope
+        .tables
+        .render("SELECT count(*) FROM {schema}.{events} WHERE status = 'pending'");
+    wait_until(Duration::from_millis(50), Duration::from_secs(60), || {
+        let sql = pending_sql.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar(&sql).fetch_one(&bench.pool).await?;
+            Ok(n == 0)
+        }
+    })
+    .await?;
+    // PostgreSQL flushes table statistics about once a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let wal_bytes_per_event = (wal_lsn(bench).await? - wal_before) as f64 / events as f64;
+    let row_writes_per_event =
+        (row_writes(bench, scope).await? - rows_before) as f64 / events as f64;
+    bench.log(
+        scope.scenario,
+        format!(
+            "{name}: drained in {:.1}s ({:.0}/s); {wal_bytes_per_event:.0} WAL bytes and \
+             {row_writes_per_event:.2} row writes per event",
+            drain_time.as_secs_f64(),
+            events as f64 / drain_time.as_secs_f64()
+        ),
+    );
+
+    // Latency at a fixed rate, the relay keeping up.
+    let rate = bench.options.rate.unwrap_or(1000.0);
+    let subscriber = bench
+        .nats()?
+        .subscribe(format!("{}.>", scope.subjects))
+        .await?;
+    bench.nats()?.flush().await?;
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (stop, stopped) = oneshot::channel();
+    let collector = tokio::spawn(collect(subscriber, received.clone(), stopped));
+    let settings = WriterSettings {
+        database_url: bench.options.database_url.clone(),
+        writers: bench.options.writers,
+        aggregates: bench.options.aggregates,
+        duration: Duration::from_secs(bench.options.steady_seconds),
+        rate: Some(rate),
+    };
+    let written = writers::run(&settings, &outbox).await?;
+    let counter = &received;
+    wait_until(
+        Duration::from_millis(50),
+        Duration::from_secs(30),
+        || async move { Ok(counter.load(std::sync::atomic::Ordering::Relaxed) >= written.commits) },
+    )
+    .await?;
+    let _ = stop.send(());
+    let collected = collector.await?;
+    let relay = relay.stop().await?;
+    let size = sqlx::query(&scope.tables.render(
+        "SELECT count(*), pg_total_relation_size('{schema}.{events}'::regclass) \
+         FROM {schema}.{events}",
+    ))
+    .fetch_one(&bench.pool)
+    .await?;
+    let result = ModeResult {
+        name,
+        events,
+        write_time,
+        drain_time,
+        wal_bytes_per_event,
+        row_writes_per_event,
+        rows_after: size.get(0),
+        table_bytes_after: size.get(1),
+        rate,
+        received: (collected.distinct, written.commits),
+        latencies_ms: collected.latencies_ms,
+        relay,
+    };
+    bench.log(
+        scope.scenario,
+        format!(
+            "{name}: at {rate:.0}/s p50 {:.1} ms, p99 {:.1} ms; {} rows left",
+            result.latency(0.5).unwrap_or(f64::NAN),
+            result.latency(0.99).unwrap_or(f64::NAN),
+            result.rows_after
+        ),
+    );
+    Ok(result)
+}
+
+/// Writes `n` events with 4 writers in transactions of 1000.
+async fn write_backlog(bench: &Bench, outbox: &PgOutbox, n: u64) -> Result<()> {
+    const WRITERS: u64 = 4;
+    const PER_TX: u64 = 1000;
+    let aggregates = bench.options.aggregates.max(1);
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let pool = bench.pool.clone();
+            let outbox = outbox.clone();
+            tokio::spawn(async move {
+                let mut g = w * PER_TX;
+                while g < n {
+                    let end = (g + PER_TX).min(n);
+                    let events: Vec<Event> = (g..end)
+                        .map(|i| {
+                            Event::new("order", format!("agg-{}", i % aggregates), "OrderPlaced")
+                                .json(&payload(i))
+                        })
+                        .collect::<std::result::Result<_, _>>()?;
+                    let mut tx = pool.begin().await?;
+                    outbox.enqueue_batch(&mut tx, &events).await?;
+                    tx.commit().await?;
+                    g += WRITERS * PER_TX;
+                }
+                Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+async fn wal_lsn(bench: &Bench) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint")
+            .fetch_one(&bench.pool)
+            .await?,
+    )
+}
+
+async fn row_writes(bench: &Bench, scope: &Scope) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint \
+         FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2",
+    )
+    .bind(scope.tables.schema().as_str())
+    .bind(scope.tables.events().as_str())
+    .fetch_one(&bench.pool)
+    .await?)
+}
+
+/// The comparison as a markdown table.
+pub fn render(results: &[ModeResult]) -> String {
+    let mut out = String::from(
+        "| mode | drain (events/s) | write backlog (s) | WAL bytes / event | row writes / event \
+         | p50 ms | p99 ms | received | rows after | table after | relay peak RSS |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in results {
+        out.push_str(&format!(
+            "| {} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} | {}/{} at {:.0}/s | {} | {:.1} MB | {:.1} MB |\n",
+            r.name,
+            r.rate_drain(),
+            r.write_time.as_secs_f64(),
+            r.wal_bytes_per_event,
+            r.row_writes_per_event,
+            r.latency(0.5).unwrap_or(f64::NAN),
+            r.latency(0.99).unwrap_or(f64::NAN),
+            r.received.0,
+            r.received.1,
+            r.rate,
+            r.rows_after,
+            r.table_bytes_after as f64 / 1e6,
+            r.relay.peak_rss_mb,
+        ));
+    }
+    out
+}

@@ -1,0 +1,505 @@
+//! The table path of the CDC source: events the stream cannot publish right now (a failure,
+//! an aggregate already held) are handed to the events table, where they get attempts, holds
+//! and dead letters as in polling mode, and are published from the table, in id order, when
+//! their hold lapses or an operator releases them. Also the catch-up of rows older than the
+//! slot. See [`crate::cdc`].
+
+use std::{collections::HashMap, time::Duration};
+
+use sqlx::{types::Json, Row};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    messages::relay_write_prefix,
+    source::{End, Key, Session, Streamed},
+};
+use crate::{
+    config::OnDead,
+    dispatcher::Outcome,
+    store::{ClaimedRow, Failure},
+    telemetry::DestinationLabel,
+    PublishError,
+};
+
+/// A streamed event to write into the table, with the relay state it gets there.
+pub(super) struct SpillRow<'a> {
+    event: &'a Streamed,
+    status: &'static str,
+    attempts: i32,
+    error: Option<String>,
+    backoff: Option<Duration>,
+}
+
+impl Session {
+    /// Hands a failed event to the table path: attempt, error, hold with backoff, or dead
+    /// letter (parking its aggregate).
+    pub(super) async fn spill_failed(
+        &mut self,
+        e: Streamed,
+        error: &PublishError,
+    ) -> Result<(), End> {
+        let policy = &self.ctx.config.retry;
+        let attempts = e.row.attempts + 1;
+        let dead = policy.is_dead(attempts, error.class);
+        let backoff = policy.backoff(attempts, error.class);
+        let key: Key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
+        if dead {
+            tracing::error!(event_id = %e.row.event_id, aggregate_type = %key.0,
+                aggregate_id = %key.1, attempts, %error, "event dead-lettered");
+            self.ctx
+                .metrics
+                .dead_lettered
+                .get_or_create(&DestinationLabel {
+                    destination: self
+                        .ctx
+                        .metrics
+                        .destination_label(&self.destination_of(&e.row)),
+                })
+                .inc();
+            self.ctx.health.progressed();
+        } else {
+            tracing::debug!(event_id = %e.row.event_id, attempts, %error, "publish failed; handed to the table path");
+        }
+        self.ctx.metrics.cdc_spilled.inc();
+        let park = self.ctx.config.on_dead == OnDead::Park;
+        let head_id = if e.in_table {
+            let failure = Failure {
+                id: e.row.id,
+                error: error.to_string(),
+                backoff,
+                dead,
+            };
+            let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
+            // The row may not be visible yet (its commit reached the stream first).
+            for tries in 1..=20u64 {
+                let n = self
+                    .retry_db(|| {
+                        store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true)
+                    })
+                    .await?;
+                if n > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+            }
+            e.row.id
+        } else {
+            let status = if dead { "dead" } else { "pending" };
+            let ids = self
+                .write_rows(&[SpillRow {
+                    event: &e,
+                    status,
+                    attempts,
+                    error: Some(error.to_string()),
+                    backoff: Some(backoff),
+                }])
+                .await?;
+            ids[0]
+        };
+        // Held until the backoff lapses; parked when dead (or due at once with on_dead = skip,
+        // so that the later events go on).
+        let wait = if dead {
+            (!park).then_some(0.0)
+        } else {
+            Some(backoff.as_secs_f64())
+        };
+        if !e.in_table || dead {
+            let sql = &self.sql.hold;
+            let pool = &self.ctx.pool;
+            self.retry_db(|| {
+                sqlx::query(sql)
+                    .bind(&key.0)
+                    .bind(&key.1)
+                    .bind(head_id)
+                    .bind(wait)
+                    .execute(pool)
+            })
+            .await?;
+        }
+        let entry = self.held.entry(key).or_default();
+        entry.due = wait.map(|w| Instant::now() + Duration::from_secs_f64(w));
+        Ok(())
+    }
+
+    /// Hands events of held aggregates (in stream order) to the table: rows already there are
+    /// noted; the others are written.
+    pub(super) async fn spill_behind(&mut self, events: Vec<Streamed>) -> Result<(), End> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        self.ctx.metrics.cdc_spilled.inc_by(events.len() as u64);
+        let to_write: Vec<&Streamed> = events.iter().filter(|e| !e.in_table).collect();
+        let rows: Vec<SpillRow<'_>> = to_write
+            .iter()
+            .map(|e| SpillRow {
+                event: e,
+                status: "pending",
+                attempts: e.row.attempts,
+                error: None,
+                backoff: None,
+            })
+            .collect();
+        let written = if rows.is_empty() {
+            Vec::new()
+        } else {
+            self.write_rows(&rows).await?
+        };
+        let mut written = written.into_iter();
+        for e in &events {
+            let id = if e.in_table {
+                e.row.id
+            } else {
+                match written.next() {
+                    Some(id) => id,
+                    None => continue,
+                }
+            };
+            let key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
+            self.held.entry(key).or_default().skipped.insert(id);
+        }
+        Ok(())
+    }
+
+    /// Writes streamed events into the table, fenced, in one transaction marked as the
+    /// relay's own (the stream passes over it). Returns their new ids.
+    pub(super) async fn write_rows(&self, rows: &[SpillRow<'_>]) -> Result<Vec<i64>, End> {
+        let (parts, epochs): (Vec<i32>, Vec<i64>) = self.fences.iter().copied().unzip();
+        let prefix = relay_write_prefix(&self.ctx.tables);
+        self.retry_db(|| async {
+            let mut tx = self.ctx.pool.begin().await?;
+            let held: i64 = sqlx::query_scalar(&self.sql.fence_count)
+                .bind(true)
+                .bind(&parts)
+                .bind(&epochs)
+                .bind(&self.ctx.relay_id)
+                .fetch_one(&mut *tx)
+                .await?;
+            if held != parts.len() as i64 {
+                return Ok(None);
+            }
+            sqlx::query(&self.sql.relay_write)
+                .bind(&prefix)
+                .execute(&mut *tx)
+                .await?;
+            let ids: Vec<i64> = sqlx::query_scalar(&self.sql.spill)
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.event_id)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.aggregate_type.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.aggregate_id.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.aggregate_version)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.event_type.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.schema_version)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.destination.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.payload.clone().unwrap_or_default())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.content_type.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| Json(x.event.row.headers.clone()))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.event.row.occurred_at)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(rows.iter().map(|x| x.status.to_owned()).collect::<Vec<_>>())
+                .bind(rows.iter().map(|x| x.attempts).collect::<Vec<_>>())
+                .bind(rows.iter().map(|x| x.error.clone()).collect::<Vec<_>>())
+                .bind(
+                    rows.iter()
+                        .map(|x| x.backoff.map(|d| d.as_secs_f64()))
+                        .collect::<Vec<_>>(),
+                )
+                .fetch_all(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(Some(ids))
+        })
+        .await?
+        .ok_or(End::LeaseLost)
+    }
+
+    /// Reads the holds: aggregates held or parked in the table. One no longer there was
+    /// released by an operator (replay, skip): due at once.
+    pub(super) async fn reload_holds(&mut self) -> Result<(), sqlx::Error> {
+        let rows = sqlx::query(&self.sql.holds)
+            .fetch_all(&self.ctx.pool)
+            .await?;
+        self.holds_loaded_at = Some(Instant::now());
+        let now = Instant::now();
+        let mut in_db: HashMap<Key, Option<f64>> = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            in_db.insert((r.get(0), r.get(1)), r.get(2));
+        }
+        for (key, h) in self.held.iter_mut() {
+            if !in_db.contains_key(key) && h.due.is_none() {
+                h.due = Some(now);
+            }
+        }
+        for (key, wait) in in_db {
+            let h = self.held.entry(key).or_default();
+            h.due = wait.map(|w| now + Duration::from_secs_f64(w.max(0.0)));
+        }
+        Ok(())
+    }
+
+    /// Publishes held aggregates whose hold lapsed from the table, in id order; gives each
+    /// back to the stream once nothing of it is pending there.
+    pub(super) async fn resume(&mut self, keys: Vec<Key>) -> Result<(), End> {
+        const LIMIT: i64 = 1000;
+        let mut items: Vec<ClaimedRow> = Vec::new();
+        for key in &keys {
+            let sql = &self.sql.pending_of;
+            let pool = &self.ctx.pool;
+            let max = i32::try_from(self.ctx.max_payload).unwrap_or(i32::MAX);
+            let rows: Vec<ClaimedRow> = self
+                .retry_db(|| {
+                    sqlx::query_as(sql)
+                        .bind(&key.0)
+                        .bind(&key.1)
+                        .bind(LIMIT)
+                        .bind(max)
+                        .fetch_all(pool)
+                })
+                .await?;
+            items.extend(rows);
+        }
+        let published_ids: std::collections::HashSet<i64>;
+        let mut failures: Vec<Failure> = Vec::new();
+        let mut failed_keys: HashMap<Key, Option<Duration>> = HashMap::new();
+        {
+            let events: Vec<Streamed> = items
+                .iter()
+                .cloned()
+                .map(|row| Streamed {
+                    seq: row.id as u64,
+                    row,
+                    in_table: true,
+                })
+                .collect();
+            let results = self.dispatch(events).await;
+            let mut published = Vec::new();
+            let policy = &self.ctx.config.retry;
+            for (e, outcome) in results {
+                match outcome {
+                    Outcome::Published(at) => {
+                        self.observe_published(&e, at);
+                        published.push(e.row.id);
+                    }
+                    Outcome::Failed(error) => {
+                        self.count_failure(&e, &error);
+                        let attempts = e.row.attempts + 1;
+                        let dead = policy.is_dead(attempts, error.class);
+                        let backoff = policy.backoff(attempts, error.class);
+                        if dead {
+                            tracing::error!(event_id = %e.row.event_id, attempts, %error,
+                                "event dead-lettered");
+                        }
+                        failed_keys.insert(
+                            (e.row.aggregate_type.clone(), e.row.aggregate_id.clone()),
+                            (!dead).then_some(backoff),
+                        );
+                        failures.push(Failure {
+                            id: e.row.id,
+                            error: error.to_string(),
+                            backoff,
+                            dead,
+                        });
+                    }
+                    Outcome::Skipped => {}
+                }
+            }
+            if !published.is_empty() || !failures.is_empty() {
+                self.ctx.health.progressed();
+            }
+            let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
+            if !published.is_empty() {
+                // The CDC statement leaves the holds: an aggregate stays with the table path
+                // until `unpark` finds nothing of it pending, even across a crash.
+                let (parts, epochs): (Vec<i32>, Vec<i64>) = fences.iter().copied().unzip();
+                let sql = &self.sql.mark_published;
+                let pool = &self.ctx.pool;
+                let _: Vec<i64> = self
+                    .retry_db(|| {
+                        sqlx::query_scalar(sql)
+                            .bind(published.clone())
+                            .bind(parts.clone())
+                            .bind(epochs.clone())
+                            .bind(relay_id)
+                            .fetch_all(pool)
+                    })
+                    .await?;
+            }
+            if !failures.is_empty() {
+                let park = self.ctx.config.on_dead == OnDead::Park;
+                self.retry_db(|| store.mark_failed(relay_id, fences, &failures, park))
+                    .await?;
+            }
+            published_ids = published.into_iter().collect();
+        }
+        let now = Instant::now();
+        for key in keys {
+            let found = items
+                .iter()
+                .filter(|r| r.aggregate_type == key.0 && r.aggregate_id == key.1)
+                .count() as i64;
+            let Some(h) = self.held.get_mut(&key) else {
+                continue;
+            };
+            h.skipped.retain(|id| !published_ids.contains(id));
+            if let Some(wait) = failed_keys.get(&key) {
+                h.due = wait.map(|w| now + w);
+                continue;
+            }
+            if found >= LIMIT {
+                h.due = Some(now);
+                continue;
+            }
+            if !h.skipped.is_empty() {
+                // Rows the stream passed are not visible yet: look again shortly.
+                let since = *h.missing_since.get_or_insert(now);
+                if since.elapsed() < Duration::from_secs(10) {
+                    h.due = Some(now + Duration::from_millis(20));
+                    continue;
+                }
+                tracing::warn!(aggregate_type = %key.0, aggregate_id = %key.1,
+                    rows = h.skipped.len(), "rows the stream carried were not found pending \
+                    in the table after 10 s (deleted?): giving the aggregate back to the stream");
+            }
+            let sql = &self.sql.unpark;
+            let pool = &self.ctx.pool;
+            let free: bool = self
+                .retry_db(|| {
+                    sqlx::query_scalar(sql)
+                        .bind(&key.0)
+                        .bind(&key.1)
+                        .fetch_one(pool)
+                })
+                .await?;
+            if free {
+                self.held.remove(&key);
+            } else if let Some(h) = self.held.get_mut(&key) {
+                h.due = Some(now);
+            }
+        }
+        Ok(())
+    }
+
+    /// A row whose columns cannot be read at all: dead-lettered by id when it has one.
+    pub(super) async fn unreadable_row(&mut self, bad: super::BadRow) -> Result<(), End> {
+        tracing::error!(id = ?bad.id, reason = %bad.reason, "unreadable outbox row in the stream");
+        let Some(id) = bad.id else {
+            return Ok(());
+        };
+        let failure = Failure {
+            id,
+            error: format!("permanent: unreadable row: {}", bad.reason),
+            backoff: Duration::ZERO,
+            dead: true,
+        };
+        let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
+        self.retry_db(|| store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true))
+            .await?;
+        self.reload_holds()
+            .await
+            .map_err(|e| End::Failed(format!("loading holds: {e}")))
+    }
+
+    /// Publishes, from the table, the pending rows that may predate the slot.
+    pub(super) async fn catch_up(
+        &mut self,
+        slot: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<(), End> {
+        let max_id: Option<i64> = sqlx::query_scalar(&self.sql.catch_up_max_id)
+            .bind(slot)
+            .fetch_optional(&self.ctx.pool)
+            .await
+            .map_err(|e| End::Failed(format!("reading the slot record: {e}")))?
+            .flatten();
+        let Some(max_id) = max_id else {
+            return Ok(());
+        };
+        tracing::info!(
+            max_id,
+            "catching up: publishing rows that may predate the slot"
+        );
+        let mut total = 0usize;
+        loop {
+            if shutdown.is_cancelled() {
+                return Err(End::Stop);
+            }
+            let sql = &self.sql.catch_up;
+            let pool = &self.ctx.pool;
+            let limit = self.ctx.config.max_batch_size;
+            let max = i32::try_from(self.ctx.max_payload).unwrap_or(i32::MAX);
+            let rows: Vec<ClaimedRow> = self
+                .retry_db(|| {
+                    sqlx::query_as(sql)
+                        .bind(max_id)
+                        .bind(limit)
+                        .bind(max)
+                        .fetch_all(pool)
+                })
+                .await?;
+            if rows.is_empty() {
+                break;
+            }
+            total += rows.len();
+            let keys: Vec<Key> = rows
+                .iter()
+                .map(|r| (r.aggregate_type.clone(), r.aggregate_id.clone()))
+                .collect();
+            // The table path does exactly this: publish in id order, mark, hold failures.
+            for key in &keys {
+                self.held.entry(key.clone()).or_default().due = Some(Instant::now());
+            }
+            let mut unique = keys;
+            unique.sort();
+            unique.dedup();
+            self.resume(unique).await?;
+        }
+        let sql = &self.sql.catch_up_done;
+        let pool = &self.ctx.pool;
+        self.retry_db(|| sqlx::query(sql).bind(slot).execute(pool))
+            .await?;
+        tracing::info!(rows = total, "caught up");
+        Ok(())
+    }
+}
