@@ -12,7 +12,8 @@ use outbox::{
 };
 use outbox_relay::{Mode, Relay, RelayConfig, RelayHandle};
 use outbox_testkit::{
-    cdc_database_url, unique, wait_until, NatsReader, NatsServer, Report, TestDb, NATS_URL,
+    cdc_database_url, unique, wait_until, NatsReader, NatsServer, PrivatePostgres, Report, TestDb,
+    NATS_URL,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -410,4 +411,78 @@ async fn a_broker_restarted_mid_stream_loses_and_dead_letters_nothing() {
     drop(first_reader);
     reader.cleanup().await;
     nats.stop();
+}
+
+#[tokio::test]
+async fn postgres_restarted_mid_stream_loses_nothing() {
+    let mut pg = PrivatePostgres::start_with(&[
+        "wal_level=logical",
+        "max_replication_slots=8",
+        "max_wal_senders=8",
+    ])
+    .await;
+    let db = TestDb::on(
+        &pg.url(),
+        MigrateOptions {
+            partitions: Some(4),
+            ..Default::default()
+        },
+    )
+    .await;
+    cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
+        .await
+        .unwrap();
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    let a = write(&db, WriteMode::Table, "before", 20, 5, 20).await;
+    reader.wait_for(a / 2, WAIT).await;
+    // A crash (SIGKILL of the whole server), then crash recovery.
+    pg.crash();
+    pg.start_again().await;
+    // The pool reconnects on demand; the relay reconnects its stream by itself.
+    let b = write_retrying(&db, "after", 20, 5).await;
+    let got = reader.wait_for(a + b, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(
+        report.unique,
+        a + b,
+        "nothing lost across the database restart"
+    );
+    assert_eq!(report.order_violations, 0);
+    eprintln!(
+        "cdc, PostgreSQL crashed mid-stream: {} events, {} duplicates",
+        a + b,
+        report.duplicates
+    );
+    reader.cleanup().await;
+    drop(db);
+}
+
+/// Like [`write`] in table mode, one transaction per version, retrying while the restarted
+/// server does not answer yet.
+async fn write_retrying(db: &TestDb, kind: &str, aggregates: usize, per_aggregate: i64) -> usize {
+    let outbox = db.outbox();
+    let mut n = 0;
+    for version in 1..=per_aggregate {
+        let events: Vec<Event> = (0..aggregates)
+            .map(|a| Event::new(kind, format!("a{a}"), "Happened").aggregate_version(version))
+            .collect();
+        wait_until("a write to succeed", WAIT, || async {
+            let Ok(mut tx) = db.pool.begin().await else {
+                return false;
+            };
+            outbox.enqueue_batch(&mut tx, &events).await.is_ok() && tx.commit().await.is_ok()
+        })
+        .await;
+        n += events.len();
+    }
+    n
 }

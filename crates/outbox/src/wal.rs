@@ -111,7 +111,17 @@ impl WalEvent {
 
     /// Reads message content; the error says what is wrong with it.
     pub fn decode(content: &[u8]) -> Result<Self, String> {
-        let wal: Self = serde_json::from_slice(content)
+        let value: serde_json::Value = serde_json::from_slice(content)
+            .map_err(|e| format!("table-less event is not JSON: {e}"))?;
+        // Name the field serde would not: the UUID.
+        if let Some(id) = value.get("event_id") {
+            if id.as_str().and_then(|s| Uuid::parse_str(s).ok()).is_none() {
+                return Err(format!(
+                    "table-less event: event_id must be a UUID, found {id}"
+                ));
+            }
+        }
+        let wal: Self = serde_json::from_value(value)
             .map_err(|e| format!("table-less event is not a valid event object: {e}"))?;
         if wal.v != FORMAT_VERSION {
             return Err(format!(
@@ -169,7 +179,8 @@ mod tests {
     #[test]
     fn bad_content_names_the_problem() {
         for (content, expected) in [
-            (&b"not json"[..], "not a valid event object"),
+            (&b"not json"[..], "not JSON"),
+            (br#"{"v":1}"#, "not a valid event object"),
             (br#"{"v":2,"event_id":"0192f0c4-7d1e-7b3a-9c55-1d2e3f405162","aggregate_type":"a","aggregate_id":"1","event_type":"E","payload":""}"#, "version 2"),
             (br#"{"v":1,"event_id":"0192f0c4-7d1e-7b3a-9c55-1d2e3f405162","aggregate_type":"a","aggregate_id":"1","event_type":"E"}"#, "exactly one of payload"),
             (br#"{"v":1,"event_id":"x","aggregate_type":"a","aggregate_id":"1","event_type":"E","payload":""}"#, "event_id"),

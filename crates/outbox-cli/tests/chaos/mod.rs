@@ -17,7 +17,6 @@
 pub mod broker;
 pub mod consumer;
 pub mod monkey;
-pub mod postgres;
 pub mod relays;
 pub mod tally;
 pub mod writer;
@@ -30,7 +29,7 @@ use std::{
 };
 
 use outbox::postgres::{MigrateOptions, PgOutbox};
-use outbox_testkit::unique;
+use outbox_testkit::{unique, PrivatePostgres};
 use rand::{rngs::StdRng, SeedableRng};
 use sqlx::{postgres::PgPoolOptions, PgPool, Row as _};
 use uuid::Uuid;
@@ -39,7 +38,6 @@ use self::{
     broker::{Broker, BrokerKind},
     consumer::Recorder,
     monkey::Targets,
-    postgres::PrivatePostgres,
     relays::{Fleet, RelaySettings},
     tally::{Figures, Row},
     writer::{WriterSettings, Writers},

@@ -10,7 +10,9 @@ use rand::{
     Rng,
 };
 
-use super::{postgres::PrivatePostgres, relays::Fleet};
+use outbox_testkit::PrivatePostgres;
+
+use super::relays::Fleet;
 
 /// A fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::{
     process::{Child, Command, Output, Stdio},
 };
 
-use outbox_testkit::{database_url, TestDb};
+use outbox_testkit::TestDb;
 
 /// The binary under test.
 pub fn bin() -> Command {
@@ -68,13 +68,7 @@ impl RelayProcess {
     ) -> Self {
         let log = std::env::temp_dir().join(format!("{}.log", outbox_testkit::unique("relay")));
         let child = bin()
-            .args([
-                "relay",
-                "--database-url",
-                &database_url(),
-                "--schema",
-                &db.schema,
-            ])
+            .args(["relay", "--database-url", &db.url, "--schema", &db.schema])
             .args(["--broker-url", broker, "--listen", listen, "--config"])
             .arg(config)
             .envs(env.iter().copied())

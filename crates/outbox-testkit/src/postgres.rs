@@ -1,5 +1,6 @@
-//! A private PostgreSQL server the chaos run may crash: its own data directory (a temporary
-//! folder), its own port, its own process group. The shared server on 5432 is never touched.
+//! A private PostgreSQL server a test may crash and restart: its own data directory (a
+//! temporary folder), its own port, its own process group. The shared servers are never
+//! touched.
 
 use std::{
     os::unix::process::CommandExt,
@@ -8,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use outbox_testkit::{free_port, wait_until, BrokerProcess};
+use crate::{free_port, wait_until, BrokerProcess};
 
 /// How long a (re)started server may take to accept queries (crash recovery included).
 const READY: Duration = Duration::from_secs(60);
@@ -20,6 +21,8 @@ const READY: Duration = Duration::from_secs(60);
 pub struct PrivatePostgres {
     process: BrokerProcess,
     bin: PathBuf,
+    /// Extra `-c name=value` settings.
+    settings: Vec<String>,
     /// `Some((uid, gid))` of the `postgres` user when running as root (PostgreSQL refuses to
     /// run as root).
     user: Option<(u32, u32)>,
@@ -30,6 +33,11 @@ impl PrivatePostgres {
     /// keeps what the kernel was given, which is what a committed transaction has written)
     /// and starts it.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Like [`PrivatePostgres::start`], with extra server settings (`"wal_level=logical"`).
+    pub async fn start_with(settings: &[&str]) -> Self {
         let bin = postgres_bin();
         let user = if current_uid() == 0 {
             Some((id_of("-u"), id_of("-g")))
@@ -37,7 +45,12 @@ impl PrivatePostgres {
             None
         };
         let process = BrokerProcess::prepare(free_port());
-        let mut server = Self { process, bin, user };
+        let mut server = Self {
+            process,
+            bin,
+            user,
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
+        };
         let status = server
             .command("initdb")
             .args([
@@ -94,7 +107,10 @@ impl PrivatePostgres {
             "full_page_writes=off".into(),
             "max_connections=200".into(),
             "shared_buffers=32MB".into(),
-        ] {
+        ]
+        .into_iter()
+        .chain(self.settings.iter().cloned())
+        {
             command.args(["-c", &setting]);
         }
         self.process.start(command).await;
