@@ -100,6 +100,12 @@ async fn three_cdc_relays_survive_a_sigkill_of_the_streamer() {
     eprintln!("cdc, three processes, streamer {streamer} killed: {written} written, {report:?}");
     assert_eq!(report.unique, written, "nothing lost");
     assert_eq!(report.order_violations, 0);
+    let status = run(&["status", "--database-url", &db.url, "--schema", &db.schema]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains(&format!("cdc slot {}_events", db.schema)) && text.contains("not streamed"),
+        "{text}"
+    );
     let dropped = migrate_cdc(&db, &["--drop-cdc"]);
     assert!(
         dropped.status.success(),

@@ -19,15 +19,20 @@ pub struct Args {
 /// Prints backlog, lag, dead letters and partition owners.
 pub async fn run(args: Args) -> CommandResult {
     let tables = args.db.tables()?;
-    let (backlog, partitions) =
+    let (backlog, partitions, slots) =
         match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
             Db::Postgres(pool) => {
+                let slots = outbox::postgres::cdc::slots(&pool, &tables).await?;
                 let store = PgStore::open(pool, &tables).await?;
-                (store.backlog().await?, store.partition_status().await?)
+                (
+                    store.backlog().await?,
+                    store.partition_status().await?,
+                    slots,
+                )
             }
             Db::Sqlite(pool) => {
                 let store = SqliteStore::open(pool, &tables).await?;
-                (Store::backlog(&store).await?, Vec::new())
+                (Store::backlog(&store).await?, Vec::new(), Vec::new())
             }
         };
     let oldest = backlog.oldest_age.map(|a| a.as_secs_f64());
@@ -39,6 +44,7 @@ pub async fn run(args: Args) -> CommandResult {
             "oldest_pending_age_seconds": oldest,
             "dead": backlog.dead,
             "partitions": partitions,
+            "cdc_slots": slots,
         });
         super::print(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
         return Ok(ExitCode::SUCCESS);
@@ -70,6 +76,25 @@ pub async fn run(args: Args) -> CommandResult {
             p.pending,
             p.oldest_age_seconds
                 .map_or("-".to_owned(), |s| format!("{s:.1}s")),
+        )?;
+    }
+    for s in &slots {
+        writeln!(
+            out,
+            "cdc slot {} (publication {}): {}, {} bytes unconfirmed, {} bytes of WAL retained{}",
+            s.slot,
+            s.publication,
+            match (s.exists, s.active_pid, s.wal_status.as_deref()) {
+                (false, _, _) => "LOST: run `outbox migrate --cdc` to recreate it".to_owned(),
+                (true, _, Some("lost")) => "LOST (WAL removed): drop and recreate it".to_owned(),
+                (true, Some(pid), _) => format!("streamed by pid {pid}"),
+                (true, None, _) => "not streamed (no CDC relay connected)".to_owned(),
+            },
+            s.lag_bytes.unwrap_or(0),
+            s.retained_bytes.unwrap_or(0),
+            s.catch_up_max_id.map_or(String::new(), |id| format!(
+                "; catch-up pending up to id {id}"
+            )),
         )?;
     }
     super::print(&out);

@@ -206,3 +206,70 @@ fn map_missing(e: sqlx::Error, _tables: &Tables) -> Error {
         _ => Error::Database(e),
     }
 }
+
+/// A CDC slot of the outbox as `outbox status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SlotStatus {
+    /// Slot name.
+    pub slot: String,
+    /// Publication name.
+    pub publication: String,
+    /// Whether the slot exists on the server (a lost slot is still recorded).
+    pub exists: bool,
+    /// The walsender streaming it, if any.
+    pub active_pid: Option<i32>,
+    /// WAL written since the slot's confirmed position, bytes.
+    pub lag_bytes: Option<i64>,
+    /// WAL the slot retains, bytes.
+    pub retained_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (PostgreSQL's `wal_status`).
+    pub wal_status: Option<String>,
+    /// Catch-up still to do: pending rows up to this id are published from the table first.
+    pub catch_up_max_id: Option<i64>,
+}
+
+/// The outbox's recorded CDC slots with their server state; empty before migration 8.
+pub async fn slots(pool: &PgPool, tables: &Tables) -> Result<Vec<SlotStatus>, Error> {
+    let sql = tables.render(
+        "SELECT c.slot, c.publication, s.slot_name IS NOT NULL AS exists, s.active_pid,
+                (pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint AS lag_bytes,
+                (pg_current_wal_lsn() - s.restart_lsn)::bigint AS retained_bytes,
+                s.wal_status, c.catch_up_max_id
+         FROM {schema}.cdc_slots c
+         LEFT JOIN pg_replication_slots s ON s.slot_name = c.slot
+         ORDER BY c.slot",
+    );
+    let rows = match sqlx::query_as::<
+        _,
+        (
+            String,
+            String,
+            bool,
+            Option<i32>,
+            Option<i64>,
+            Option<i64>,
+            Option<String>,
+            Option<i64>,
+        ),
+    >(&sql)
+    .fetch_all(pool)
+    .await
+    {
+        Ok(rows) => rows,
+        Err(e) if code(&e).as_deref() == Some("42P01") => return Ok(Vec::new()),
+        Err(e) => return Err(map_missing(e, tables)),
+    };
+    Ok(rows
+        .into_iter()
+        .map(|r| SlotStatus {
+            slot: r.0,
+            publication: r.1,
+            exists: r.2,
+            active_pid: r.3,
+            lag_bytes: r.4,
+            retained_bytes: r.5,
+            wal_status: r.6,
+            catch_up_max_id: r.7,
+        })
+        .collect())
+}
