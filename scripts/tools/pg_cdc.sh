@@ -39,7 +39,6 @@ max_replication_slots = 64
 max_wal_senders = 64
 max_slot_wal_keep_size = 4GB
 fsync = off
-synchronous_commit = off
 autovacuum = on
 CONF
 fi

@@ -188,7 +188,9 @@ async fn zero_growth_and_table_less_writes_leave_the_table_empty() {
         cdc_config(&db, &prefix),
     )
     .await;
-    let a = write(&db, WriteMode::ZeroGrowth, "zero", 10, 10, 9).await;
+    let a = write(&db, WriteMode::ZeroGrowth, "zero", 10, 10, 9).await
+        // Transactions larger than a batch (1500 events each).
+        + write(&db, WriteMode::ZeroGrowth, "bulk", 300, 10, 1500).await;
     let b = write(&db, WriteMode::WalOnly, "wal", 10, 10, 9).await;
     // A table-less event written by hand, as another language would.
     sqlx::query("SELECT pg_logical_emit_message(true, $1, $2::text)")

@@ -40,6 +40,7 @@
 //! would be ordered by commit in the stream but by id in the table path.
 
 mod connect;
+mod marks;
 mod messages;
 mod pgoutput;
 mod slot;

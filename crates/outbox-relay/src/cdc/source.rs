@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    marks::{spawn_mark, Marks},
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
     pgoutput::Change,
     ReplicationTarget,
@@ -122,12 +123,20 @@ pub(super) struct Held {
 #[derive(Default)]
 pub(super) struct Txn {
     events: Vec<Streamed>,
+    /// Rows of the table published in chunks before the commit arrived (marked at commit,
+    /// when the deletes of a zero-growth transaction are known).
+    chunk_published: Vec<i64>,
     deleted: std::collections::HashSet<i64>,
     relay_write: bool,
     commit_time: Option<DateTime<Utc>>,
 }
 
 pub(super) type Key = (String, String);
+
+/// Events of one open transaction held before they are published in chunks: a transaction is
+/// published whole after its commit up to this size (its deletes are then known), in chunks of
+/// it beyond (memory stays bounded).
+const CHUNK_EVENTS: usize = 50_000;
 
 /// Runs the CDC source until `shutdown`.
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
@@ -197,6 +206,11 @@ pub(super) struct Session {
     pub(super) holds_loaded_at: Option<Instant>,
     /// Commit time of the oldest streamed transaction not yet confirmed.
     pub(super) unconfirmed_since: Option<DateTime<Utc>>,
+    /// Marks being written, in stream order, with the positions they confirm.
+    pub(super) marks: Marks,
+    /// While a chunk of an open transaction is processed: its published table rows, marked
+    /// at the commit instead.
+    pub(super) deferred: Option<Vec<i64>>,
 }
 
 impl Session {
@@ -210,6 +224,8 @@ impl Session {
             circuit: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             holds_loaded_at: None,
             unconfirmed_since: None,
+            marks: Marks::default(),
+            deferred: None,
         }
     }
 
@@ -282,7 +298,15 @@ impl Session {
             let received = if (batch.is_empty() && batch_end.is_none()) || txn.is_some() {
                 let idle = self.next_wake(last_activity);
                 tokio::select! {
-                    () = shutdown.cancelled() => return End::Stop,
+                    () = shutdown.cancelled() => {
+                        // Confirm what was published before going.
+                        if self.marks.reap(true).await.is_ok() {
+                            if let Some(lsn) = self.marks.take_confirm() {
+                                client.update_applied_lsn(lsn);
+                            }
+                        }
+                        return End::Stop;
+                    }
                     r = client.recv() => Some(r),
                     () = tokio::time::sleep(idle) => None,
                 }
@@ -333,7 +357,7 @@ impl Session {
                                 Ok(Change::Other) => {}
                                 Err(e) => return End::Failed(format!("decoding pgoutput: {e}")),
                             }
-                            t.events.len() >= max_batch
+                            false
                         }
                         ReplicationEvent::Message {
                             transactional,
@@ -360,6 +384,7 @@ impl Session {
                                 && txn.is_none()
                                 && batch.is_empty()
                                 && batch_end.is_none()
+                                && self.marks.is_empty()
                             {
                                 client.update_applied_lsn(lsn);
                             }
@@ -369,6 +394,16 @@ impl Session {
                             if let Some(mut t) = txn.take() {
                                 // The relay's own writes (rows it spilled) are not events.
                                 if !t.relay_write {
+                                    t.chunk_published.retain(|id| !t.deleted.contains(id));
+                                    self.marks.push(
+                                        spawn_mark(
+                                            self.ctx.clone(),
+                                            self.sql.clone(),
+                                            self.fences.clone(),
+                                            std::mem::take(&mut t.chunk_published),
+                                        ),
+                                        None,
+                                    );
                                     for e in &mut t.events {
                                         if e.in_table && t.deleted.contains(&e.row.id) {
                                             e.in_table = false;
@@ -384,7 +419,11 @@ impl Session {
                             batch.len() >= max_batch
                         }
                         ReplicationEvent::KeepAlive { wal_end, .. } => {
-                            if txn.is_none() && batch.is_empty() && batch_end.is_none() {
+                            if txn.is_none()
+                                && batch.is_empty()
+                                && batch_end.is_none()
+                                && self.marks.is_empty()
+                            {
                                 client.update_applied_lsn(wal_end);
                             }
                             false
@@ -395,12 +434,16 @@ impl Session {
                     }
                 }
             };
-            // A transaction larger than a batch: publish its events so far (it is confirmed
-            // after its commit).
+            // A very large transaction: publish its events so far (it is confirmed, and its
+            // rows marked, after its commit).
             if let Some(t) = txn.as_mut() {
-                if t.events.len() >= max_batch && !t.relay_write {
+                if t.events.len() >= CHUNK_EVENTS && !t.relay_write {
                     let mut chunk = std::mem::take(&mut t.events);
-                    if let Err(end) = self.process(&mut chunk, shutdown).await {
+                    self.deferred = Some(Vec::new());
+                    let processed = self.process(&mut chunk, shutdown).await;
+                    t.chunk_published
+                        .extend(self.deferred.take().unwrap_or_default());
+                    if let Err(end) = processed {
                         return end;
                     }
                 }
@@ -413,7 +456,15 @@ impl Session {
                     }
                 }
                 if let Some(lsn) = batch_end.take() {
-                    client.update_applied_lsn(lsn);
+                    self.marks.push(None, Some(lsn));
+                }
+            }
+            if let Err(end) = self.marks.reap(false).await {
+                return end;
+            }
+            if let Some(lsn) = self.marks.take_confirm() {
+                client.update_applied_lsn(lsn);
+                if self.marks.is_empty() {
                     self.unconfirmed_since = None;
                 }
             }
@@ -555,7 +606,24 @@ impl Session {
         if !published.is_empty() {
             self.ctx.health.progressed();
         }
-        self.mark_published(&published, shutdown).await?;
+        let ids = published.iter().filter(|e| e.in_table).map(|e| e.row.id);
+        match self.deferred.as_mut() {
+            Some(deferred) => deferred.extend(ids),
+            None => self.marks.push(
+                spawn_mark(
+                    self.ctx.clone(),
+                    self.sql.clone(),
+                    self.fences.clone(),
+                    ids.collect(),
+                ),
+                None,
+            ),
+        }
+        if !failed.is_empty() || !spill_after.is_empty() || !behind_held.is_empty() {
+            // The table path reads pending rows: earlier marks must be written first, or it
+            // would publish again what the stream already did.
+            self.marks.reap(true).await?;
+        }
         for (e, error) in failed {
             self.count_failure(&e, &error);
             self.spill_failed(e, &error).await?;
@@ -652,80 +720,37 @@ impl Session {
             .inc();
     }
 
-    /// Marks the published rows of the table; a row whose commit reached the stream before
-    /// it became visible is marked again shortly after (for up to about two seconds).
-    async fn mark_published(
-        &self,
-        published: &[Streamed],
-        shutdown: &CancellationToken,
-    ) -> Result<(), End> {
-        let mut ids: BTreeSet<i64> = published
-            .iter()
-            .filter(|e| e.in_table)
-            .map(|e| e.row.id)
-            .collect();
-        let mut tries = 0;
-        while !ids.is_empty() {
-            let list: Vec<i64> = ids.iter().copied().collect();
-            let (parts, epochs): (Vec<i32>, Vec<i64>) = self.fences.iter().copied().unzip();
-            let marked: Vec<i64> = self
-                .retry_db(|| {
-                    sqlx::query_scalar(&self.sql.mark_published)
-                        .bind(list.clone())
-                        .bind(parts.clone())
-                        .bind(epochs.clone())
-                        .bind(&self.ctx.relay_id)
-                        .fetch_all(&self.ctx.pool)
-                })
-                .await?;
-            for id in marked {
-                ids.remove(&id);
-            }
-            if ids.is_empty() {
-                break;
-            }
-            if !self.lease_ok() {
-                return Err(End::LeaseLost);
-            }
-            tries += 1;
-            if tries > 20 {
-                tracing::warn!(
-                    rows = ids.len(),
-                    "published rows not found pending in the table \
-                    (deleted by another transaction?): left as they are"
-                );
-                break;
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return Err(End::Stop),
-                () = tokio::time::sleep(Duration::from_millis(5 * tries)) => {}
-            }
-        }
-        Ok(())
-    }
-
     /// Retries a database statement with backoff while the lease lasts.
-    pub(super) async fn retry_db<T, F, Fut>(&self, mut f: F) -> Result<T, End>
+    pub(super) async fn retry_db<T, F, Fut>(&self, f: F) -> Result<T, End>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
     {
-        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-        loop {
-            match f().await {
-                Ok(v) => {
-                    self.ctx.health.database_ok();
-                    return Ok(v);
+        retry(&self.ctx, &self.fences, f).await
+    }
+}
+
+/// Retries a database statement with backoff while the leases `fences` last.
+pub(super) async fn retry<T, F, Fut>(ctx: &Context, fences: &[Fence], mut f: F) -> Result<T, End>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        match f().await {
+            Ok(v) => {
+                ctx.health.database_ok();
+                return Ok(v);
+            }
+            Err(error) => {
+                ctx.metrics.database_errors.inc();
+                if !fences.iter().all(|(p, e)| ctx.leases.is_valid(*p, *e)) {
+                    return Err(End::LeaseLost);
                 }
-                Err(error) => {
-                    self.ctx.metrics.database_errors.inc();
-                    if !self.lease_ok() {
-                        return Err(End::LeaseLost);
-                    }
-                    let delay = backoff.next();
-                    tracing::warn!(%error, ?delay, "CDC statement failed; retrying");
-                    tokio::time::sleep(delay).await;
-                }
+                let delay = backoff.next();
+                tracing::warn!(%error, ?delay, "CDC statement failed; retrying");
+                tokio::time::sleep(delay).await;
             }
         }
     }

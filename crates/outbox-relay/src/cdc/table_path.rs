@@ -72,6 +72,7 @@ impl Session {
             };
             let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
             // The row may not be visible yet (its commit reached the stream first).
+            let mut recorded = false;
             for tries in 1..=20u64 {
                 let n = self
                     .retry_db(|| {
@@ -79,11 +80,26 @@ impl Session {
                     })
                     .await?;
                 if n > 0 {
+                    recorded = true;
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(5 * tries)).await;
             }
-            e.row.id
+            if recorded {
+                e.row.id
+            } else {
+                // Gone from the table (a zero-growth row of a chunked transaction, deleted at
+                // its commit): written back, so that the event is not lost.
+                let status = if dead { "dead" } else { "pending" };
+                self.write_rows(&[SpillRow {
+                    event: &e,
+                    status,
+                    attempts,
+                    error: Some(error.to_string()),
+                    backoff: Some(backoff),
+                }])
+                .await?[0]
+            }
         } else {
             let status = if dead { "dead" } else { "pending" };
             let ids = self
@@ -104,7 +120,7 @@ impl Session {
         } else {
             Some(backoff.as_secs_f64())
         };
-        if !e.in_table || dead {
+        if head_id != e.row.id || !e.in_table || dead {
             let sql = &self.sql.hold;
             let pool = &self.ctx.pool;
             self.retry_db(|| {
@@ -283,6 +299,8 @@ impl Session {
     /// back to the stream once nothing of it is pending there.
     pub(super) async fn resume(&mut self, keys: Vec<Key>) -> Result<(), End> {
         const LIMIT: i64 = 1000;
+        // Rows the stream published must be marked before the table is read.
+        self.marks.reap(true).await?;
         let mut items: Vec<ClaimedRow> = Vec::new();
         for key in &keys {
             let sql = &self.sql.pending_of;

@@ -66,7 +66,8 @@ FROM unnest(
     backoff, ord
 )
 ORDER BY s.ord
-ON CONFLICT (event_id) DO NOTHING
+-- An event already in the table keeps its row (and gives its id).
+ON CONFLICT (event_id) DO UPDATE SET event_id = EXCLUDED.event_id
 RETURNING id;
 -- name: hold
 -- Holds (or parks, with a NULL $4) an aggregate whose events were spilled into the table.
