@@ -34,6 +34,26 @@ async fn cdc_db(partitions: i32) -> TestDb {
     db
 }
 
+/// A CDC outbox with its slot, a JetStream stream of the test's own, and a CDC relay.
+struct Streaming {
+    db: TestDb,
+    reader: NatsReader,
+    relay: RelayHandle,
+}
+
+async fn streaming(partitions: i32) -> Streaming {
+    let db = cdc_db(partitions).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    Streaming { db, reader, relay }
+}
+
 fn cdc_config(db: &TestDb, prefix: &str) -> RelayConfig {
     let mut config = common::fast_config(db, prefix);
     config.mode = Mode::Cdc;
@@ -115,15 +135,7 @@ async fn slot_caught_up(db: &TestDb) {
 
 #[tokio::test]
 async fn streams_committed_rows_in_order_and_nothing_rolled_back() {
-    let db = cdc_db(8).await;
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let relay = start(
-        &db,
-        common::nats(NATS_URL, &reader.stream).await,
-        cdc_config(&db, &prefix),
-    )
-    .await;
+    let Streaming { db, reader, relay } = streaming(8).await;
 
     let outbox = db.outbox();
     let mut tx = db.pool.begin().await.unwrap();
@@ -152,15 +164,7 @@ async fn streams_committed_rows_in_order_and_nothing_rolled_back() {
 
 #[tokio::test]
 async fn a_transaction_that_commits_late_is_published() {
-    let db = cdc_db(4).await;
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let relay = start(
-        &db,
-        common::nats(NATS_URL, &reader.stream).await,
-        cdc_config(&db, &prefix),
-    )
-    .await;
+    let Streaming { db, reader, relay } = streaming(4).await;
     let outbox = db.outbox();
     // The late transaction takes its id first, then commits after later ones.
     let mut late = db.pool.begin().await.unwrap();
@@ -179,15 +183,7 @@ async fn a_transaction_that_commits_late_is_published() {
 
 #[tokio::test]
 async fn zero_growth_and_table_less_writes_leave_the_table_empty() {
-    let db = cdc_db(4).await;
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let relay = start(
-        &db,
-        common::nats(NATS_URL, &reader.stream).await,
-        cdc_config(&db, &prefix),
-    )
-    .await;
+    let Streaming { db, reader, relay } = streaming(4).await;
     let a = write(&db, WriteMode::ZeroGrowth, "zero", 10, 10, 9).await
         // Transactions larger than a batch (1500 events each).
         + write(&db, WriteMode::ZeroGrowth, "bulk", 300, 10, 1500).await;

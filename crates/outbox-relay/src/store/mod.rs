@@ -63,14 +63,24 @@ impl Sql {
 }
 
 /// Renders a statement for `tables`, with the lease fence (`sql/fence.sql`) in place of
-/// `{fence}`.
+/// `{fence}` and the claimed columns (`sql/claim_columns.sql`) in place of
+/// `{claim_columns:$N}`.
 pub(crate) fn render_fenced(tables: &Tables, text: &str) -> String {
-    let fence = include_str!("sql/fence.sql")
-        .lines()
-        .filter(|l| !l.starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n    ");
-    tables.render(&text.replace("{fence}", &fence))
+    let fragment = |sql: &str| {
+        sql.lines()
+            .filter(|l| !l.starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n    ")
+    };
+    let mut text = text.replace("{fence}", &fragment(include_str!("sql/fence.sql")));
+    let columns = fragment(include_str!("sql/claim_columns.sql"));
+    for n in 1..=9 {
+        text = text.replace(
+            &format!("{{claim_columns:${n}}}"),
+            &columns.replace("{max_payload}", &format!("${n}")),
+        );
+    }
+    tables.render(&text)
 }
 
 /// The statement that follows `-- name: {name}` in a file of named statements.

@@ -74,11 +74,7 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
     check_wal_level(pool).await?;
     let created_publication = {
         let mut tx = pool.begin().await.map_err(Error::Database)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
-            .bind(tables.schema().as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::Database)?;
+        super::migrate::lock(&mut tx, tables).await?;
         let exists: bool =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
                 .bind(names.publication.as_str())

@@ -58,6 +58,17 @@ pub struct MigrateOptions {
 /// Partition count of a new outbox when none is given.
 pub const DEFAULT_PARTITIONS: i32 = 32;
 
+/// Takes the schema's migration lock until the end of the transaction: one lock per schema
+/// name, so that concurrent migrators (and CDC set-ups) queue, then find the work done.
+pub(super) async fn lock(tx: &mut sqlx::PgConnection, tables: &Tables) -> Result<(), Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
+        .bind(tables.schema().as_str())
+        .execute(tx)
+        .await
+        .map_err(Error::Database)
+        .map(drop)
+}
+
 pub(super) async fn run(
     pool: &sqlx::PgPool,
     tables: &Tables,
@@ -68,12 +79,7 @@ pub(super) async fn run(
         return Err(Error::Schema(SchemaError::BadPartitionCount(partitions)));
     }
     let mut tx = pool.begin().await.map_err(Error::Database)?;
-    // One lock per schema name: concurrent migrators queue here, then find the work done.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
-        .bind(tables.schema().as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
+    lock(&mut tx, tables).await?;
     let bootstrap = tables.render(
         "CREATE SCHEMA IF NOT EXISTS {schema};
          CREATE TABLE IF NOT EXISTS {schema}.migrations (

@@ -5,7 +5,7 @@ mod inbox;
 mod migrate;
 pub mod time_partitions;
 
-use sqlx::{types::Json, PgConnection};
+use sqlx::{types::Json, PgConnection, Row};
 use uuid::Uuid;
 
 pub use crate::Seen;
@@ -15,7 +15,6 @@ pub use migrate::{MigrateOptions, DEFAULT_PARTITIONS, MIGRATIONS};
 use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
 
 const ENQUEUE_SQL: &str = include_str!("sql/enqueue.sql");
-const ENQUEUE_RETURNING_IDS_SQL: &str = include_str!("sql/enqueue_returning_ids.sql");
 
 /// How [`PgOutbox`] writes an event. The table is the default and works with every relay
 /// mode; the other two need the CDC relay (`outbox relay --mode cdc`), which publishes from
@@ -46,7 +45,6 @@ pub struct PgOutbox {
     notify: bool,
     mode: WriteMode,
     enqueue_sql: String,
-    enqueue_returning_ids_sql: String,
     delete_sql: String,
     emit_sql: String,
     prefix: String,
@@ -64,7 +62,6 @@ impl PgOutbox {
     pub fn new(tables: Tables) -> Self {
         Self {
             enqueue_sql: tables.render(ENQUEUE_SQL),
-            enqueue_returning_ids_sql: tables.render(ENQUEUE_RETURNING_IDS_SQL),
             delete_sql: tables.render("DELETE FROM {schema}.{events} WHERE id = ANY($1)"),
             // One message per array element, in order (unnest yields them in order).
             emit_sql: "SELECT pg_logical_emit_message(true, $1, c) FROM unnest($2::bytea[]) AS c"
@@ -143,11 +140,13 @@ impl PgOutbox {
             WriteMode::Table => self.insert(conn, events).await,
             WriteMode::ZeroGrowth => {
                 let columns = Columns::from(events);
-                let ids: Vec<i64> = columns
-                    .bind(sqlx::query_scalar(&self.enqueue_returning_ids_sql))
-                    .fetch_all(&mut *conn)
+                let row = columns
+                    .bind(sqlx::query(&self.enqueue_sql))
+                    .bind(None::<String>)
+                    .fetch_one(&mut *conn)
                     .await
                     .map_err(|e| self.map_insert_error(e, events))?;
+                let ids: Vec<i64> = row.try_get("ids").map_err(Error::Database)?;
                 sqlx::query(&self.delete_sql)
                     .bind(&ids)
                     .execute(&mut *conn)
@@ -207,6 +206,8 @@ impl PgOutbox {
     }
 }
 
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// The events as one array per column, for `unnest`.
 struct Columns {
     event_id: Vec<Uuid>,
@@ -224,46 +225,19 @@ struct Columns {
 
 impl Columns {
     /// Binds the eleven column arrays, in the order of `sql/enqueue.sql`.
-    fn bind<'q, Q: Bindable<'q>>(&'q self, query: Q) -> Q {
+    fn bind<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q> {
         query
-            .bind_array(&self.event_id)
-            .bind_array(&self.aggregate_type)
-            .bind_array(&self.aggregate_id)
-            .bind_array(&self.aggregate_version)
-            .bind_array(&self.event_type)
-            .bind_array(&self.schema_version)
-            .bind_array(&self.destination)
-            .bind_array(&self.payload)
-            .bind_array(&self.content_type)
-            .bind_array(&self.headers)
-            .bind_array(&self.occurred_at)
-    }
-}
-
-/// A query that takes bind parameters (`query` and `query_scalar` alike).
-trait Bindable<'q>: Sized {
-    fn bind_array<T>(self, value: &'q T) -> Self
-    where
-        T: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Sync;
-}
-
-impl<'q> Bindable<'q> for sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    fn bind_array<T>(self, value: &'q T) -> Self
-    where
-        T: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Sync,
-    {
-        self.bind(value)
-    }
-}
-
-impl<'q, O> Bindable<'q>
-    for sqlx::query::QueryScalar<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>
-{
-    fn bind_array<T>(self, value: &'q T) -> Self
-    where
-        T: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Sync,
-    {
-        self.bind(value)
+            .bind(&self.event_id)
+            .bind(&self.aggregate_type)
+            .bind(&self.aggregate_id)
+            .bind(&self.aggregate_version)
+            .bind(&self.event_type)
+            .bind(&self.schema_version)
+            .bind(&self.destination)
+            .bind(&self.payload)
+            .bind(&self.content_type)
+            .bind(&self.headers)
+            .bind(&self.occurred_at)
     }
 }
 

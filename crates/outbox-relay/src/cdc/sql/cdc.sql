@@ -83,14 +83,7 @@ ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
 -- name: pending_of
 -- The pending rows of one aggregate, in id order (the table path). $1 type, $2 id, $3 limit,
 -- $4 max payload bytes
-SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-       e.schema_version, e.destination,
-       CASE WHEN octet_length(e.payload) <= $4 THEN e.payload END AS payload,
-       octet_length(e.payload)::bigint AS payload_size,
-       e.content_type, e.headers,
-       CASE WHEN e.occurred_at > '-infinity' AND e.occurred_at < '262143-01-01 00:00:00+00'
-            THEN e.occurred_at END AS occurred_at,
-       e.partition, e.attempts
+SELECT {claim_columns:$4}
 FROM {schema}.{events} e
 WHERE e.aggregate_type = $1 AND e.aggregate_id = $2 AND e.status = 'pending'
 ORDER BY e.id
@@ -98,14 +91,7 @@ LIMIT $3;
 -- name: catch_up
 -- Pending rows that may predate the slot (id up to $1), not held, in id order.
 -- $1 max id, $2 limit, $3 max payload bytes
-SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-       e.schema_version, e.destination,
-       CASE WHEN octet_length(e.payload) <= $3 THEN e.payload END AS payload,
-       octet_length(e.payload)::bigint AS payload_size,
-       e.content_type, e.headers,
-       CASE WHEN e.occurred_at > '-infinity' AND e.occurred_at < '262143-01-01 00:00:00+00'
-            THEN e.occurred_at END AS occurred_at,
-       e.partition, e.attempts
+SELECT {claim_columns:$3}
 FROM {schema}.{events} e
 WHERE e.status = 'pending' AND e.id <= $1
   AND NOT EXISTS (

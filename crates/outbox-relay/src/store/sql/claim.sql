@@ -16,14 +16,7 @@
 -- PostgreSQL goes to 294276): the row is dead-lettered with that reason instead of failing
 -- the whole claim.
 -- $1 partitions, $2 batch size, $3 max payload bytes, $4 floors
-SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-       e.schema_version, e.destination,
-       CASE WHEN octet_length(e.payload) <= $3 THEN e.payload END AS payload,
-       octet_length(e.payload)::bigint AS payload_size,
-       e.content_type, e.headers,
-       CASE WHEN e.occurred_at > '-infinity' AND e.occurred_at < '262143-01-01 00:00:00+00'
-            THEN e.occurred_at END AS occurred_at,
-       e.partition, e.attempts
+SELECT {claim_columns:$3}
 FROM unnest($1::integer[], $4::bigint[]) AS p(partition, floor)
 CROSS JOIN LATERAL (
     SELECT * FROM {schema}.{events} e

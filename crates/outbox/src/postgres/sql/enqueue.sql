@@ -14,8 +14,10 @@ WITH inserted AS (
         schema_version, destination, payload, content_type, headers, occurred_at, ord
     )
     ORDER BY e.ord
-    RETURNING 1
+    RETURNING id
 )
-SELECT count(*) AS inserted,
+-- `ids`: the zero-growth write (WriteMode::ZeroGrowth) deletes the rows again in the caller's
+-- transaction; the CDC relay publishes the inserts from the WAL.
+SELECT count(*) AS inserted, array_agg(id) AS ids,
        CASE WHEN $12::text IS NULL THEN NULL ELSE pg_notify($12, '') END AS notified
 FROM inserted
