@@ -18,12 +18,12 @@
 //! * **One streamer per slot.** The streamer holds every partition lease
 //!   ([`crate::lease`], exclusive mode); standbys wait for all of them. Every write is fenced
 //!   by those epochs, and a takeover terminates the walsender the previous holder left behind.
-//! * **Confirmation.** A batch holds whole transactions (a transaction larger than
-//!   `max_batch_size` is published in chunks, confirmed after its last). The slot's position
-//!   advances to a transaction's end only when each of its events is *settled*: acknowledged
-//!   by the broker (and marked published when it is a row of the table), or handed to the
-//!   table path. Never further: after a crash the stream resumes from there (duplicates, never
-//!   losses). Idle, a heartbeat message keeps the slot advancing.
+//! * **Confirmation.** A batch holds whole transactions (one larger than 50,000 events is
+//!   published in chunks, its rows marked and its end confirmed after its commit). The slot's
+//!   position advances to a transaction's end only when each of its events is *settled*:
+//!   acknowledged by the broker (and marked published when it is a row of the table), or
+//!   handed to the table path. Never further: after a crash the stream resumes from there
+//!   (duplicates, never losses). Idle, a heartbeat message keeps the slot advancing.
 //! * **Failures: the table path.** A broker that fails every publish is waited out in place
 //!   with backoff (nothing is dead-lettered for it). An event that fails otherwise is handed
 //!   to the table: its row (written back by the relay in zero-growth and table-less modes)
