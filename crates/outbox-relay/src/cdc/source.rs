@@ -557,10 +557,10 @@ impl Session {
             let mut round_published = 0;
             let mut round_failed: Vec<(Streamed, PublishError)> = Vec::new();
             let mut round_skipped: Vec<Streamed> = Vec::new();
-            for (e, outcome) in results {
+            for (e, destination, outcome) in results {
                 match outcome {
                     Outcome::Published(at) => {
-                        self.observe_published(&e, at);
+                        self.observe_published(&e, &destination, at);
                         round_published += 1;
                         published.push(e);
                     }
@@ -635,21 +635,15 @@ impl Session {
         Ok(())
     }
 
-    pub(super) async fn dispatch(&self, events: Vec<Streamed>) -> Vec<(Streamed, Outcome)> {
+    /// Publishes `events` through the dispatcher; returns each with its routed destination and
+    /// its outcome.
+    pub(super) async fn dispatch(&self, events: Vec<Streamed>) -> Vec<(Streamed, String, Outcome)> {
         let epoch_of = |p: i32| self.fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
         let mut by_seq: HashMap<i64, Streamed> = HashMap::with_capacity(events.len());
         let items: Vec<Item> = events
             .into_iter()
             .map(|e| {
-                let max = self.ctx.max_payload;
-                let message = if e.row.payload_size > max as i64 {
-                    Err(PublishError::permanent(format!(
-                        "payload is {} bytes, over the limit of {max} bytes",
-                        e.row.payload_size
-                    )))
-                } else {
-                    e.row.decode(&self.ctx.config.routing, max)
-                };
+                let message = e.row.decode(&self.ctx.config.routing, self.ctx.max_payload);
                 let destination = message
                     .as_ref()
                     .map_or_else(|_| "(undecodable)".to_owned(), |m| m.destination.clone());
@@ -676,11 +670,14 @@ impl Session {
         )
         .await
         .into_iter()
-        .map(|(item, outcome)| (by_seq.remove(&item.id).expect("dispatched"), outcome))
+        .map(|(item, outcome)| {
+            let event = by_seq.remove(&item.id).expect("dispatched");
+            (event, item.destination, outcome)
+        })
         .collect()
     }
 
-    pub(super) fn observe_published(&self, e: &Streamed, at: Instant) {
+    pub(super) fn observe_published(&self, e: &Streamed, destination: &str, at: Instant) {
         let m = &self.ctx.metrics;
         if let Some(occurred) = e.row.occurred_at {
             let acked = Utc::now() - chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
@@ -688,10 +685,9 @@ impl Session {
             m.latency
                 .observe(latency.num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
         }
-        let destination = self.destination_of(&e.row);
         m.published
             .get_or_create(&DestinationLabel {
-                destination: m.destination_label(&destination),
+                destination: m.destination_label(destination),
             })
             .inc();
     }

@@ -334,10 +334,10 @@ impl Session {
             let results = self.dispatch(events).await;
             let mut published = Vec::new();
             let policy = &self.ctx.config.retry;
-            for (e, outcome) in results {
+            for (e, destination, outcome) in results {
                 match outcome {
                     Outcome::Published(at) => {
-                        self.observe_published(&e, at);
+                        self.observe_published(&e, &destination, at);
                         published.push(e.row.id);
                     }
                     Outcome::Failed(error) => {

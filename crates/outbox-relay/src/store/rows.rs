@@ -57,12 +57,18 @@ impl ClaimedRow {
         routing: &RoutingConfig,
         max_payload_bytes: usize,
     ) -> Result<Message, PublishError> {
-        let payload = self.payload.as_ref().ok_or_else(|| {
-            PublishError::permanent(format!(
-                "payload is {} bytes, over the limit of {max_payload_bytes} bytes",
-                self.payload_size
-            ))
-        })?;
+        // A claim leaves an oversized payload out; a row from the CDC stream carries it whole
+        // (so that its dead letter keeps it): refused alike.
+        let payload = self
+            .payload
+            .as_ref()
+            .filter(|p| p.len() <= max_payload_bytes)
+            .ok_or_else(|| {
+                PublishError::permanent(format!(
+                    "payload is {} bytes, over the limit of {max_payload_bytes} bytes",
+                    self.payload_size
+                ))
+            })?;
         let headers = decode_headers(&self.headers)?;
         check_printable("content_type", &self.content_type)?;
         // These travel as broker headers, subjects, keys: the write side's rule holds here too
