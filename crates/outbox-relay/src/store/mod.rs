@@ -31,6 +31,7 @@ struct Sql {
     deregister: String,
     renew: String,
     acquire: String,
+    acquire_all: String,
     release: String,
     backlog: String,
     partitions: String,
@@ -53,6 +54,7 @@ impl Sql {
             deregister: render(named(leases, "deregister")),
             renew: render(named(leases, "renew")),
             acquire: render(named(leases, "acquire")),
+            acquire_all: render(named(crate::cdc::SQL, "acquire_all")),
             release: render(named(leases, "release")),
             backlog: render(named(stats, "backlog")),
             partitions: render(named(stats, "partitions")),
@@ -502,10 +504,7 @@ impl Store for PgStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>> {
         Box::pin(async move {
-            let sql = self
-                .tables
-                .render(crate::store::named(crate::cdc::SQL, "acquire_all"));
-            let rows = sqlx::query(&sql)
+            let rows = sqlx::query(&self.sql.acquire_all)
                 .bind(relay_id)
                 .bind(ttl.as_secs_f64())
                 .fetch_all(&self.pool)
