@@ -92,7 +92,7 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
             (&mut *tx)
                 .execute(sqlx::raw_sql(&sql))
                 .await
-                .map_err(|e| map_missing(e, tables))?;
+                .map_err(|e| map_missing(e))?;
         }
         tx.commit().await.map_err(Error::Database)?;
         !exists
@@ -145,7 +145,7 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
         .bind(created_slot)
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| map_missing(e, tables))?;
+        .map_err(|e| map_missing(e))?;
     Ok(CdcSetup {
         created_publication,
         created_slot,
@@ -186,7 +186,7 @@ pub async fn drop(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<()
         .bind(names.slot.as_str())
         .execute(pool)
         .await
-        .map_err(|e| map_missing(e, tables))?;
+        .map_err(|e| map_missing(e))?;
     Ok(())
 }
 
@@ -196,7 +196,7 @@ fn code(e: &sqlx::Error) -> Option<String> {
         .map(|c| c.into_owned())
 }
 
-fn map_missing(e: sqlx::Error, _tables: &Tables) -> Error {
+fn map_missing(e: sqlx::Error) -> Error {
     match code(&e).as_deref() {
         Some("42P01" | "3F000") => Error::Schema(SchemaError::Missing),
         _ => Error::Database(e),
@@ -253,7 +253,7 @@ pub async fn slots(pool: &PgPool, tables: &Tables) -> Result<Vec<SlotStatus>, Er
     {
         Ok(rows) => rows,
         Err(e) if code(&e).as_deref() == Some("42P01") => return Ok(Vec::new()),
-        Err(e) => return Err(map_missing(e, tables)),
+        Err(e) => return Err(map_missing(e)),
     };
     Ok(rows
         .into_iter()
