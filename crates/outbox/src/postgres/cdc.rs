@@ -92,7 +92,7 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
             (&mut *tx)
                 .execute(sqlx::raw_sql(&sql))
                 .await
-                .map_err(|e| map_missing(e))?;
+                .map_err(map_missing)?;
         }
         tx.commit().await.map_err(Error::Database)?;
         !exists
@@ -145,7 +145,7 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
         .bind(created_slot)
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| map_missing(e))?;
+        .map_err(map_missing)?;
     Ok(CdcSetup {
         created_publication,
         created_slot,
@@ -186,7 +186,7 @@ pub async fn drop(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<()
         .bind(names.slot.as_str())
         .execute(pool)
         .await
-        .map_err(|e| map_missing(e))?;
+        .map_err(map_missing)?;
     Ok(())
 }
 
