@@ -69,31 +69,58 @@ impl ModeResult {
     }
 }
 
-/// Runs every mode, one after another, each in its own schema, slot and stream.
+/// Runs every mode, each in its own schema, slot and stream: first the steady-state latency
+/// of every mode (on fresh outboxes, before any backlog), then the backlog drain of every
+/// mode. A latency phase never follows another mode's million-event drain and cleanup, whose
+/// checkpoint and vacuum would weigh on it.
 pub async fn run(bench: &Bench) -> Result<Vec<ModeResult>> {
-    let mut out = Vec::new();
-    for (scenario, is_cdc, mode) in MODES {
-        let mut scope = bench.scope(scenario)?;
-        scope.cdc = is_cdc;
-        bench.create_outbox(&scope).await?;
-        let names = cdc::CdcNames::for_tables(&scope.tables);
-        let result = interruptible(async {
+    let mut scopes = Vec::new();
+    let result = interruptible(async {
+        for (scenario, is_cdc, mode) in MODES {
+            let mut scope = bench.scope(scenario)?;
+            scope.cdc = is_cdc;
+            bench.create_outbox(&scope).await?;
+            scopes.push((scope, mode));
+            let (scope, _) = scopes.last().expect("pushed");
             if is_cdc {
-                cdc::setup(&bench.pool, &scope.tables, &names).await?;
+                cdc::setup(&bench.pool, &scope.tables, &names(scope)).await?;
             }
-            bench.create_stream(&scope).await?;
-            measure(bench, &scope, mode).await
-        })
-        .await;
-        if is_cdc {
-            if let Err(e) = cdc::drop(&bench.pool, &scope.tables, &names).await {
-                bench.log(scenario, format!("could not drop the slot: {e}"));
+            bench.create_stream(scope).await?;
+        }
+        let mut steady = Vec::new();
+        for (scope, mode) in &scopes {
+            checkpoint(bench).await;
+            steady.push(steady_state(bench, scope, *mode).await?);
+        }
+        let mut out = Vec::new();
+        for ((scope, mode), steady) in scopes.iter().zip(steady) {
+            checkpoint(bench).await;
+            out.push(drain(bench, scope, *mode, steady).await?);
+        }
+        Ok(out)
+    })
+    .await;
+    for (scope, _) in &scopes {
+        if scope.cdc {
+            if let Err(e) = cdc::drop(&bench.pool, &scope.tables, &names(scope)).await {
+                bench.log(scope.scenario, format!("could not drop the slot: {e}"));
             }
         }
-        bench.cleanup(&scope).await;
-        out.push(result?);
+        bench.cleanup(scope).await;
     }
-    Ok(out)
+    result
+}
+
+fn names(scope: &Scope) -> cdc::CdcNames {
+    cdc::CdcNames::for_tables(&scope.tables)
+}
+
+/// Starts each phase from a fresh checkpoint (its full-page writes weigh on every mode alike);
+/// needs a superuser, skipped otherwise.
+async fn checkpoint(bench: &Bench) {
+    if let Err(e) = sqlx::query("CHECKPOINT").execute(&bench.pool).await {
+        bench.log("cdc", format!("no CHECKPOINT before the phase: {e}"));
+    }
 }
 
 fn label(scope: &Scope, mode: WriteMode) -> &'static str {
@@ -105,13 +132,18 @@ fn label(scope: &Scope, mode: WriteMode) -> &'static str {
     }
 }
 
-async fn measure(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<ModeResult> {
-    let events = bench.options.events;
+/// The latency phase of one mode.
+struct Steady {
+    rate: f64,
+    latencies_ms: Vec<f64>,
+    received: (usize, u64),
+}
+
+/// The relay running, writers at a fixed rate (one event per transaction), commit-to-delivery
+/// latency at a NATS subscriber.
+async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<Steady> {
     let name = label(scope, mode);
     let outbox = PgOutbox::new(scope.tables.clone()).write_mode(mode);
-
-    // 1. Steady state first, on the fresh outbox: the relay running, writers at a fixed rate,
-    // commit-to-delivery latency at a NATS subscriber.
     let rate = bench.options.rate.unwrap_or(1000.0);
     let mut relay = RelayProcess::start(bench, scope).await?;
     let subscriber = bench
@@ -168,8 +200,23 @@ async fn measure(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<ModeRe
             quantile(&latencies_ms, 0.99).unwrap_or(f64::NAN)
         ),
     );
+    Ok(Steady {
+        rate,
+        latencies_ms,
+        received,
+    })
+}
 
-    // 2. A backlog written while no relay runs (the slot keeps it), then drained.
+/// A backlog written while no relay runs (the slot keeps it), then drained.
+async fn drain(
+    bench: &Bench,
+    scope: &Scope,
+    mode: WriteMode,
+    steady: Steady,
+) -> Result<ModeResult> {
+    let events = bench.options.events;
+    let name = label(scope, mode);
+    let outbox = PgOutbox::new(scope.tables.clone()).write_mode(mode);
     let before = bench.stream_messages(scope).await?;
     let wal_before = wal_lsn(bench).await?;
     let rows_before = row_writes(bench, scope).await?;
@@ -232,9 +279,9 @@ async fn measure(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<ModeRe
         row_writes_per_event,
         rows_after: size.get(0),
         table_bytes_after: size.get(1),
-        rate,
-        received,
-        latencies_ms,
+        rate: steady.rate,
+        received: steady.received,
+        latencies_ms: steady.latencies_ms,
         relay,
     };
     bench.log(
