@@ -309,6 +309,54 @@ async fn rows_written_before_the_slot_are_caught_up_from_the_table() {
 }
 
 #[tokio::test]
+async fn without_a_live_slot_zero_growth_and_table_less_writes_keep_rows_and_lose_nothing() {
+    let db = TestDb::on(
+        &cdc_database_url(),
+        MigrateOptions {
+            partitions: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    // No slot yet: nothing would stream these, so they stay in the table.
+    let zero = write(&db, WriteMode::ZeroGrowth, "zero", 3, 2, 2).await;
+    let wal = write(&db, WriteMode::WalOnly, "wal", 3, 2, 2).await;
+    assert_eq!(rows(&db).await as usize, zero + wal);
+    // A recorded slot that was dropped behind the outbox's back is no live slot either.
+    let names = cdc::CdcNames::for_tables(&db.tables);
+    cdc::setup(&db.pool, &db.tables, &names).await.unwrap();
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(names.slot.as_str())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let dropped = write(&db, WriteMode::ZeroGrowth, "dropped", 2, 2, 4).await;
+    assert_eq!(rows(&db).await as usize, zero + wal + dropped);
+    // Set up again (as after a lost slot: `outbox migrate --cdc` recreates it), the relay
+    // catches every kept row up from the table and streams what follows; zero-growth writes
+    // now leave nothing behind.
+    assert!(cdc::setup(&db.pool, &db.tables, &names).await.unwrap().created_slot);
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    let streamed = write(&db, WriteMode::ZeroGrowth, "streamed", 2, 2, 4).await;
+    let total = zero + wal + dropped + streamed;
+    let got = reader.wait_for(total, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, total);
+    assert_eq!(report.order_violations, 0);
+    assert_eq!(rows(&db).await as usize, zero + wal + dropped, "streamed rows deleted");
+    reader.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_permanent_failure_dead_letters_keeps_the_event_and_parks_only_its_aggregate() {
     let db = cdc_db(4).await;
     let prefix = unique("p");

@@ -1,10 +1,12 @@
 //! Marking published rows off the stream's critical path. The stream loop hands the ids of a
-//! batch's published table rows to a task and goes on with the next batch; the slot position
-//! of a transaction is confirmed only once every mark before it (in stream order) is written.
+//! batch's published table rows over and goes on with the next batch; one statement marks them
+//! in a task of its own, and ids published meanwhile are marked together by the next one. The
+//! slot position of a transaction is confirmed only once every id before it (in stream order)
+//! is marked.
 //! A row whose commit reached the stream before it became visible is marked again shortly
 //! after, without holding up the stream.
 
-use std::{collections::VecDeque, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use pgwire_replication::Lsn;
 use tokio::task::JoinHandle;
@@ -12,67 +14,131 @@ use tokio::task::JoinHandle;
 use super::source::{retry, Context, End, Sql};
 use crate::store::Fence;
 
-/// How many batches' marks may be in flight before the stream waits for the oldest.
-const MAX_IN_FLIGHT: usize = 8;
+/// How many published ids may wait for the running mark before the stream waits for it.
+const MAX_WAITING: usize = 100_000;
 
-/// A task writing one batch's marks.
-pub(super) type MarkTask = JoinHandle<Result<(), End>>;
+/// A task writing marks.
+type MarkTask = JoinHandle<Result<(), End>>;
 
-/// Marks in flight, in stream order, each with the position it lets the slot confirm.
-#[derive(Default)]
+/// Marks of published rows: one statement in flight at a time; ids published meanwhile wait
+/// and are written together by the next one (a busy stream writes few, large marks rather than
+/// one per batch). A position is confirmed only once every id published before it is marked.
 pub(super) struct Marks {
-    queue: VecDeque<(Option<MarkTask>, Option<Lsn>)>,
+    ctx: Arc<Context>,
+    sql: Arc<Sql>,
+    fences: Vec<Fence>,
+    /// The mark being written, with the position it lets the slot confirm.
+    running: Option<(MarkTask, Option<Lsn>)>,
+    /// Ids published since the running mark started.
+    waiting: Vec<i64>,
+    /// Position confirmed once `waiting` is written.
+    waiting_lsn: Option<Lsn>,
+    /// A mark that failed (ends the session at the next [`Marks::reap`]).
+    failed: Option<End>,
     confirm: Option<Lsn>,
 }
 
 impl Marks {
-    /// Whether nothing is in flight.
+    /// No marks yet, for a session holding `fences`.
+    pub(super) fn new(ctx: Arc<Context>, sql: Arc<Sql>, fences: Vec<Fence>) -> Self {
+        Self {
+            ctx,
+            sql,
+            fences,
+            running: None,
+            waiting: Vec::new(),
+            waiting_lsn: None,
+            failed: None,
+            confirm: None,
+        }
+    }
+
+    /// Whether nothing is being written or waits to be.
     pub(super) fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.running.is_none() && self.waiting.is_empty() && self.waiting_lsn.is_none()
     }
 
-    /// Queues a mark task (if any) and the position confirmed once it and all earlier ones
-    /// are written.
-    pub(super) fn push(&mut self, task: Option<MarkTask>, lsn: Option<Lsn>) {
-        if task.is_some() || lsn.is_some() {
-            self.queue.push_back((task, lsn));
+    /// Whether a mark is being written.
+    pub(super) fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// Published rows to mark.
+    pub(super) fn add(&mut self, ids: impl IntoIterator<Item = i64>) {
+        self.waiting.extend(ids);
+    }
+
+    /// A position to confirm once every id added before it is marked.
+    pub(super) fn confirm_after(&mut self, lsn: Lsn) {
+        if self.running.is_none() && self.waiting.is_empty() {
+            self.confirm = Some(lsn);
+        } else {
+            self.waiting_lsn = Some(lsn);
         }
     }
 
-    /// Collects finished marks from the front (all of them with `wait_all`, or while more
-    /// than [`MAX_IN_FLIGHT`] are queued); the first failure ends the session.
+    /// Waits for the running mark (a branch of the stream's idle wait: the next one starts,
+    /// and positions are confirmed, without waiting for the stream).
+    pub(super) async fn running_done(&mut self) {
+        if let Some((task, lsn)) = self.running.as_mut() {
+            let result = task.await;
+            let lsn = *lsn;
+            self.running = None;
+            self.settle(result, lsn);
+        }
+    }
+
+    fn settle(&mut self, result: Result<Result<(), End>, tokio::task::JoinError>, lsn: Option<Lsn>) {
+        match result {
+            Ok(Ok(())) => {
+                if lsn.is_some() {
+                    self.confirm = lsn;
+                }
+            }
+            Ok(Err(end)) => self.failed = Some(end),
+            Err(e) => self.failed = Some(End::Failed(format!("mark task: {e}"))),
+        }
+    }
+
+    /// Collects a finished mark and starts the next one; with `wait_all` (or too many ids
+    /// waiting), until everything is written. The first failure ends the session.
     pub(super) async fn reap(&mut self, wait_all: bool) -> Result<(), End> {
-        while let Some((task, _)) = self.queue.front_mut() {
-            let ready = task.as_ref().is_none_or(|t| t.is_finished());
-            if !(ready || wait_all || self.queue.len() > MAX_IN_FLIGHT) {
-                break;
+        loop {
+            if let Some(end) = self.failed.take() {
+                return Err(end);
             }
-            let (task, lsn) = self.queue.pop_front().expect("front exists");
-            if let Some(task) = task {
-                task.await
-                    .map_err(|e| End::Failed(format!("mark task: {e}")))??;
+            if let Some((task, _)) = &self.running {
+                if !(task.is_finished() || wait_all || self.waiting.len() > MAX_WAITING) {
+                    return Ok(());
+                }
+                self.running_done().await;
+                continue;
             }
-            if lsn.is_some() {
-                self.confirm = lsn;
+            if !self.waiting.is_empty() {
+                let ids = std::mem::take(&mut self.waiting);
+                let task = tokio::spawn(mark(
+                    self.ctx.clone(),
+                    self.sql.clone(),
+                    self.fences.clone(),
+                    ids,
+                ));
+                self.running = Some((task, self.waiting_lsn.take()));
+                if wait_all {
+                    continue;
+                }
+                return Ok(());
             }
+            if let Some(lsn) = self.waiting_lsn.take() {
+                self.confirm = Some(lsn);
+            }
+            return Ok(());
         }
-        Ok(())
     }
 
     /// The newest position every earlier mark allows to confirm, once.
     pub(super) fn take_confirm(&mut self) -> Option<Lsn> {
         self.confirm.take()
     }
-}
-
-/// Marks `ids` published in a task of their own (`None` when there is nothing to mark).
-pub(super) fn spawn_mark(
-    ctx: Arc<Context>,
-    sql: Arc<Sql>,
-    fences: Vec<Fence>,
-    ids: Vec<i64>,
-) -> Option<MarkTask> {
-    (!ids.is_empty()).then(|| tokio::spawn(mark(ctx, sql, fences, ids)))
 }
 
 async fn mark(

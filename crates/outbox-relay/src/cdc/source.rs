@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    marks::{spawn_mark, Marks},
+    marks::Marks,
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
     pgoutput::Change,
     ReplicationTarget,
@@ -215,6 +215,7 @@ pub(super) struct Session {
 
 impl Session {
     fn new(ctx: Arc<Context>, sql: Arc<Sql>, fences: Vec<Fence>) -> Self {
+        let marks = Marks::new(ctx.clone(), sql.clone(), fences.clone());
         Self {
             ctx,
             sql,
@@ -224,7 +225,7 @@ impl Session {
             circuit: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             holds_loaded_at: None,
             unconfirmed_since: None,
-            marks: Marks::default(),
+            marks,
             deferred: None,
         }
     }
@@ -308,6 +309,7 @@ impl Session {
                         return End::Stop;
                     }
                     r = client.recv() => Some(r),
+                    () = self.marks.running_done(), if self.marks.is_running() => None,
                     () = tokio::time::sleep(idle) => None,
                 }
             } else {
@@ -395,15 +397,7 @@ impl Session {
                                 // The relay's own writes (rows it spilled) are not events.
                                 if !t.relay_write {
                                     t.chunk_published.retain(|id| !t.deleted.contains(id));
-                                    self.marks.push(
-                                        spawn_mark(
-                                            self.ctx.clone(),
-                                            self.sql.clone(),
-                                            self.fences.clone(),
-                                            std::mem::take(&mut t.chunk_published),
-                                        ),
-                                        None,
-                                    );
+                                    self.marks.add(std::mem::take(&mut t.chunk_published));
                                     for e in &mut t.events {
                                         if e.in_table && t.deleted.contains(&e.row.id) {
                                             e.in_table = false;
@@ -456,7 +450,7 @@ impl Session {
                     }
                 }
                 if let Some(lsn) = batch_end.take() {
-                    self.marks.push(None, Some(lsn));
+                    self.marks.confirm_after(lsn);
                 }
             }
             if let Err(end) = self.marks.reap(false).await {
@@ -609,15 +603,7 @@ impl Session {
         let ids = published.iter().filter(|e| e.in_table).map(|e| e.row.id);
         match self.deferred.as_mut() {
             Some(deferred) => deferred.extend(ids),
-            None => self.marks.push(
-                spawn_mark(
-                    self.ctx.clone(),
-                    self.sql.clone(),
-                    self.fences.clone(),
-                    ids.collect(),
-                ),
-                None,
-            ),
+            None => self.marks.add(ids),
         }
         if !failed.is_empty() || !spill_after.is_empty() || !behind_held.is_empty() {
             // The table path reads pending rows: earlier marks must be written first, or it

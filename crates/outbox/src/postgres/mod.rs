@@ -16,6 +16,13 @@ use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
 
 const ENQUEUE_SQL: &str = include_str!("sql/enqueue.sql");
 
+/// True while the outbox has a replication slot (`outbox migrate --cdc`) whose WAL is kept (not
+/// lost, nor about to be): zero-growth and WAL-only writes rely on it and fall back to a table
+/// row without it.
+const LIVE_SLOT: &str = "EXISTS (SELECT 1 FROM {schema}.cdc_slots c \
+    JOIN pg_replication_slots s ON s.slot_name = c.slot \
+    WHERE s.database = current_database() AND s.wal_status IN ('reserved', 'extended'))";
+
 /// How [`PgOutbox`] writes an event. The table is the default and works with every relay
 /// mode; the other two need the CDC relay (`outbox relay --mode cdc`), which publishes from
 /// the WAL.
@@ -29,11 +36,15 @@ pub enum WriteMode {
     /// A row inserted and deleted again in the same transaction: the insert reaches the WAL,
     /// the CDC relay publishes it from there, and the table stays empty (no purge, no bloat
     /// from published rows). The unique `event_id` and `aggregate_version` checks still run
-    /// at insert. Dead letters are written back into the table by the relay.
+    /// at insert. Dead letters are written back into the table by the relay. Without a live
+    /// slot (none created, or lost) the row is kept, as in [`WriteMode::Table`]: nothing is
+    /// deleted that no stream will carry.
     ZeroGrowth,
     /// No table at all: a transactional logical decoding message per event
     /// (`pg_logical_emit_message`, see [`crate::wal`]). The cheapest write; but nothing
-    /// checks `aggregate_version` uniqueness, and only the CDC relay can publish it.
+    /// checks `aggregate_version` uniqueness, and only the CDC relay can publish it. Without a
+    /// live slot (none created, or lost) the events are written as table rows instead: a
+    /// message no slot decodes would be lost.
     WalOnly,
 }
 
@@ -62,10 +73,16 @@ impl PgOutbox {
     pub fn new(tables: Tables) -> Self {
         Self {
             enqueue_sql: tables.render(ENQUEUE_SQL),
-            delete_sql: tables.render("DELETE FROM {schema}.{events} WHERE id = ANY($1)"),
-            // One message per array element, in order (unnest yields them in order).
-            emit_sql: "SELECT pg_logical_emit_message(true, $1, c) FROM unnest($2::bytea[]) AS c"
-                .into(),
+            delete_sql: tables.render(&format!(
+                "DELETE FROM {{schema}}.{{events}} WHERE id = ANY($1) AND {LIVE_SLOT}"
+            )),
+            // One message per array element, in order (unnest yields them in order); none
+            // without a live slot. Counting the column keeps the volatile call evaluated.
+            emit_sql: tables.render(&format!(
+                "SELECT count(m) AS emitted FROM (\
+                   SELECT pg_logical_emit_message(true, $1, c) AS m \
+                   FROM unnest($2::bytea[]) AS c WHERE {LIVE_SLOT}) AS e"
+            )),
             prefix: crate::wal::prefix(&tables),
             tables,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -157,12 +174,16 @@ impl PgOutbox {
             WriteMode::WalOnly => {
                 let contents: Vec<Vec<u8>> =
                     events.iter().map(crate::wal::WalEvent::encode).collect();
-                sqlx::query(&self.emit_sql)
+                let emitted: i64 = sqlx::query_scalar(&self.emit_sql)
                     .bind(&self.prefix)
                     .bind(&contents)
-                    .execute(&mut *conn)
+                    .fetch_one(&mut *conn)
                     .await
                     .map_err(Error::Database)?;
+                if emitted == 0 {
+                    // No slot would ever decode the messages: keep the events as rows.
+                    return self.insert(conn, events).await;
+                }
                 Ok(events.iter().map(|e| e.event_id).collect())
             }
         }
