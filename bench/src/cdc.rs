@@ -71,8 +71,8 @@ impl ModeResult {
 
 /// Runs every mode, each in its own schema, slot and stream: first the steady-state latency
 /// of every mode (on fresh outboxes, before any backlog), then the backlog drain of every
-/// mode. A latency phase never follows another mode's million-event drain and cleanup, whose
-/// checkpoint and vacuum would weigh on it.
+/// mode, each after [`Bench::settle`]. A latency phase never follows another mode's
+/// million-event drain and cleanup, whose checkpoint and vacuum would weigh on it.
 pub async fn run(bench: &Bench) -> Result<Vec<ModeResult>> {
     let mut scopes = Vec::new();
     let result = interruptible(async {
@@ -89,12 +89,12 @@ pub async fn run(bench: &Bench) -> Result<Vec<ModeResult>> {
         }
         let mut steady = Vec::new();
         for (scope, mode) in &scopes {
-            checkpoint(bench).await;
+            bench.settle(scope.scenario).await;
             steady.push(steady_state(bench, scope, *mode).await?);
         }
         let mut out = Vec::new();
         for ((scope, mode), steady) in scopes.iter().zip(steady) {
-            checkpoint(bench).await;
+            bench.settle(scope.scenario).await;
             out.push(drain(bench, scope, *mode, steady).await?);
         }
         Ok(out)
@@ -113,14 +113,6 @@ pub async fn run(bench: &Bench) -> Result<Vec<ModeResult>> {
 
 fn names(scope: &Scope) -> cdc::CdcNames {
     cdc::CdcNames::for_tables(&scope.tables)
-}
-
-/// Starts each phase from a fresh checkpoint (its full-page writes weigh on every mode alike);
-/// needs a superuser, skipped otherwise.
-async fn checkpoint(bench: &Bench) {
-    if let Err(e) = sqlx::query("CHECKPOINT").execute(&bench.pool).await {
-        bench.log("cdc", format!("no CHECKPOINT before the phase: {e}"));
-    }
 }
 
 fn label(scope: &Scope, mode: WriteMode) -> &'static str {

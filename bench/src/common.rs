@@ -473,6 +473,55 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// Before a measured phase: a checkpoint (its full-page writes then weigh on every phase
+    /// alike; skipped without superuser rights), then a wait, up to 90 s, for the machine to be
+    /// quiet (under 15% of its CPU busy over one second) once the previous phase's cleanup,
+    /// vacuum and flushes are done. Logged, so a phase that started on a busy machine shows.
+    pub async fn settle(&self, scenario: &str) {
+        if let Err(e) = sqlx::query("CHECKPOINT").execute(&self.pool).await {
+            self.log(scenario, format!("no CHECKPOINT before the phase: {e}"));
+        }
+        let started = Instant::now();
+        let mut busy = 1.0;
+        while started.elapsed() < Duration::from_secs(90) {
+            let before = cpu_times();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            busy = match (before, cpu_times()) {
+                (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64,
+                _ => 0.0,
+            };
+            if busy < 0.15 {
+                break;
+            }
+        }
+        self.log(
+            scenario,
+            format!(
+                "settled for {:.0}s: {:.0}% of the CPU busy at the start",
+                started.elapsed().as_secs_f64(),
+                busy * 100.0
+            ),
+        );
+    }
+}
+
+/// Busy and total jiffies of all CPUs, from `/proc/stat`.
+fn cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    // idle and iowait are the fourth and fifth fields.
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
 /// The 1, 5 and 15-minute load averages, from `/proc/loadavg`.
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")

@@ -219,24 +219,28 @@ async fn run(cli: Cli) -> common::Result<()> {
     // Each scenario is recorded as soon as it finishes, so a later failure keeps earlier figures.
     let mut failed = None;
     if wanted(Command::Drain) {
+        bench.settle("drain").await;
         match drain::run(&bench).await {
             Ok(r) => report.drain = Some(r),
             Err(e) => failed = Some(format!("drain: {e}")),
         }
     }
     if failed.is_none() && wanted(Command::Dbbound) {
+        bench.settle("dbbound").await;
         match dbbound::run(&bench).await {
             Ok(r) => report.dbbound = Some(r),
             Err(e) => failed = Some(format!("dbbound: {e}")),
         }
     }
     if failed.is_none() && wanted(Command::Naive) {
+        bench.settle("naive").await;
         match naive::run(&bench).await {
             Ok(r) => report.naive = Some(r),
             Err(e) => failed = Some(format!("naive: {e}")),
         }
     }
     if failed.is_none() && wanted(Command::Steady) {
+        bench.settle("steady").await;
         match steady::run(&bench).await {
             Ok(r) => report.steady = Some(r),
             Err(e) => failed = Some(format!("steady: {e}")),

@@ -335,7 +335,12 @@ async fn without_a_live_slot_zero_growth_and_table_less_writes_keep_rows_and_los
     // Set up again (as after a lost slot: `outbox migrate --cdc` recreates it), the relay
     // catches every kept row up from the table and streams what follows; zero-growth writes
     // now leave nothing behind.
-    assert!(cdc::setup(&db.pool, &db.tables, &names).await.unwrap().created_slot);
+    assert!(
+        cdc::setup(&db.pool, &db.tables, &names)
+            .await
+            .unwrap()
+            .created_slot
+    );
     let prefix = unique("p");
     let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
     let relay = start(
@@ -352,7 +357,11 @@ async fn without_a_live_slot_zero_growth_and_table_less_writes_keep_rows_and_los
     let report = Report::of(&got);
     assert_eq!(report.unique, total);
     assert_eq!(report.order_violations, 0);
-    assert_eq!(rows(&db).await as usize, zero + wal + dropped, "streamed rows deleted");
+    assert_eq!(
+        rows(&db).await as usize,
+        zero + wal + dropped,
+        "streamed rows deleted"
+    );
     reader.cleanup().await;
 }
 

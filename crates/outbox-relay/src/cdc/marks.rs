@@ -88,7 +88,11 @@ impl Marks {
         }
     }
 
-    fn settle(&mut self, result: Result<Result<(), End>, tokio::task::JoinError>, lsn: Option<Lsn>) {
+    fn settle(
+        &mut self,
+        result: Result<Result<(), End>, tokio::task::JoinError>,
+        lsn: Option<Lsn>,
+    ) {
         match result {
             Ok(Ok(())) => {
                 if lsn.is_some() {
