@@ -43,6 +43,7 @@ mod connect;
 mod marks;
 mod messages;
 mod pgoutput;
+mod pipeline;
 mod slot;
 pub(crate) mod source;
 mod table_path;

@@ -18,11 +18,11 @@ use super::{
     marks::Marks,
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
     pgoutput::Change,
+    pipeline::InFlight,
     ReplicationTarget,
 };
 use crate::{
     config::RelayConfig,
-    dispatcher::{self, Item, Outcome},
     http::Health,
     lease::Leases,
     retry::Backoff,
@@ -211,6 +211,8 @@ pub(super) struct Session {
     /// While a chunk of an open transaction is processed: its published table rows, marked
     /// at the commit instead.
     pub(super) deferred: Option<Vec<i64>>,
+    /// Batches being published.
+    pub(super) inflight: InFlight,
 }
 
 impl Session {
@@ -227,6 +229,7 @@ impl Session {
             unconfirmed_since: None,
             marks,
             deferred: None,
+            inflight: InFlight::default(),
         }
     }
 
@@ -301,7 +304,9 @@ impl Session {
                 tokio::select! {
                     () = shutdown.cancelled() => {
                         // Confirm what was published before going.
-                        if self.marks.reap(true).await.is_ok() {
+                        if self.finish_all(shutdown).await.is_ok()
+                            && self.marks.reap(true).await.is_ok()
+                        {
                             if let Some(lsn) = self.marks.take_confirm() {
                                 client.update_applied_lsn(lsn);
                             }
@@ -310,6 +315,7 @@ impl Session {
                     }
                     r = client.recv() => Some(r),
                     () = self.marks.running_done(), if self.marks.is_running() => None,
+                    () = self.inflight.front_done(), if !self.inflight.is_empty() => None,
                     () = tokio::time::sleep(idle) => None,
                 }
             } else {
@@ -387,6 +393,7 @@ impl Session {
                                 && batch.is_empty()
                                 && batch_end.is_none()
                                 && self.marks.is_empty()
+                                && self.inflight.is_empty()
                             {
                                 client.update_applied_lsn(lsn);
                             }
@@ -417,6 +424,7 @@ impl Session {
                                 && batch.is_empty()
                                 && batch_end.is_none()
                                 && self.marks.is_empty()
+                                && self.inflight.is_empty()
                             {
                                 client.update_applied_lsn(wal_end);
                             }
@@ -432,9 +440,16 @@ impl Session {
             // rows marked, after its commit).
             if let Some(t) = txn.as_mut() {
                 if t.events.len() >= CHUNK_EVENTS && !t.relay_write {
-                    let mut chunk = std::mem::take(&mut t.events);
+                    let chunk = std::mem::take(&mut t.events);
+                    // Only this chunk's rows are deferred: earlier batches settle first.
+                    if let Err(end) = self.finish_all(shutdown).await {
+                        return end;
+                    }
                     self.deferred = Some(Vec::new());
-                    let processed = self.process(&mut chunk, shutdown).await;
+                    let mut processed = self.publish(chunk, None, shutdown).await;
+                    if processed.is_ok() {
+                        processed = self.finish_all(shutdown).await;
+                    }
                     t.chunk_published
                         .extend(self.deferred.take().unwrap_or_default());
                     if let Err(end) = processed {
@@ -443,22 +458,25 @@ impl Session {
                 }
             }
             if flush_now && txn.is_none() {
+                let end = batch_end.take();
                 if !batch.is_empty() {
-                    let mut events = std::mem::take(&mut batch);
-                    if let Err(end) = self.process(&mut events, shutdown).await {
+                    let events = std::mem::take(&mut batch);
+                    if let Err(end) = self.publish(events, end, shutdown).await {
                         return end;
                     }
+                } else if let Some(lsn) = end {
+                    self.confirm_after(lsn);
                 }
-                if let Some(lsn) = batch_end.take() {
-                    self.marks.confirm_after(lsn);
-                }
+            }
+            if let Err(end) = self.finish_ready(shutdown).await {
+                return end;
             }
             if let Err(end) = self.marks.reap(false).await {
                 return end;
             }
             if let Some(lsn) = self.marks.take_confirm() {
                 client.update_applied_lsn(lsn);
-                if self.marks.is_empty() {
+                if self.marks.is_empty() && self.inflight.is_empty() {
                     self.unconfirmed_since = None;
                 }
             }
@@ -519,148 +537,6 @@ impl Session {
                 .map_err(|e| End::Failed(format!("writing a heartbeat: {e}")))?;
         }
         Ok(())
-    }
-
-    /// Publishes streamed events (in stream order), waits out a failing broker, hands other
-    /// failures and held aggregates to the table, marks the published rows.
-    async fn process(
-        &mut self,
-        events: &mut Vec<Streamed>,
-        shutdown: &CancellationToken,
-    ) -> Result<(), End> {
-        self.ctx.metrics.batch_size.observe(events.len() as f64);
-        self.ctx.health.saw_work();
-        let mut todo: Vec<Streamed> = Vec::new();
-        let mut behind_held: Vec<Streamed> = Vec::new();
-        for e in events.drain(..) {
-            if self
-                .held
-                .contains_key(&(e.row.aggregate_type.clone(), e.row.aggregate_id.clone()))
-            {
-                behind_held.push(e);
-            } else {
-                todo.push(e);
-            }
-        }
-        let mut published: Vec<Streamed> = Vec::new();
-        let mut failed: Vec<(Streamed, PublishError)> = Vec::new();
-        let mut spill_after: Vec<Streamed> = Vec::new();
-        let mut rounds = 0;
-        while !todo.is_empty() {
-            let results = self.dispatch(std::mem::take(&mut todo)).await;
-            let mut round_published = 0;
-            let mut round_failed: Vec<(Streamed, PublishError)> = Vec::new();
-            let mut round_skipped: Vec<Streamed> = Vec::new();
-            for (e, destination, outcome) in results {
-                match outcome {
-                    Outcome::Published(at) => {
-                        self.observe_published(&e, &destination, at);
-                        round_published += 1;
-                        published.push(e);
-                    }
-                    Outcome::Failed(error) => round_failed.push((e, error)),
-                    Outcome::Skipped => round_skipped.push(e),
-                }
-            }
-            if round_failed.is_empty() {
-                if !round_skipped.is_empty() {
-                    // Skipped without a failure: the lease lapsed mid-batch.
-                    return Err(End::LeaseLost);
-                }
-                self.circuit.reset();
-                break;
-            }
-            let all_transient = round_failed.iter().all(|(_, e)| e.is_transient());
-            // The broker is failing everything: wait it out here, in order, dead-lettering
-            // nothing. A few aggregates failing while others go: hand them to the table.
-            if all_transient && (round_published == 0 || rounds < 3) {
-                rounds += 1;
-                for (e, error) in &round_failed {
-                    self.count_failure(e, error);
-                }
-                let delay = self.circuit.next();
-                tracing::warn!(failed = round_failed.len(), ?delay, error = %round_failed[0].1,
-                    "broker failing; retrying the batch in place");
-                tokio::select! {
-                    () = shutdown.cancelled() => return Err(End::Stop),
-                    () = tokio::time::sleep(delay) => {}
-                }
-                if !self.lease_ok() {
-                    return Err(End::LeaseLost);
-                }
-                todo = round_failed.into_iter().map(|(e, _)| e).collect();
-                todo.extend(round_skipped);
-                todo.sort_by_key(|e| e.seq);
-                continue;
-            }
-            failed = round_failed;
-            spill_after = round_skipped;
-            break;
-        }
-        if !published.is_empty() {
-            self.ctx.health.progressed();
-        }
-        let ids = published.iter().filter(|e| e.in_table).map(|e| e.row.id);
-        match self.deferred.as_mut() {
-            Some(deferred) => deferred.extend(ids),
-            None => self.marks.add(ids),
-        }
-        if !failed.is_empty() || !spill_after.is_empty() || !behind_held.is_empty() {
-            // The table path reads pending rows: earlier marks must be written first, or it
-            // would publish again what the stream already did.
-            self.marks.reap(true).await?;
-        }
-        for (e, error) in failed {
-            self.count_failure(&e, &error);
-            self.spill_failed(e, &error).await?;
-        }
-        spill_after.sort_by_key(|e| e.seq);
-        behind_held.append(&mut spill_after);
-        behind_held.sort_by_key(|e| e.seq);
-        self.spill_behind(behind_held).await?;
-        Ok(())
-    }
-
-    /// Publishes `events` through the dispatcher; returns each with its routed destination and
-    /// its outcome.
-    pub(super) async fn dispatch(&self, events: Vec<Streamed>) -> Vec<(Streamed, String, Outcome)> {
-        let epoch_of = |p: i32| self.fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
-        let mut by_seq: HashMap<i64, Streamed> = HashMap::with_capacity(events.len());
-        let items: Vec<Item> = events
-            .into_iter()
-            .map(|e| {
-                let message = e.row.decode(&self.ctx.config.routing, self.ctx.max_payload);
-                let destination = message
-                    .as_ref()
-                    .map_or_else(|_| "(undecodable)".to_owned(), |m| m.destination.clone());
-                let item = Item {
-                    id: e.seq as i64,
-                    // Table-less events have no partition: any held lease fences them.
-                    partition: e.row.partition,
-                    epoch: epoch_of(e.row.partition),
-                    attempts: e.row.attempts,
-                    key: (e.row.aggregate_type.clone(), e.row.aggregate_id.clone()),
-                    destination,
-                    message,
-                };
-                by_seq.insert(e.seq as i64, e);
-                item
-            })
-            .collect();
-        dispatcher::dispatch(
-            items,
-            self.ctx.publisher.clone(),
-            self.ctx.leases.clone(),
-            self.ctx.config.lane_concurrency,
-            self.ctx.config.publish_timeout,
-        )
-        .await
-        .into_iter()
-        .map(|(item, outcome)| {
-            let event = by_seq.remove(&item.id).expect("dispatched");
-            (event, item.destination, outcome)
-        })
-        .collect()
     }
 
     pub(super) fn observe_published(&self, e: &Streamed, destination: &str, at: Instant) {

@@ -331,7 +331,7 @@ impl Session {
                     in_table: true,
                 })
                 .collect();
-            let results = self.dispatch(events).await;
+            let results = self.dispatch(events).await?;
             let mut published = Vec::new();
             let policy = &self.ctx.config.retry;
             for (e, destination, outcome) in results {

@@ -1,0 +1,288 @@
+//! Batches in flight: the stream goes on receiving while earlier batches are published, as the
+//! polling relay keeps `max_inflight_batches` claims in flight. A batch is handed to the
+//! dispatcher, in a task of its own, while fewer than `max_inflight_batches` are in flight and
+//! it shares no aggregate with any of them; otherwise the oldest are finished first, so two
+//! batches never publish events of one aggregate at once (its order holds). Batches are
+//! finished in stream order: outcomes counted, failures handed to the table, published rows
+//! marked, then the batch's end position confirmed, never before an earlier batch's.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use pgwire_replication::Lsn;
+use tokio::task::{JoinError, JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use super::source::{End, Key, Session, Streamed};
+use crate::{
+    dispatcher::{self, Item, Outcome},
+    PublishError,
+};
+
+/// Each dispatched event with its routed destination and its outcome.
+pub(super) type Results = Vec<(Streamed, String, Outcome)>;
+
+/// A batch being published.
+struct Batch {
+    task: JoinHandle<Results>,
+    /// The task's output, once awaited by [`InFlight::front_done`].
+    done: Option<Result<Results, JoinError>>,
+    keys: HashSet<Key>,
+    /// Position confirmed once this batch and every earlier one are settled.
+    end: Option<Lsn>,
+}
+
+/// The batches in flight, in stream order.
+#[derive(Default)]
+pub(super) struct InFlight {
+    queue: VecDeque<Batch>,
+}
+
+impl InFlight {
+    /// Whether no batch is in flight.
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Waits until the oldest batch is published (a branch of the stream's idle wait).
+    pub(super) async fn front_done(&mut self) {
+        if let Some(batch) = self.queue.front_mut() {
+            if batch.done.is_none() {
+                batch.done = Some((&mut batch.task).await);
+            }
+        }
+    }
+
+    fn front_ready(&self) -> bool {
+        self.queue
+            .front()
+            .is_some_and(|b| b.done.is_some() || b.task.is_finished())
+    }
+
+    fn overlaps(&self, keys: &HashSet<Key>) -> bool {
+        self.queue.iter().any(|b| !b.keys.is_disjoint(keys))
+    }
+}
+
+fn key_of(e: &Streamed) -> Key {
+    (e.row.aggregate_type.clone(), e.row.aggregate_id.clone())
+}
+
+impl Session {
+    /// Publishes a batch of streamed events (in stream order), confirming `end` once it and
+    /// every earlier batch are settled. Events of held aggregates go to the table first.
+    pub(super) async fn publish(
+        &mut self,
+        events: Vec<Streamed>,
+        end: Option<Lsn>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), End> {
+        self.ctx.metrics.batch_size.observe(events.len() as f64);
+        self.ctx.health.saw_work();
+        // Earlier batches with an aggregate of this one finish first: their failures may hold
+        // it, which decides below whether its events go to the table.
+        let keys: HashSet<Key> = events.iter().map(key_of).collect();
+        let max = self.ctx.config.max_inflight_batches;
+        while !self.inflight.is_empty()
+            && (self.inflight.queue.len() >= max || self.inflight.overlaps(&keys))
+        {
+            self.finish_front(shutdown).await?;
+        }
+        let (behind_held, todo): (Vec<Streamed>, Vec<Streamed>) = events
+            .into_iter()
+            .partition(|e| self.held.contains_key(&key_of(e)));
+        if !behind_held.is_empty() {
+            // Into the table behind what is already there (rare: everything before is
+            // settled first, so the table path sees their marks).
+            self.finish_all(shutdown).await?;
+            self.marks.reap(true).await?;
+            self.spill_behind(behind_held).await?;
+        }
+        if todo.is_empty() {
+            if let Some(lsn) = end {
+                self.confirm_after(lsn);
+            }
+            return Ok(());
+        }
+        let task = self.dispatch_task(todo);
+        self.inflight.queue.push_back(Batch {
+            task,
+            done: None,
+            keys,
+            end,
+        });
+        Ok(())
+    }
+
+    /// Confirms `lsn` once every batch in flight and every mark before it are settled.
+    pub(super) fn confirm_after(&mut self, lsn: Lsn) {
+        match self.inflight.queue.back_mut() {
+            Some(batch) => batch.end = Some(lsn),
+            None => self.marks.confirm_after(lsn),
+        }
+    }
+
+    /// Finishes the batches already published, oldest first.
+    pub(super) async fn finish_ready(&mut self, shutdown: &CancellationToken) -> Result<(), End> {
+        while self.inflight.front_ready() {
+            self.finish_front(shutdown).await?;
+        }
+        Ok(())
+    }
+
+    /// Finishes every batch in flight, oldest first.
+    pub(super) async fn finish_all(&mut self, shutdown: &CancellationToken) -> Result<(), End> {
+        while !self.inflight.is_empty() {
+            self.finish_front(shutdown).await?;
+        }
+        Ok(())
+    }
+
+    async fn finish_front(&mut self, shutdown: &CancellationToken) -> Result<(), End> {
+        let Some(batch) = self.inflight.queue.pop_front() else {
+            return Ok(());
+        };
+        let results = match batch.done {
+            Some(done) => done,
+            None => batch.task.await,
+        }
+        .map_err(|e| End::Failed(format!("publishing task: {e}")))?;
+        self.settle(results, shutdown).await?;
+        if let Some(lsn) = batch.end {
+            self.marks.confirm_after(lsn);
+        }
+        Ok(())
+    }
+
+    /// Counts a batch's outcomes, waits out a failing broker (publishing the failed events
+    /// again in place), hands other failures to the table, marks the published rows.
+    async fn settle(
+        &mut self,
+        mut results: Results,
+        shutdown: &CancellationToken,
+    ) -> Result<(), End> {
+        let mut published: Vec<Streamed> = Vec::new();
+        let mut failed: Vec<(Streamed, PublishError)> = Vec::new();
+        let mut spill_after: Vec<Streamed> = Vec::new();
+        let mut rounds = 0;
+        loop {
+            let mut round_published = 0;
+            let mut round_failed: Vec<(Streamed, PublishError)> = Vec::new();
+            let mut round_skipped: Vec<Streamed> = Vec::new();
+            for (e, destination, outcome) in results {
+                match outcome {
+                    Outcome::Published(at) => {
+                        self.observe_published(&e, &destination, at);
+                        round_published += 1;
+                        published.push(e);
+                    }
+                    Outcome::Failed(error) => round_failed.push((e, error)),
+                    Outcome::Skipped => round_skipped.push(e),
+                }
+            }
+            if round_failed.is_empty() {
+                if !round_skipped.is_empty() {
+                    // Skipped without a failure: the lease lapsed mid-batch.
+                    return Err(End::LeaseLost);
+                }
+                self.circuit.reset();
+                break;
+            }
+            let all_transient = round_failed.iter().all(|(_, e)| e.is_transient());
+            // The broker is failing everything: wait it out here, in order, dead-lettering
+            // nothing. A few aggregates failing while others go: hand them to the table.
+            if all_transient && (round_published == 0 || rounds < 3) {
+                rounds += 1;
+                for (e, error) in &round_failed {
+                    self.count_failure(e, error);
+                }
+                let delay = self.circuit.next();
+                tracing::warn!(failed = round_failed.len(), ?delay, error = %round_failed[0].1,
+                    "broker failing; retrying the batch in place");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Err(End::Stop),
+                    () = tokio::time::sleep(delay) => {}
+                }
+                if !self.lease_ok() {
+                    return Err(End::LeaseLost);
+                }
+                let mut todo: Vec<Streamed> = round_failed.into_iter().map(|(e, _)| e).collect();
+                todo.extend(round_skipped);
+                todo.sort_by_key(|e| e.seq);
+                results = self.dispatch(todo).await?;
+                continue;
+            }
+            failed = round_failed;
+            spill_after = round_skipped;
+            break;
+        }
+        if !published.is_empty() {
+            self.ctx.health.progressed();
+        }
+        let ids = published.iter().filter(|e| e.in_table).map(|e| e.row.id);
+        match self.deferred.as_mut() {
+            Some(deferred) => deferred.extend(ids),
+            None => self.marks.add(ids),
+        }
+        if !failed.is_empty() || !spill_after.is_empty() {
+            // The table path reads pending rows: earlier marks must be written first, or it
+            // would publish again what the stream already did.
+            self.marks.reap(true).await?;
+        }
+        for (e, error) in failed {
+            self.count_failure(&e, &error);
+            self.spill_failed(e, &error).await?;
+        }
+        spill_after.sort_by_key(|e| e.seq);
+        self.spill_behind(spill_after).await?;
+        Ok(())
+    }
+
+    /// Publishes `events` through the dispatcher and waits for every outcome.
+    pub(super) async fn dispatch(&self, events: Vec<Streamed>) -> Result<Results, End> {
+        self.dispatch_task(events)
+            .await
+            .map_err(|e| End::Failed(format!("publishing task: {e}")))
+    }
+
+    /// Hands `events` to the dispatcher in a task of their own; it yields each with its routed
+    /// destination and its outcome.
+    fn dispatch_task(&self, events: Vec<Streamed>) -> JoinHandle<Results> {
+        let epoch_of = |p: i32| self.fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
+        let mut by_seq: HashMap<i64, Streamed> = HashMap::with_capacity(events.len());
+        let items: Vec<Item> = events
+            .into_iter()
+            .map(|e| {
+                let message = e.row.decode(&self.ctx.config.routing, self.ctx.max_payload);
+                let destination = message
+                    .as_ref()
+                    .map_or_else(|_| "(undecodable)".to_owned(), |m| m.destination.clone());
+                let item = Item {
+                    id: e.seq as i64,
+                    // Table-less events have no partition: any held lease fences them.
+                    partition: e.row.partition,
+                    epoch: epoch_of(e.row.partition),
+                    attempts: e.row.attempts,
+                    key: key_of(&e),
+                    destination,
+                    message,
+                };
+                by_seq.insert(e.seq as i64, e);
+                item
+            })
+            .collect();
+        let publisher = self.ctx.publisher.clone();
+        let leases = self.ctx.leases.clone();
+        let lanes = self.ctx.config.lane_concurrency;
+        let timeout = self.ctx.config.publish_timeout;
+        tokio::spawn(async move {
+            dispatcher::dispatch(items, publisher, leases, lanes, timeout)
+                .await
+                .into_iter()
+                .map(|(item, outcome)| {
+                    let event = by_seq.remove(&item.id).expect("dispatched");
+                    (event, item.destination, outcome)
+                })
+                .collect()
+        })
+    }
+}
