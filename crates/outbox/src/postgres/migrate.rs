@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
     (7, "sagas", include_str!("migrations/0007_sagas.sql")),
     (8, "cdc slots", include_str!("migrations/0008_cdc.sql")),
+    (
+        9,
+        "zero-growth enqueue",
+        include_str!("migrations/0009_zero_growth_enqueue.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

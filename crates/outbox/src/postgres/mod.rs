@@ -5,7 +5,7 @@ mod inbox;
 mod migrate;
 pub mod time_partitions;
 
-use sqlx::{types::Json, PgConnection, Row};
+use sqlx::{types::Json, PgConnection};
 use uuid::Uuid;
 
 pub use crate::Seen;
@@ -17,8 +17,8 @@ use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
 const ENQUEUE_SQL: &str = include_str!("sql/enqueue.sql");
 
 /// True while the outbox has a replication slot (`outbox migrate --cdc`) whose WAL is kept (not
-/// lost, nor about to be): zero-growth and WAL-only writes rely on it and fall back to a table
-/// row without it.
+/// lost, nor about to be): WAL-only writes rely on it and fall back to a table row without it
+/// (the zero-growth function of migration 0009 checks the same).
 const LIVE_SLOT: &str = "EXISTS (SELECT 1 FROM {schema}.cdc_slots c \
     JOIN pg_replication_slots s ON s.slot_name = c.slot \
     WHERE s.database = current_database() AND s.wal_status IN ('reserved', 'extended'))";
@@ -35,8 +35,9 @@ pub enum WriteMode {
     Table,
     /// A row inserted and deleted again in the same transaction: the insert reaches the WAL,
     /// the CDC relay publishes it from there, and the table stays empty (no purge, no bloat
-    /// from published rows). The unique `event_id` and `aggregate_version` checks still run
-    /// at insert. Dead letters are written back into the table by the relay. Without a live
+    /// from published rows). The unique `event_id` and `aggregate_version` checks run at
+    /// insert, but only against rows still there: those of the same transaction and of
+    /// concurrent ones (a version reused after its row was deleted is not caught). Dead letters are written back into the table by the relay. Without a live
     /// slot (none created, or lost) the row is kept, as in [`WriteMode::Table`]: nothing is
     /// deleted that no stream will carry.
     ZeroGrowth,
@@ -56,7 +57,7 @@ pub struct PgOutbox {
     notify: bool,
     mode: WriteMode,
     enqueue_sql: String,
-    delete_sql: String,
+    zero_growth_sql: String,
     emit_sql: String,
     prefix: String,
 }
@@ -73,9 +74,10 @@ impl PgOutbox {
     pub fn new(tables: Tables) -> Self {
         Self {
             enqueue_sql: tables.render(ENQUEUE_SQL),
-            delete_sql: tables.render(&format!(
-                "DELETE FROM {{schema}}.{{events}} WHERE id = ANY($1) AND {LIVE_SLOT}"
-            )),
+            zero_growth_sql: tables.render(
+                "SELECT {schema}.{events_name}_enqueue_zero_growth(\
+                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            ),
             // One message per array element, in order (unnest yields them in order); none
             // without a live slot. Counting the column keeps the volatile call evaluated.
             emit_sql: tables.render(&format!(
@@ -157,18 +159,11 @@ impl PgOutbox {
             WriteMode::Table => self.insert(conn, events).await,
             WriteMode::ZeroGrowth => {
                 let columns = Columns::from(events);
-                let row = columns
-                    .bind(sqlx::query(&self.enqueue_sql))
-                    .bind(None::<String>)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(|e| self.map_insert_error(e, events))?;
-                let ids: Vec<i64> = row.try_get("ids").map_err(Error::Database)?;
-                sqlx::query(&self.delete_sql)
-                    .bind(&ids)
+                columns
+                    .bind(sqlx::query(&self.zero_growth_sql))
                     .execute(&mut *conn)
                     .await
-                    .map_err(Error::Database)?;
+                    .map_err(|e| self.map_insert_error(e, events))?;
                 Ok(columns.event_id)
             }
             WriteMode::WalOnly => {

@@ -16,8 +16,6 @@ WITH inserted AS (
     ORDER BY e.ord
     RETURNING id
 )
--- `ids`: the zero-growth write (WriteMode::ZeroGrowth) deletes the rows again in the caller's
--- transaction; the CDC relay publishes the inserts from the WAL.
-SELECT count(*) AS inserted, array_agg(id) AS ids,
+SELECT count(*) AS inserted,
        CASE WHEN $12::text IS NULL THEN NULL ELSE pg_notify($12, '') END AS notified
 FROM inserted
