@@ -89,7 +89,8 @@ pub struct RelayConfig {
     /// Largest batch the adaptive claim grows to (default 1000). The batch doubles while claims
     /// come back full and halves when they come back less than a quarter full.
     pub max_batch_size: i64,
-    /// Batches in flight at once (default 4): the next claim runs while earlier batches publish.
+    /// Batches in flight at once (default 4): the next claim (in CDC mode, the next batch of the
+    /// stream) runs while earlier batches publish.
     pub max_inflight_batches: usize,
     /// Aggregates published concurrently within one batch (default 1024).
     pub lane_concurrency: usize,
