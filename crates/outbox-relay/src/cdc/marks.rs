@@ -145,18 +145,30 @@ impl Marks {
     }
 }
 
+/// Ids per mark statement: each is its own short transaction, so the lease rows it locks
+/// (`FOR SHARE`) are never held long against their renewal.
+const MARK_CHUNK: usize = 5_000;
+
 async fn mark(
     ctx: Arc<Context>,
     sql: Arc<Sql>,
     fences: Vec<Fence>,
-    ids: Vec<i64>,
+    mut ids: Vec<i64>,
 ) -> Result<(), End> {
-    let mut ids: std::collections::BTreeSet<i64> = ids.into_iter().collect();
+    ids.sort_unstable();
+    for chunk in ids.chunks(MARK_CHUNK) {
+        mark_chunk(&ctx, &sql, &fences, chunk).await?;
+    }
+    Ok(())
+}
+
+async fn mark_chunk(ctx: &Context, sql: &Sql, fences: &[Fence], ids: &[i64]) -> Result<(), End> {
+    let mut ids: std::collections::BTreeSet<i64> = ids.iter().copied().collect();
     let (parts, epochs): (Vec<i32>, Vec<i64>) = fences.iter().copied().unzip();
     let mut tries = 0;
     while !ids.is_empty() {
         let list: Vec<i64> = ids.iter().copied().collect();
-        let marked: Vec<i64> = retry(&ctx, &fences, || {
+        let settled: Vec<i64> = retry(ctx, fences, || {
             sqlx::query_scalar(&sql.mark_published)
                 .bind(list.clone())
                 .bind(parts.clone())
@@ -165,7 +177,7 @@ async fn mark(
                 .fetch_all(&ctx.pool)
         })
         .await?;
-        for id in marked {
+        for id in settled {
             ids.remove(&id);
         }
         if ids.is_empty() {
@@ -178,12 +190,22 @@ async fn mark(
         if tries > 20 {
             tracing::warn!(
                 rows = ids.len(),
-                "published rows not found pending in the table (deleted by another \
-                 transaction?): left as they are"
+                "published rows not found in the table (deleted by another transaction?): \
+                 left as they are"
             );
             break;
         }
         tokio::time::sleep(Duration::from_millis(5 * tries)).await;
     }
     Ok(())
+}
+
+impl Drop for Marks {
+    /// A session that ends stops its mark: the next session streams the unconfirmed
+    /// transactions again and marks their rows itself.
+    fn drop(&mut self) {
+        if let Some((task, _)) = &self.running {
+            task.abort();
+        }
+    }
 }

@@ -18,8 +18,10 @@ FROM free
 WHERE free.ok
 RETURNING l.partition, l.epoch;
 -- name: mark_published
--- Acknowledged events whose rows are in the table; returns the ids marked, so that a row not
--- yet visible (its commit reached the stream first) is marked again shortly after.
+-- Acknowledged events whose rows are in the table; returns the ids settled: marked now, or
+-- no longer pending (a transaction streamed again after a restart was marked before). A row
+-- not returned is not visible yet (its commit reached the stream first) or the lease is gone:
+-- it is marked again shortly after.
 -- $1 ids, $2/$3 (partition, epoch) pairs, $4 relay id
 WITH fence AS (
     {fence}
@@ -31,7 +33,10 @@ WITH fence AS (
     WHERE e.id = ANY($1::bigint[]) AND e.partition = fence.partition AND e.status = 'pending'
     RETURNING e.id
 )
-SELECT id FROM done;
+SELECT id FROM done
+UNION ALL
+-- The statement's snapshot: rows `done` marks still read as pending here.
+SELECT e.id FROM {schema}.{events} e WHERE e.id = ANY($1::bigint[]) AND e.status <> 'pending';
 -- name: fence_count
 -- How many of the given leases this relay still holds (locked until the transaction ends).
 -- $1 true (unused otherwise), $2/$3 (partition, epoch) pairs, $4 relay id
