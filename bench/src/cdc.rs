@@ -49,8 +49,12 @@ pub struct ModeResult {
     pub table_bytes_after: i64,
     /// Fixed rate of the latency phase, events/s (one event per transaction).
     pub rate: f64,
-    /// Latencies (occurred-at to the subscriber), ms, sorted.
+    /// Latencies (occurred-at to the subscriber), ms, sorted: of the round with the median p99.
     pub latencies_ms: Vec<f64>,
+    /// Lowest and highest p99 over the latency rounds, ms.
+    pub p99_range: (f64, f64),
+    /// Latency rounds run.
+    pub rounds: usize,
     /// Distinct events the subscriber got in the latency phase, and how many were written.
     pub received: (usize, u64),
     /// The relay process.
@@ -87,10 +91,18 @@ pub async fn run(bench: &Bench) -> Result<Vec<ModeResult>> {
             }
             bench.create_stream(scope).await?;
         }
-        let mut steady = Vec::new();
-        for (scope, mode) in &scopes {
-            bench.settle(scope.scenario).await;
-            steady.push(steady_state(bench, scope, *mode).await?);
+        let mut rounds: Vec<Vec<Steady>> = scopes.iter().map(|_| Vec::new()).collect();
+        for _ in 0..bench.options.rounds.max(1) {
+            for ((scope, mode), done) in scopes.iter().zip(rounds.iter_mut()) {
+                bench.settle(scope.scenario).await;
+                done.push(steady_state(bench, scope, *mode).await?);
+            }
+        }
+        let steady: Vec<Steady> = rounds.into_iter().map(Steady::median).collect();
+        // An idle slot keeps every byte of WAL the other modes' backlogs write (past
+        // `max_slot_wal_keep_size` PostgreSQL invalidates it): each drain gets a fresh slot.
+        for (scope, _) in scopes.iter().filter(|(s, _)| s.cdc) {
+            cdc::drop(&bench.pool, &scope.tables, &names(scope)).await?;
         }
         let mut out = Vec::new();
         for ((scope, mode), steady) in scopes.iter().zip(steady) {
@@ -129,6 +141,26 @@ struct Steady {
     rate: f64,
     latencies_ms: Vec<f64>,
     received: (usize, u64),
+    /// Lowest and highest p99 over the rounds, ms.
+    p99_range: (f64, f64),
+    rounds: usize,
+}
+
+impl Steady {
+    /// The round with the median p99 (with every round's p99 range).
+    fn median(mut rounds: Vec<Steady>) -> Steady {
+        let p99 = |s: &Steady| quantile(&s.latencies_ms, 0.99).unwrap_or(f64::NAN);
+        rounds.sort_by(|a, b| p99(a).total_cmp(&p99(b)));
+        let range = (
+            rounds.first().map_or(f64::NAN, p99),
+            rounds.last().map_or(f64::NAN, p99),
+        );
+        let n = rounds.len();
+        let mut median = rounds.swap_remove(n / 2);
+        median.p99_range = range;
+        median.rounds = n;
+        median
+    }
 }
 
 /// The relay running, writers at a fixed rate (one event per transaction), commit-to-delivery
@@ -196,6 +228,8 @@ async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<S
         rate,
         latencies_ms,
         received,
+        p99_range: (f64::NAN, f64::NAN),
+        rounds: 1,
     })
 }
 
@@ -209,6 +243,9 @@ async fn drain(
     let events = bench.options.events;
     let name = label(scope, mode);
     let outbox = PgOutbox::new(scope.tables.clone()).write_mode(mode);
+    if scope.cdc {
+        cdc::setup(&bench.pool, &scope.tables, &names(scope)).await?;
+    }
     let before = bench.stream_messages(scope).await?;
     let wal_before = wal_lsn(bench).await?;
     let rows_before = row_writes(bench, scope).await?;
@@ -274,6 +311,8 @@ async fn drain(
         rate: steady.rate,
         received: steady.received,
         latencies_ms: steady.latencies_ms,
+        p99_range: steady.p99_range,
+        rounds: steady.rounds,
         relay,
     };
     bench.log(
@@ -351,12 +390,12 @@ async fn row_writes(bench: &Bench, scope: &Scope) -> Result<i64> {
 pub fn render(results: &[ModeResult]) -> String {
     let mut out = String::from(
         "| mode | drain (events/s) | write backlog (s) | WAL bytes / event | row writes / event \
-         | p50 ms | p99 ms | received | rows after | table after | relay peak RSS |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | p50 ms | p99 ms | p99 over rounds | received | rows after | table after | relay peak RSS |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for r in results {
         out.push_str(&format!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} | {}/{} at {:.0}/s | {} | {:.1} MB | {:.1} MB |\n",
+            "| {} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1}–{:.1} ({}) | {}/{} at {:.0}/s | {} | {:.1} MB | {:.1} MB |\n",
             r.name,
             r.rate_drain(),
             r.write_time.as_secs_f64(),
@@ -364,6 +403,9 @@ pub fn render(results: &[ModeResult]) -> String {
             r.row_writes_per_event,
             r.latency(0.5).unwrap_or(f64::NAN),
             r.latency(0.99).unwrap_or(f64::NAN),
+            r.p99_range.0,
+            r.p99_range.1,
+            r.rounds,
             r.received.0,
             r.received.1,
             r.rate,

@@ -143,6 +143,10 @@ pub struct Options {
     /// rate with NOTIFY on].
     #[arg(long, global = true)]
     pub rate: Option<f64>,
+    /// (e) cdc: rounds of the latency phases, interleaved (poll, cdc, zero-growth, table-less,
+    /// then again); the table gives the median round's p50 and p99 of each mode, and the range.
+    #[arg(long, global = true, default_value_t = 1)]
+    pub rounds: u32,
     /// PostgreSQL with wal_level = logical for (e) cdc (the tests' private server by default).
     #[arg(
         long,
