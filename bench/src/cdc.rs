@@ -127,6 +127,14 @@ fn names(scope: &Scope) -> cdc::CdcNames {
     cdc::CdcNames::for_tables(&scope.tables)
 }
 
+/// The writers' outbox: a CDC relay is woken by the stream, so its writers send no NOTIFY
+/// (whose commits PostgreSQL serialises on one lock); polling keeps it.
+fn writer(scope: &Scope, mode: WriteMode) -> PgOutbox {
+    PgOutbox::new(scope.tables.clone())
+        .write_mode(mode)
+        .notify(!scope.cdc)
+}
+
 fn label(scope: &Scope, mode: WriteMode) -> &'static str {
     match (scope.cdc, mode) {
         (false, _) => "poll",
@@ -167,7 +175,7 @@ impl Steady {
 /// latency at a NATS subscriber.
 async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<Steady> {
     let name = label(scope, mode);
-    let outbox = PgOutbox::new(scope.tables.clone()).write_mode(mode);
+    let outbox = writer(scope, mode);
     let rate = bench.options.rate.unwrap_or(1000.0);
     let mut relay = RelayProcess::start(bench, scope).await?;
     let subscriber = bench
@@ -242,7 +250,7 @@ async fn drain(
 ) -> Result<ModeResult> {
     let events = bench.options.events;
     let name = label(scope, mode);
-    let outbox = PgOutbox::new(scope.tables.clone()).write_mode(mode);
+    let outbox = writer(scope, mode);
     if scope.cdc {
         cdc::setup(&bench.pool, &scope.tables, &names(scope)).await?;
     }
