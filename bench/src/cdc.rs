@@ -47,17 +47,9 @@ pub struct ModeResult {
     pub rows_after: i64,
     /// Size of the events table with its indexes after the whole run, bytes.
     pub table_bytes_after: i64,
-    /// Fixed rate of the latency phase, events/s (one event per transaction).
-    pub rate: f64,
-    /// Latencies (occurred-at to the subscriber), ms, sorted: of the round with the median p99.
-    pub latencies_ms: Vec<f64>,
-    /// Lowest and highest p99 over the latency rounds, ms.
-    pub p99_range: (f64, f64),
-    /// Latency rounds run.
-    pub rounds: usize,
-    /// Distinct events the subscriber got in the latency phase, and how many were written.
-    pub received: (usize, u64),
-    /// The relay process.
+    /// The latency phase (the round with the median p99).
+    pub steady: Steady,
+    /// The relay process (drain).
     pub relay: RelayStats,
 }
 
@@ -69,7 +61,7 @@ impl ModeResult {
 
     /// Latency at quantile `q`, ms.
     pub fn latency(&self, q: f64) -> Option<f64> {
-        quantile(&self.latencies_ms, q)
+        quantile(&self.steady.latencies_ms, q)
     }
 }
 
@@ -145,13 +137,18 @@ fn label(scope: &Scope, mode: WriteMode) -> &'static str {
 }
 
 /// The latency phase of one mode.
-struct Steady {
-    rate: f64,
-    latencies_ms: Vec<f64>,
-    received: (usize, u64),
+#[derive(Clone, Debug)]
+pub struct Steady {
+    /// Fixed write rate, events/s (one event per transaction).
+    pub rate: f64,
+    /// Latencies (occurred-at to the subscriber), ms, sorted.
+    pub latencies_ms: Vec<f64>,
+    /// Distinct events the subscriber got, and how many were written.
+    pub received: (usize, u64),
     /// Lowest and highest p99 over the rounds, ms.
-    p99_range: (f64, f64),
-    rounds: usize,
+    pub p99_range: (f64, f64),
+    /// Rounds run.
+    pub rounds: usize,
 }
 
 impl Steady {
@@ -316,11 +313,7 @@ async fn drain(
         row_writes_per_event,
         rows_after: size.get(0),
         table_bytes_after: size.get(1),
-        rate: steady.rate,
-        received: steady.received,
-        latencies_ms: steady.latencies_ms,
-        p99_range: steady.p99_range,
-        rounds: steady.rounds,
+        steady,
         relay,
     };
     bench.log(
@@ -411,12 +404,12 @@ pub fn render(results: &[ModeResult]) -> String {
             r.row_writes_per_event,
             r.latency(0.5).unwrap_or(f64::NAN),
             r.latency(0.99).unwrap_or(f64::NAN),
-            r.p99_range.0,
-            r.p99_range.1,
-            r.rounds,
-            r.received.0,
-            r.received.1,
-            r.rate,
+            r.steady.p99_range.0,
+            r.steady.p99_range.1,
+            r.steady.rounds,
+            r.steady.received.0,
+            r.steady.received.1,
+            r.steady.rate,
             r.rows_after,
             r.table_bytes_after as f64 / 1e6,
             r.relay.peak_rss_mb,

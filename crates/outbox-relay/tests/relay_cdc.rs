@@ -24,16 +24,21 @@ use outbox_testkit::{
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A migrated outbox on the logical server, with its slot and publication.
-async fn cdc_db(partitions: i32) -> TestDb {
-    let db = TestDb::on(
-        &cdc_database_url(),
+/// A migrated outbox of `partitions` on the server at `url`, without a slot.
+async fn outbox_on(url: &str, partitions: i32) -> TestDb {
+    TestDb::on(
+        url,
         MigrateOptions {
             partitions: Some(partitions),
             ..Default::default()
         },
     )
-    .await;
+    .await
+}
+
+/// A migrated outbox on the logical server, with its slot and publication.
+async fn cdc_db(partitions: i32) -> TestDb {
+    let db = outbox_on(&cdc_database_url(), partitions).await;
     cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
         .await
         .expect("cdc setup");
@@ -283,14 +288,7 @@ async fn a_relay_stopped_then_restarted_resumes_where_it_confirmed() {
 
 #[tokio::test]
 async fn rows_written_before_the_slot_are_caught_up_from_the_table() {
-    let db = TestDb::on(
-        &cdc_database_url(),
-        MigrateOptions {
-            partitions: Some(4),
-            ..Default::default()
-        },
-    )
-    .await;
+    let db = outbox_on(&cdc_database_url(), 4).await;
     let before = write(&db, WriteMode::Table, "old", 5, 4, 10).await;
     let setup = cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
         .await
@@ -316,14 +314,7 @@ async fn rows_written_before_the_slot_are_caught_up_from_the_table() {
 
 #[tokio::test]
 async fn without_a_live_slot_zero_growth_and_table_less_writes_keep_rows_and_lose_nothing() {
-    let db = TestDb::on(
-        &cdc_database_url(),
-        MigrateOptions {
-            partitions: Some(2),
-            ..Default::default()
-        },
-    )
-    .await;
+    let db = outbox_on(&cdc_database_url(), 2).await;
     // No slot yet: nothing would stream these, so they stay in the table.
     let zero = write(&db, WriteMode::ZeroGrowth, "zero", 3, 2, 2).await;
     let wal = write(&db, WriteMode::WalOnly, "wal", 3, 2, 2).await;
@@ -482,14 +473,7 @@ async fn postgres_restarted_mid_stream_loses_nothing() {
         "max_wal_senders=8",
     ])
     .await;
-    let db = TestDb::on(
-        &pg.url(),
-        MigrateOptions {
-            partitions: Some(4),
-            ..Default::default()
-        },
-    )
-    .await;
+    let db = outbox_on(&pg.url(), 4).await;
     cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
         .await
         .unwrap();

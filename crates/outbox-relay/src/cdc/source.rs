@@ -233,6 +233,11 @@ impl Session {
         }
     }
 
+    /// Whether nothing streamed is left to publish, mark or confirm.
+    fn settled(&self) -> bool {
+        self.marks.is_empty() && self.inflight.is_empty()
+    }
+
     pub(super) fn lease_ok(&self) -> bool {
         self.fences
             .iter()
@@ -392,8 +397,7 @@ impl Session {
                                 && txn.is_none()
                                 && batch.is_empty()
                                 && batch_end.is_none()
-                                && self.marks.is_empty()
-                                && self.inflight.is_empty()
+                                && self.settled()
                             {
                                 client.update_applied_lsn(lsn);
                             }
@@ -423,8 +427,7 @@ impl Session {
                             if txn.is_none()
                                 && batch.is_empty()
                                 && batch_end.is_none()
-                                && self.marks.is_empty()
-                                && self.inflight.is_empty()
+                                && self.settled()
                             {
                                 client.update_applied_lsn(wal_end);
                             }
@@ -476,7 +479,7 @@ impl Session {
             }
             if let Some(lsn) = self.marks.take_confirm() {
                 client.update_applied_lsn(lsn);
-                if self.marks.is_empty() && self.inflight.is_empty() {
+                if self.settled() {
                     self.unconfirmed_since = None;
                 }
             }

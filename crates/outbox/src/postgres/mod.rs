@@ -37,9 +37,10 @@ pub enum WriteMode {
     /// the CDC relay publishes it from there, and the table stays empty (no purge, no bloat
     /// from published rows). The unique `event_id` and `aggregate_version` checks run at
     /// insert, but only against rows still there: those of the same transaction and of
-    /// concurrent ones (a version reused after its row was deleted is not caught). Dead letters are written back into the table by the relay. Without a live
-    /// slot (none created, or lost) the row is kept, as in [`WriteMode::Table`]: nothing is
-    /// deleted that no stream will carry.
+    /// concurrent ones (a version reused after its row was deleted is not caught). Dead
+    /// letters are written back into the table by the relay. Without a live slot (none
+    /// created, or lost) the row is kept, as in [`WriteMode::Table`]: nothing is deleted that
+    /// no stream will carry.
     ZeroGrowth,
     /// No table at all: a transactional logical decoding message per event
     /// (`pg_logical_emit_message`, see [`crate::wal`]). The cheapest write; but nothing

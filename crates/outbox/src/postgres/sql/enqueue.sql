@@ -14,7 +14,7 @@ WITH inserted AS (
         schema_version, destination, payload, content_type, headers, occurred_at, ord
     )
     ORDER BY e.ord
-    RETURNING id
+    RETURNING 1
 )
 SELECT count(*) AS inserted,
        CASE WHEN $12::text IS NULL THEN NULL ELSE pg_notify($12, '') END AS notified
