@@ -16,17 +16,33 @@ use tokio::sync::oneshot;
 use crate::{
     common::{interruptible, payload, wait_until, Bench, Result, Scope},
     process::{RelayProcess, RelayStats},
-    steady::collect,
+    steady::{collect, SLOW_MS},
     writers::{self, WriterSettings},
 };
 
-/// The modes compared, as (scenario name, CDC relay, write mode).
+/// The modes compared, as (scenario name, CDC relay, write mode); `--modes` names them by
+/// the scenario name's end.
 const MODES: [(&str, bool, WriteMode); 4] = [
     ("cmp_poll", false, WriteMode::Table),
     ("cmp_cdc", true, WriteMode::Table),
     ("cmp_zero", true, WriteMode::ZeroGrowth),
     ("cmp_wal", true, WriteMode::WalOnly),
 ];
+
+/// The modes `--modes` asks for (all when it is empty), or an error naming the unknown one.
+fn chosen(asked: &[String]) -> Result<Vec<(&'static str, bool, WriteMode)>> {
+    let named = |scenario: &str, m: &str| scenario.strip_prefix("cmp_") == Some(m);
+    if let Some(bad) = asked
+        .iter()
+        .find(|m| !MODES.iter().any(|(s, _, _)| named(s, m)))
+    {
+        return Err(format!("--modes: unknown mode {bad:?} (poll, cdc, zero, wal)").into());
+    }
+    Ok(MODES
+        .into_iter()
+        .filter(|(s, _, _)| asked.is_empty() || asked.iter().any(|m| named(s, m)))
+        .collect())
+}
 
 /// Figures of one mode.
 #[derive(Clone, Debug)]
@@ -72,7 +88,7 @@ impl ModeResult {
 pub async fn run(bench: &Bench) -> Result<Vec<ModeResult>> {
     let mut scopes = Vec::new();
     let result = interruptible(async {
-        for (scenario, is_cdc, mode) in MODES {
+        for (scenario, is_cdc, mode) in chosen(&bench.options.modes)? {
             let mut scope = bench.scope(scenario)?;
             scope.cdc = is_cdc;
             bench.create_outbox(&scope).await?;
@@ -204,6 +220,7 @@ async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<S
         scope.scenario,
         format!("{name}: {rate:.0} events/s for {:?}", settings.duration),
     );
+    let scans_before = scans(bench, scope).await?;
     let written = writers::run(&settings, &outbox).await?;
     wait_until(
         Duration::from_millis(50),
@@ -214,9 +231,11 @@ async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<S
     let _ = stop.send(());
     let collected = collector.await?;
     let _ = relay.stop().await?;
+    let scans_after = scans(bench, scope).await?;
     // The probe is not a sample of the fixed-rate phase: it waited for the relay to start, so
     // its latency is the largest one.
     let received = (collected.distinct.saturating_sub(1), written.commits);
+    let (slow, first_slow, last_slow) = collected.slow;
     let mut latencies_ms = collected.latencies_ms;
     if !latencies_ms.is_empty() {
         latencies_ms.remove(latencies_ms.len() - 1);
@@ -224,9 +243,16 @@ async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<S
     bench.log(
         scope.scenario,
         format!(
-            "{name}: p50 {:.1} ms, p99 {:.1} ms",
+            "{name}: p50 {:.1} ms, p99 {:.1} ms (the writers' transactions: {:.1} / {:.1} ms); \
+             {slow} over {SLOW_MS} ms (arriving {first_slow:.1}–{last_slow:.1} s in), {} \
+             duplicates; {} sequential and {} index scans of the events table",
             quantile(&latencies_ms, 0.5).unwrap_or(f64::NAN),
-            quantile(&latencies_ms, 0.99).unwrap_or(f64::NAN)
+            quantile(&latencies_ms, 0.99).unwrap_or(f64::NAN),
+            quantile(&written.transaction_ms, 0.5).unwrap_or(f64::NAN),
+            quantile(&written.transaction_ms, 0.99).unwrap_or(f64::NAN),
+            collected.duplicates,
+            scans_after.0 - scans_before.0,
+            scans_after.1 - scans_before.1,
         ),
     );
     Ok(Steady {
@@ -374,6 +400,19 @@ async fn wal_lsn(bench: &Bench) -> Result<i64> {
             .fetch_one(&bench.pool)
             .await?,
     )
+}
+
+/// Sequential and index scans of the events table so far (a plan that scans the table on
+/// every write or mark shows here).
+async fn scans(bench: &Bench, scope: &Scope) -> Result<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0) \
+         FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2",
+    )
+    .bind(scope.tables.schema().as_str())
+    .bind(scope.tables.events().as_str())
+    .fetch_one(&bench.pool)
+    .await?)
 }
 
 async fn row_writes(bench: &Bench, scope: &Scope) -> Result<i64> {

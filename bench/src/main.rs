@@ -147,6 +147,9 @@ pub struct Options {
     /// then again); the table gives the median round's p50 and p99 of each mode, and the range.
     #[arg(long, global = true, default_value_t = 1)]
     pub rounds: u32,
+    /// (e) cdc: the modes to run, of `poll`, `cdc`, `zero`, `wal` [default: all four].
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub modes: Vec<String>,
     /// PostgreSQL with wal_level = logical for (e) cdc (the tests' private server by default).
     #[arg(
         long,

@@ -116,7 +116,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
         max.push(rate);
         truncate(bench, scope).await?;
     }
-    let (max_notify, max_silent) = (max[0], max[1]);
+    let (max_notify, max_silent) = (max[0].clone(), max[1].clone());
     let target_rate = options
         .rate
         .unwrap_or(max_notify.per_second() * options.rate_fraction);
@@ -179,7 +179,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
         max_notify,
         max_silent,
         target_rate,
-        written,
+        written: written.clone(),
         max_pending,
         pending_at_end,
         drain_after,
@@ -241,7 +241,13 @@ pub(crate) struct Collected {
     pub(crate) distinct: usize,
     pub(crate) duplicates: usize,
     pub(crate) latencies_ms: Vec<f64>,
+    /// Messages that took over [`SLOW_MS`], and when the first and last of them arrived
+    /// (seconds since the collector started): one stall, or slowness throughout.
+    pub(crate) slow: (usize, f64, f64),
 }
+
+/// A latency over this counts in [`Collected::slow`].
+pub(crate) const SLOW_MS: f64 = 100.0;
 
 /// Records, for every message, its receive time minus its `occurred-at` header, until `stop`.
 pub(crate) async fn collect(
@@ -252,6 +258,8 @@ pub(crate) async fn collect(
     let mut seen = HashSet::new();
     let mut duplicates = 0;
     let mut latencies_ms = Vec::new();
+    let started = std::time::Instant::now();
+    let mut slow = (0, f64::NAN, f64::NAN);
     loop {
         let message = tokio::select! {
             _ = &mut stop => break,
@@ -278,7 +286,15 @@ pub(crate) async fn collect(
             let micros = (now - occurred.with_timezone(&chrono::Utc))
                 .num_microseconds()
                 .unwrap_or(i64::MAX);
-            latencies_ms.push(micros as f64 / 1000.0);
+            let ms = micros as f64 / 1000.0;
+            if ms > SLOW_MS {
+                let at = started.elapsed().as_secs_f64();
+                if slow.0 == 0 {
+                    slow.1 = at;
+                }
+                slow = (slow.0 + 1, slow.1, at);
+            }
+            latencies_ms.push(ms);
         }
     }
     latencies_ms.sort_by(f64::total_cmp);
@@ -286,5 +302,6 @@ pub(crate) async fn collect(
         distinct: seen.len(),
         duplicates,
         latencies_ms,
+        slow,
     }
 }

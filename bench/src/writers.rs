@@ -30,12 +30,14 @@ pub struct WriterSettings {
 }
 
 /// Commits made by a writer run.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct WriteRate {
     /// Transactions committed (one event each).
     pub commits: u64,
     /// From the start of the writers to the last commit.
     pub elapsed: Duration,
+    /// Each transaction's time, from creating its event to the commit's answer, ms, sorted.
+    pub transaction_ms: Vec<f64>,
 }
 
 impl WriteRate {
@@ -74,17 +76,21 @@ pub async fn run(settings: &WriterSettings, outbox: &PgOutbox) -> Result<WriteRa
             ))
         })
         .collect();
-    let mut commits = 0;
+    let mut transaction_ms = Vec::new();
     for task in tasks {
-        commits += task.await??;
+        transaction_ms.extend(task.await??);
     }
+    let elapsed = started.elapsed();
+    transaction_ms.sort_by(f64::total_cmp);
     Ok(WriteRate {
-        commits,
-        elapsed: started.elapsed(),
+        commits: transaction_ms.len() as u64,
+        elapsed,
+        transaction_ms,
     })
 }
 
-/// One writer: commits events until `deadline`, every `period` (after `offset`) if paced.
+/// One writer: commits events until `deadline`, every `period` (after `offset`) if paced;
+/// returns each transaction's time, ms.
 async fn write(
     mut connection: PgConnection,
     outbox: PgOutbox,
@@ -92,11 +98,11 @@ async fn write(
     aggregates: u64,
     deadline: Instant,
     pacing: Option<(Duration, Duration)>,
-) -> Result<u64> {
+) -> Result<Vec<f64>> {
     let mut ticker = pacing.map(|(period, offset)| {
         tokio::time::interval_at(tokio::time::Instant::now() + offset, period)
     });
-    let mut commits = 0;
+    let mut times = Vec::new();
     loop {
         if let Some(ticker) = ticker.as_mut() {
             ticker.tick().await;
@@ -104,14 +110,15 @@ async fn write(
         if Instant::now() >= deadline {
             break;
         }
+        let began = Instant::now();
         let g = sequence.fetch_add(1, Ordering::Relaxed);
         let event = Event::new("order", format!("agg-{}", g % aggregates), "OrderPlaced")
             .json(&payload(g))?;
         let mut tx = connection.begin().await?;
         outbox.enqueue(&mut tx, &event).await?;
         tx.commit().await?;
-        commits += 1;
+        times.push(began.elapsed().as_secs_f64() * 1000.0);
     }
     connection.close().await?;
-    Ok(commits)
+    Ok(times)
 }

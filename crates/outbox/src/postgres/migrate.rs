@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "zero-growth enqueue",
         include_str!("migrations/0009_zero_growth_enqueue.sql"),
     ),
+    (
+        10,
+        "zero-growth enqueue plans: index scans, kept",
+        include_str!("migrations/0010_zero_growth_index_only.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.
