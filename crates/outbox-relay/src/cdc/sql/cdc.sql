@@ -35,8 +35,14 @@ WITH fence AS (
 )
 SELECT id FROM done
 UNION ALL
--- The statement's snapshot: rows `done` marks still read as pending here.
-SELECT e.id FROM {schema}.{events} e WHERE e.id = ANY($1::bigint[]) AND e.status <> 'pending';
+-- The statement's snapshot: rows `done` marks still read as pending here. One primary-key probe
+-- per id, whatever the statistics say: the LIMIT keeps the planner from turning the lookup
+-- into a join, which on a young, never-analysed table it makes a sequential scan, cached.
+SELECT m.id
+FROM unnest($1::bigint[]) AS m(id)
+CROSS JOIN LATERAL (
+    SELECT 1 FROM {schema}.{events} e WHERE e.id = m.id AND e.status <> 'pending' LIMIT 1
+) AS settled;
 -- name: fence_count
 -- How many of the given leases this relay still holds (locked until the transaction ends).
 -- $1 true (unused otherwise), $2/$3 (partition, epoch) pairs, $4 relay id
