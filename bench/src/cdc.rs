@@ -198,6 +198,7 @@ async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<S
     bench.nats()?.flush().await?;
     let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let (stop, stopped) = oneshot::channel();
+    let subscribed = Instant::now();
     let collector = tokio::spawn(collect(subscriber, received.clone(), stopped));
     // The relay is ready once a probe event comes through.
     write_backlog(bench, &outbox, 1).await?;
@@ -220,6 +221,7 @@ async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<S
         scope.scenario,
         format!("{name}: {rate:.0} events/s for {:?}", settings.duration),
     );
+    let probe_s = subscribed.elapsed().as_secs_f64();
     let scans_before = scans(bench, scope).await?;
     let written = writers::run(&settings, &outbox).await?;
     wait_until(
@@ -244,8 +246,9 @@ async fn steady_state(bench: &Bench, scope: &Scope, mode: WriteMode) -> Result<S
         scope.scenario,
         format!(
             "{name}: p50 {:.1} ms, p99 {:.1} ms (the writers' transactions: {:.1} / {:.1} ms); \
-             {slow} over {SLOW_MS} ms (arriving {first_slow:.1}–{last_slow:.1} s in), {} \
-             duplicates; {} sequential and {} index scans of the events table",
+             {slow} over {SLOW_MS} ms (arriving {first_slow:.1}–{last_slow:.1} s in; the probe \
+             through {probe_s:.2} s in), {} duplicates; {} sequential and {} index scans of the \
+             events table",
             quantile(&latencies_ms, 0.5).unwrap_or(f64::NAN),
             quantile(&latencies_ms, 0.99).unwrap_or(f64::NAN),
             quantile(&written.transaction_ms, 0.5).unwrap_or(f64::NAN),

@@ -195,6 +195,20 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
     }
 }
 
+/// Longest wait, on a graceful stop, for the client to report the confirmed position.
+const REPORT_ON_STOP: Duration = Duration::from_secs(1);
+
+/// Waits until the replication client has reported `applied` to the server (it sends the
+/// confirmed position once per status interval): a stream closed before that would leave the
+/// slot behind, and the next session would publish the confirmed tail again.
+async fn report_applied(client: &ReplicationClient, applied: Lsn) {
+    let metrics = client.metrics();
+    let deadline = Instant::now() + REPORT_ON_STOP;
+    while metrics.last_applied_lsn() < applied && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// One streaming session under one set of leases.
 pub(super) struct Session {
     pub(super) ctx: Arc<Context>,
@@ -213,6 +227,8 @@ pub(super) struct Session {
     pub(super) deferred: Option<Vec<i64>>,
     /// Batches being published.
     pub(super) inflight: InFlight,
+    /// The newest position handed to the replication client as confirmed.
+    pub(super) applied: Lsn,
 }
 
 impl Session {
@@ -230,7 +246,14 @@ impl Session {
             marks,
             deferred: None,
             inflight: InFlight::default(),
+            applied: Lsn::default(),
         }
+    }
+
+    /// Confirms the stream up to `lsn` (the client reports it within its status interval).
+    fn apply(&mut self, client: &ReplicationClient, lsn: Lsn) {
+        self.applied = self.applied.max(lsn);
+        client.update_applied_lsn(lsn);
     }
 
     /// Whether nothing streamed is left to publish, mark or confirm.
@@ -272,6 +295,7 @@ impl Session {
         let end = self.stream(&mut client, shutdown).await;
         match end {
             End::Stop => {
+                report_applied(&client, self.applied).await;
                 let _ = client.shutdown().await;
             }
             _ => client.abort(),
@@ -313,7 +337,7 @@ impl Session {
                             && self.marks.reap(true).await.is_ok()
                         {
                             if let Some(lsn) = self.marks.take_confirm() {
-                                client.update_applied_lsn(lsn);
+                                self.apply(client, lsn);
                             }
                         }
                         return End::Stop;
@@ -399,7 +423,7 @@ impl Session {
                                 && batch_end.is_none()
                                 && self.settled()
                             {
-                                client.update_applied_lsn(lsn);
+                                self.apply(client, lsn);
                             }
                             false
                         }
@@ -429,7 +453,7 @@ impl Session {
                                 && batch_end.is_none()
                                 && self.settled()
                             {
-                                client.update_applied_lsn(wal_end);
+                                self.apply(client, wal_end);
                             }
                             false
                         }
@@ -478,7 +502,7 @@ impl Session {
                 return end;
             }
             if let Some(lsn) = self.marks.take_confirm() {
-                client.update_applied_lsn(lsn);
+                self.apply(client, lsn);
                 if self.settled() {
                     self.unconfirmed_since = None;
                 }
