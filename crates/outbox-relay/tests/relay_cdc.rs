@@ -327,10 +327,15 @@ async fn a_relay_stopped_then_restarted_resumes_where_it_confirmed() {
     relay.shutdown().await.unwrap();
     let report = Report::of(&got);
     assert_eq!(report.unique, a + b);
-    let published = publisher.published.lock().unwrap();
-    let again = published.values().filter(|n| **n > 1).count();
+    let (published, again) = {
+        let published = publisher.published.lock().unwrap();
+        (
+            published.len(),
+            published.values().filter(|n| **n > 1).count(),
+        )
+    };
     assert_eq!(
-        (published.len(), again),
+        (published, again),
         (a + b, 0),
         "a clean stop confirms everything it published: the next relay publishes none of it again"
     );
