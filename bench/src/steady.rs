@@ -116,7 +116,8 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
         max.push(rate);
         truncate(bench, scope).await?;
     }
-    let (max_notify, max_silent) = (max[0].clone(), max[1].clone());
+    let mut max = max.into_iter();
+    let (max_notify, max_silent) = (max.next().expect("notify on"), max.next().expect("off"));
     let target_rate = options
         .rate
         .unwrap_or(max_notify.per_second() * options.rate_fraction);
@@ -179,7 +180,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
         max_notify,
         max_silent,
         target_rate,
-        written: written.clone(),
+        written,
         max_pending,
         pending_at_end,
         drain_after,
@@ -193,8 +194,8 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
         scope.scenario,
         format!(
             "wrote {} at {:.0}/s, received {}; p50 {:.1} ms, p99 {:.1} ms; kept up: {}",
-            written.commits,
-            written.per_second(),
+            result.written.commits,
+            result.written.per_second(),
             result.received,
             result.latency(0.5).unwrap_or(f64::NAN),
             result.latency(0.99).unwrap_or(f64::NAN),

@@ -36,13 +36,17 @@ async fn outbox_on(url: &str, partitions: i32) -> TestDb {
     .await
 }
 
-/// A migrated outbox on the logical server, with its slot and publication.
-async fn cdc_db(partitions: i32) -> TestDb {
-    let db = outbox_on(&cdc_database_url(), partitions).await;
+/// `db` with its slot and publication.
+async fn with_slot(db: TestDb) -> TestDb {
     cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
         .await
         .expect("cdc setup");
     db
+}
+
+/// A migrated outbox on the logical server, with its slot and publication.
+async fn cdc_db(partitions: i32) -> TestDb {
+    with_slot(outbox_on(&cdc_database_url(), partitions).await).await
 }
 
 /// A CDC outbox with its slot, a JetStream stream of the test's own, and a CDC relay.
@@ -53,7 +57,11 @@ struct Streaming {
 }
 
 async fn streaming(partitions: i32) -> Streaming {
-    let db = cdc_db(partitions).await;
+    streaming_on(cdc_db(partitions).await).await
+}
+
+/// A JetStream stream of the test's own and a CDC relay on `db`, which has its slot.
+async fn streaming_on(db: TestDb) -> Streaming {
     let prefix = unique("p");
     let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
     let relay = start(
@@ -350,14 +358,7 @@ async fn rows_written_before_the_slot_are_caught_up_from_the_table() {
         .await
         .unwrap();
     assert!(setup.created_slot && setup.catch_up_max_id.is_some());
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let relay = start(
-        &db,
-        common::nats(NATS_URL, &reader.stream).await,
-        cdc_config(&db, &prefix),
-    )
-    .await;
+    let Streaming { db, reader, relay } = streaming_on(db).await;
     let after = write(&db, WriteMode::Table, "new", 5, 4, 10).await;
     let got = reader.wait_for(before + after, WAIT).await;
     common::drained(&db, WAIT).await;
@@ -529,18 +530,8 @@ async fn postgres_restarted_mid_stream_loses_nothing() {
         "max_wal_senders=8",
     ])
     .await;
-    let db = outbox_on(&pg.url(), 4).await;
-    cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
-        .await
-        .unwrap();
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let relay = start(
-        &db,
-        common::nats(NATS_URL, &reader.stream).await,
-        cdc_config(&db, &prefix),
-    )
-    .await;
+    let db = with_slot(outbox_on(&pg.url(), 4).await).await;
+    let Streaming { db, reader, relay } = streaming_on(db).await;
     let a = write(&db, WriteMode::Table, "before", 20, 5, 20).await;
     reader.wait_for(a / 2, WAIT).await;
     // A crash (SIGKILL of the whole server), then crash recovery.
@@ -697,17 +688,7 @@ async fn a_time_partitioned_outbox_streams_in_all_three_write_modes() {
         },
     )
     .await;
-    cdc::setup(&db.pool, &db.tables, &cdc::CdcNames::for_tables(&db.tables))
-        .await
-        .expect("cdc setup");
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let relay = start(
-        &db,
-        common::nats(NATS_URL, &reader.stream).await,
-        cdc_config(&db, &prefix),
-    )
-    .await;
+    let Streaming { db, reader, relay } = streaming_on(with_slot(db).await).await;
     let table = write(&db, WriteMode::Table, "kept", 5, 6, 7).await;
     let zero = write(&db, WriteMode::ZeroGrowth, "zero", 5, 6, 7).await;
     let wal = write(&db, WriteMode::WalOnly, "wal", 5, 6, 7).await;
