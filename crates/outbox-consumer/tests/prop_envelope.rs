@@ -53,10 +53,13 @@ prop_compose! {
             payload_size: payload.len() as i64,
             payload: Some(payload),
             content_type,
-            headers: serde_json::to_value(headers).unwrap(),
+            headers: serde_json::to_string(&headers).unwrap(),
+            unreadable: None,
             occurred_at: Some(occurred_at),
             partition: 0,
             attempts: 0,
+            permanent_failures: 0,
+            row_bytes: 0,
         };
         row.decode(&RoutingConfig::default(), 1024).expect("a well-formed row")
     }

@@ -116,8 +116,10 @@ pub struct RelayConfig {
     /// How often the lag and backlog gauges are sampled (default 5s).
     #[serde(with = "humantime_serde")]
     pub stats_interval: Duration,
-    /// `/readyz` fails when this relay's partitions have pending events and nothing was
-    /// published for this long (default 60s).
+    /// `/readyz` fails (503) when, for this long (default 60s), events were pending and this
+    /// relay published nothing, or its claims did not succeed, or its loop did not turn, or
+    /// the database did not answer. A relay whose loop has not turned for this long also stops
+    /// renewing its leases, so that another relay takes its partitions over.
     #[serde(with = "humantime_serde")]
     pub stall_timeout: Duration,
     /// Delete published rows older than this, from inside the relay (default: off; run
@@ -130,6 +132,21 @@ pub struct RelayConfig {
     /// Largest payload published (default: the broker's own limit). Larger rows are
     /// dead-lettered without being loaded into memory.
     pub max_payload_bytes: Option<usize>,
+    /// Bytes of claimed events the relay holds in memory at once, across the batches in flight
+    /// (default 64 MiB): payloads, headers and text columns. A claim stops adding rows at the
+    /// budget left (it always takes one row, so one event larger than the budget still goes
+    /// through, alone), and no claim starts while the budget is used up.
+    pub max_inflight_bytes: u64,
+    /// `statement_timeout` on the relay's PostgreSQL connections (default 30s): a statement
+    /// that runs longer fails, is counted in `outbox_database_errors_total` and retried, and
+    /// the loop goes on. The relay also gives up waiting for an answer 5 s after it (a
+    /// connection that hangs without an error).
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
+    /// `lock_timeout` on the relay's PostgreSQL connections (default 5s): a statement blocked
+    /// behind another session's lock on the outbox tables fails after it instead of hanging.
+    #[serde(with = "humantime_serde")]
+    pub lock_timeout: Duration,
     /// What a dead head event does to its aggregate (default `park`).
     pub on_dead: OnDead,
     /// Retry and dead-letter policy.
@@ -166,6 +183,9 @@ impl Default for RelayConfig {
             purge_retention: None,
             purge_interval: Duration::from_secs(60),
             max_payload_bytes: None,
+            max_inflight_bytes: 64 << 20,
+            statement_timeout: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(5),
             on_dead: OnDead::Park,
             retry: RetryPolicy::default(),
             routing: RoutingConfig::default(),
@@ -211,6 +231,8 @@ impl RelayConfig {
             ("stats_interval", self.stats_interval, true),
             ("stall_timeout", self.stall_timeout, true),
             ("purge_interval", self.purge_interval, true),
+            ("statement_timeout", self.statement_timeout, true),
+            ("lock_timeout", self.lock_timeout, true),
             ("cdc.heartbeat_interval", self.cdc.heartbeat_interval, true),
             ("cdc.batch_linger", self.cdc.batch_linger, false),
             (
@@ -240,6 +262,9 @@ impl RelayConfig {
             return Err(
                 "purge_retention: must be more than 0 (published rows are kept for it)".into(),
             );
+        }
+        if self.max_inflight_bytes == 0 {
+            return Err("max_inflight_bytes: must be more than 0".into());
         }
         if self.max_payload_bytes == Some(0) {
             return Err("max_payload_bytes: must be more than 0".into());

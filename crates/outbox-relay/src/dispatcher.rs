@@ -2,10 +2,18 @@
 //! lane, events are published one at a time, in id order, each only after the previous one was
 //! acknowledged. The first failure ends the lane: the aggregate's later events are left pending
 //! and wait for the failed one (guarantee G4), while other lanes go on.
+//!
+//! A publish never outlives the lease it was claimed under: it is given at most the time the
+//! lease stays locally valid (which ends before any other relay can take the partition over).
+//! Past it, the attempt is a transient failure ("maybe delivered"), so a successor never
+//! publishes an aggregate's next event while this relay still waits for the previous one's
+//! acknowledgement. A copy the broker client still delivers late (its own retry) can arrive
+//! after the successor's first delivery of the same event: on a broker without deduplication
+//! a consumer may see a repeated earlier event, never a later one before its first delivery.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use crate::{lease::Leases, Message, PublishError, Publisher};
@@ -21,6 +29,8 @@ pub struct Item {
     pub epoch: i64,
     /// Attempts before this one.
     pub attempts: i32,
+    /// Permanent failures before this one.
+    pub permanent_failures: i32,
     /// Ordering key.
     pub key: (String, String),
     /// The routed destination (for metrics), if the row could be routed.
@@ -90,9 +100,13 @@ async fn run_lane(
             out.push((item, Outcome::Skipped));
             continue;
         }
-        let outcome = match &item.message {
-            Err(e) => Outcome::Failed(e.clone()),
-            Ok(message) => publish_one(publisher.as_ref(), message, publish_timeout).await,
+        let outcome = match (&item.message, leases.remaining(item.partition, item.epoch)) {
+            (Err(e), _) => Outcome::Failed(e.clone()),
+            (Ok(message), Some(lease_left)) => {
+                publish_one(publisher.as_ref(), message, publish_timeout, lease_left).await
+            }
+            // The lease ran out between the check above and now.
+            (Ok(_), None) => Outcome::Skipped,
         };
         stopped = !matches!(outcome, Outcome::Published(_));
         out.push((item, outcome));
@@ -100,7 +114,14 @@ async fn run_lane(
     out
 }
 
-async fn publish_one(publisher: &dyn Publisher, message: &Message, timeout: Duration) -> Outcome {
+/// Publishes one message, waiting for its acknowledgement at most `timeout` and no longer than
+/// `lease_left`. A panicking publisher is a permanent failure of this message.
+async fn publish_one(
+    publisher: &dyn Publisher,
+    message: &Message,
+    timeout: Duration,
+    lease_left: Duration,
+) -> Outcome {
     if let Err(e) = publisher.check_destination(&message.destination) {
         return Outcome::Failed(e);
     }
@@ -112,14 +133,35 @@ async fn publish_one(publisher: &dyn Publisher, message: &Message, timeout: Dura
             publisher.max_payload_bytes()
         )));
     }
-    match tokio::time::timeout(timeout, publisher.publish(message)).await {
-        Ok(Ok(())) => Outcome::Published(Instant::now()),
-        Ok(Err(e)) => Outcome::Failed(e),
+    let wait = timeout.min(lease_left);
+    let publish = std::panic::AssertUnwindSafe(publisher.publish(message)).catch_unwind();
+    match tokio::time::timeout(wait, publish).await {
+        Ok(Ok(Ok(()))) => Outcome::Published(Instant::now()),
+        Ok(Ok(Err(e))) => Outcome::Failed(e),
+        Ok(Err(panic)) => Outcome::Failed(PublishError::permanent(format!(
+            "the {} publisher panicked: {}",
+            publisher.name(),
+            panic_message(&panic)
+        ))),
+        Err(_) if wait < timeout => Outcome::Failed(PublishError::transient(format!(
+            "no acknowledgement from {} before the partition lease ran out ({wait:?})",
+            publisher.name()
+        ))),
         Err(_) => Outcome::Failed(PublishError::transient(format!(
             "no acknowledgement from {} within {timeout:?}",
             publisher.name()
         ))),
     }
+}
+
+/// The text of a caught panic, cut to 200 characters (it is stored in `last_error`).
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    text.chars().take(200).collect()
 }
 
 #[cfg(test)]
@@ -163,6 +205,7 @@ mod tests {
             partition: 0,
             epoch: 1,
             attempts: 0,
+            permanent_failures: 0,
             key: ("order".into(), aggregate.into()),
             destination: message.destination.clone(),
             message: Ok(message),

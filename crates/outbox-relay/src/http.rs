@@ -1,9 +1,18 @@
 //! `/metrics`, `/healthz` and `/readyz`.
 //!
 //! * `/healthz` answers 200 while the process serves requests.
-//! * `/readyz` answers 503 when the database has not answered for `stall_timeout`, or when this
-//!   relay has found work within `stall_timeout` yet published nothing for that long (stalled
-//!   while work is pending: broker down, every attempt failing). Otherwise 200.
+//! * `/readyz` answers 200 when this relay is making progress on the work it owns, else 503
+//!   with the reason (also exported as `outbox_ready` and `outbox_unready{reason}`). Not ready,
+//!   each after `stall_timeout`:
+//!   - `database`: no relay statement has succeeded for that long;
+//!   - `loop`: the relay loop has not turned for that long (a statement or publish that never
+//!     returns; the lease task then stops renewing, so that another relay takes over);
+//!   - `claim`: events are pending and this relay's claims have not succeeded for that long
+//!     (failing, or blocked behind a lock, until `statement_timeout` / `lock_timeout`);
+//!   - `stalled`: this relay found work within that time yet published (or dead-lettered)
+//!     nothing for that long: broker down, every attempt failing.
+//!
+//!   An idle relay, or a standby that owns no partition, is ready.
 
 use std::{
     net::SocketAddr,
@@ -29,7 +38,26 @@ struct Marks {
     progress: Instant,
     work_seen: Option<Instant>,
     database_ok: Instant,
+    loop_turned: Instant,
+    /// Since when the relay has wanted a claim answered and has had none (`None`: the last
+    /// claim succeeded, or the relay has nothing to claim from).
+    claim_waiting: Option<Instant>,
+    /// Events pending in the outbox at the last backlog sample.
+    pending: i64,
 }
+
+/// Why a relay is not ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotReady {
+    /// One word, the `reason` label of `outbox_unready`: `database`, `loop`, `claim` or
+    /// `stalled`.
+    pub reason: &'static str,
+    /// What `/readyz` says.
+    pub message: String,
+}
+
+/// Every `reason` a [`NotReady`] can give.
+pub const UNREADY_REASONS: [&str; 4] = ["database", "loop", "claim", "stalled"];
 
 impl Health {
     /// Fresh markers: ready until proven otherwise.
@@ -41,41 +69,105 @@ impl Health {
                 progress: now,
                 work_seen: None,
                 database_ok: now,
+                loop_turned: now,
+                claim_waiting: None,
+                pending: 0,
             }),
         }
     }
 
+    fn marks(&self) -> std::sync::MutexGuard<'_, Marks> {
+        self.inner.lock().expect("not poisoned")
+    }
+
     /// Events were published or dead-lettered.
     pub fn progressed(&self) {
-        self.inner.lock().expect("not poisoned").progress = Instant::now();
+        self.marks().progress = Instant::now();
     }
 
     /// A claim found pending events.
     pub fn saw_work(&self) {
-        self.inner.lock().expect("not poisoned").work_seen = Some(Instant::now());
+        self.marks().work_seen = Some(Instant::now());
     }
 
     /// A database statement succeeded.
     pub fn database_ok(&self) {
-        self.inner.lock().expect("not poisoned").database_ok = Instant::now();
+        self.marks().database_ok = Instant::now();
     }
 
-    /// `Ok` when ready, else the reason.
-    pub fn readiness(&self) -> Result<(), String> {
-        let m = self.inner.lock().expect("not poisoned");
+    /// The relay loop turned (it is not stuck in a call that never returns).
+    pub fn loop_turned(&self) {
+        self.marks().loop_turned = Instant::now();
+    }
+
+    /// The relay is about to claim: it waits for an answer from now, unless it already was.
+    pub fn claim_started(&self) {
+        self.marks().claim_waiting.get_or_insert_with(Instant::now);
+    }
+
+    /// A claim succeeded, or the relay has nothing to claim from (no partition): it is not
+    /// waiting for a claim.
+    pub fn claim_done(&self) {
+        self.marks().claim_waiting = None;
+    }
+
+    /// The backlog sample: events pending in the outbox.
+    pub fn pending(&self, pending: i64) {
+        self.marks().pending = pending;
+    }
+
+    /// How long the relay loop has gone without turning.
+    pub fn loop_silence(&self) -> Duration {
+        self.marks().loop_turned.elapsed()
+    }
+
+    /// The time after which a missing sign of progress makes the relay not ready.
+    pub fn stall_timeout(&self) -> Duration {
+        self.stall_timeout
+    }
+
+    /// `Ok` when ready, else why not.
+    pub fn readiness(&self) -> Result<(), NotReady> {
+        let m = self.marks();
         let t = self.stall_timeout;
+        let not_ready = |reason, message| Err(NotReady { reason, message });
         if m.database_ok.elapsed() > t {
-            return Err(format!(
-                "database unreachable for {}s",
-                m.database_ok.elapsed().as_secs()
-            ));
+            return not_ready(
+                "database",
+                format!(
+                    "database unreachable for {}s",
+                    m.database_ok.elapsed().as_secs()
+                ),
+            );
+        }
+        if m.loop_turned.elapsed() > t {
+            return not_ready(
+                "loop",
+                format!(
+                    "relay loop stuck for {}s (a call that does not return)",
+                    m.loop_turned.elapsed().as_secs()
+                ),
+            );
+        }
+        if let Some(since) = m.claim_waiting.filter(|s| s.elapsed() > t && m.pending > 0) {
+            return not_ready(
+                "claim",
+                format!(
+                    "{} events pending and no claim has succeeded for {}s",
+                    m.pending,
+                    since.elapsed().as_secs()
+                ),
+            );
         }
         let working = m.work_seen.is_some_and(|w| w.elapsed() < t);
         if working && m.progress.elapsed() > t {
-            return Err(format!(
-                "stalled: events pending and nothing published for {}s",
-                m.progress.elapsed().as_secs()
-            ));
+            return not_ready(
+                "stalled",
+                format!(
+                    "stalled: events pending and nothing published for {}s",
+                    m.progress.elapsed().as_secs()
+                ),
+            );
         }
         Ok(())
     }
@@ -97,6 +189,9 @@ pub fn router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
 }
 
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    state
+        .metrics
+        .set_readiness(state.health.readiness().err().as_ref());
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -109,9 +204,9 @@ async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
 async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     match state.health.readiness() {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
-        Err(reason) => (
+        Err(not_ready) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {reason}\n"),
+            format!("not ready: {}\n", not_ready.message),
         ),
     }
 }
@@ -152,21 +247,50 @@ mod tests {
     #[test]
     fn ready_when_idle_and_not_ready_when_stalled_with_work() {
         let health = Health::new(Duration::from_secs(60));
+        let ago = |s| Instant::now() - Duration::from_secs(s);
         // No work seen: an idle relay is ready even after a long time without progress.
-        health.inner.lock().unwrap().progress = Instant::now() - Duration::from_secs(600);
+        health.marks().progress = ago(600);
         assert!(health.readiness().is_ok());
         health.progressed();
         health.saw_work();
         assert!(health.readiness().is_ok(), "fresh progress marker");
-        health.inner.lock().unwrap().progress = Instant::now() - Duration::from_secs(61);
-        let reason = health.readiness().unwrap_err();
-        assert!(reason.starts_with("stalled"), "{reason}");
+        health.marks().progress = ago(61);
+        assert_eq!(health.readiness().unwrap_err().reason, "stalled");
         health.progressed();
         assert!(health.readiness().is_ok());
-        health.inner.lock().unwrap().database_ok = Instant::now() - Duration::from_secs(61);
-        assert!(health
-            .readiness()
-            .unwrap_err()
-            .contains("database unreachable"));
+        health.marks().database_ok = ago(61);
+        let not_ready = health.readiness().unwrap_err();
+        assert_eq!(not_ready.reason, "database");
+        assert!(not_ready.message.contains("database unreachable"));
+    }
+
+    #[test]
+    fn a_claim_that_gets_no_answer_is_not_ready_only_while_events_are_pending() {
+        let health = Health::new(Duration::from_secs(60));
+        health.claim_started();
+        health.marks().claim_waiting = Some(Instant::now() - Duration::from_secs(61));
+        assert!(health.readiness().is_ok(), "nothing pending: no harm done");
+        health.pending(7);
+        let not_ready = health.readiness().unwrap_err();
+        assert_eq!(not_ready.reason, "claim");
+        assert!(
+            not_ready.message.starts_with("7 events pending"),
+            "{not_ready:?}"
+        );
+        // A later start does not reset the wait; an answer does.
+        health.claim_started();
+        assert!(health.readiness().is_err());
+        health.claim_done();
+        assert!(health.readiness().is_ok());
+    }
+
+    #[test]
+    fn a_loop_that_does_not_turn_is_not_ready() {
+        let health = Health::new(Duration::from_secs(60));
+        health.marks().loop_turned = Instant::now() - Duration::from_secs(61);
+        assert_eq!(health.readiness().unwrap_err().reason, "loop");
+        assert!(health.loop_silence() > Duration::from_secs(60));
+        health.loop_turned();
+        assert!(health.readiness().is_ok());
     }
 }

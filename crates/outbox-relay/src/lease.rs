@@ -10,6 +10,12 @@
 //! SQL. Timing only limits duplicates: a lease counts as valid locally until three quarters of
 //! its TTL after the renewal was *sent*, which is always before the database lets another relay
 //! take it, so a relay that stops hearing from the database stops publishing first.
+//!
+//! The lease statements run on connections of their own (see `PgStore`), so that a claim, mark
+//! or purge holding the relay's pool cannot delay a renewal; each tick is bounded in time. A
+//! relay whose loop has not turned for `stall_timeout` (stuck in a call that never returns)
+//! gives its leases up and leaves the live set until the loop turns again, so that the other
+//! relays take its partitions over instead of waiting on it for ever.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -42,6 +48,14 @@ impl Leases {
         let held = self.held.lock().expect("not poisoned");
         held.get(&partition)
             .is_some_and(|h| h.epoch == epoch && Instant::now() < h.valid_until)
+    }
+
+    /// How long `partition` stays valid at `epoch` from now; `None` when it is not valid.
+    pub fn remaining(&self, partition: i32, epoch: i64) -> Option<Duration> {
+        let held = self.held.lock().expect("not poisoned");
+        let h = held.get(&partition).filter(|h| h.epoch == epoch)?;
+        let left = h.valid_until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
     }
 
     /// Valid leases that may take new work (not being released), sorted by partition.
@@ -177,19 +191,46 @@ pub struct LeaseSettings {
     /// All partitions or none (the CDC streamer of a slot): instead of a fair share, acquire
     /// every lease at once when all are free, and give all back when one is lost.
     pub exclusive: bool,
+    /// Longest wait for one tick's statements; past it the tick counts as failed.
+    pub answer_within: Duration,
 }
 
-/// Heartbeats, renews, acquires and sheds leases until `shutdown`.
+/// Heartbeats, renews, acquires and sheds leases until `shutdown`; gives every lease up while
+/// the relay loop is stuck (see the module docs).
 pub async fn run(
     store: std::sync::Arc<dyn Store>,
     leases: std::sync::Arc<Leases>,
     settings: LeaseSettings,
     metrics: std::sync::Arc<crate::telemetry::Metrics>,
+    health: std::sync::Arc<crate::http::Health>,
     shutdown: CancellationToken,
 ) {
     let local_validity = settings.ttl * 3 / 4;
+    let mut stuck = false;
     loop {
-        if let Err(error) = tick(store.as_ref(), &leases, &settings, local_validity).await {
+        let silence = health.loop_silence();
+        let result = if silence > health.stall_timeout() {
+            if !stuck {
+                tracing::error!(?silence, "the relay loop is stuck: giving up every lease");
+            }
+            stuck = true;
+            crate::store::within(
+                settings.answer_within,
+                give_up(store.as_ref(), &leases, &settings),
+            )
+            .await
+        } else {
+            if stuck {
+                tracing::info!("the relay loop turns again: taking part in the leases");
+            }
+            stuck = false;
+            crate::store::within(
+                settings.answer_within,
+                tick(store.as_ref(), &leases, &settings, local_validity),
+            )
+            .await
+        };
+        if let Err(error) = result {
             metrics.database_errors.inc();
             tracing::warn!(%error, "lease heartbeat failed; leases lapse locally when due");
         }
@@ -200,6 +241,17 @@ pub async fn run(
             () = tokio::time::sleep(settings.heartbeat) => {}
         }
     }
+}
+
+/// Drops every lease locally, releases them and leaves the live set.
+async fn give_up(store: &dyn Store, leases: &Leases, s: &LeaseSettings) -> Result<(), sqlx::Error> {
+    leases.expire_all();
+    let all = leases.take_all();
+    leases.changed.notify_one();
+    if !all.is_empty() {
+        store.release(&s.relay_id, &all).await?;
+    }
+    store.deregister(&s.relay_id).await
 }
 
 async fn tick(

@@ -15,7 +15,7 @@ use crate::{
     lease::{self, LeaseSettings, Leases},
     outgoing::Outgoing,
     retry::Backoff,
-    store::{ClaimedRow, Failure, Fence, PgStore, Store},
+    store::{within, Claimed, ClaimedRow, Fence, PgStore, Store, Timeouts},
     telemetry::{DestinationLabel, FailureLabels, Metrics},
     Error, FailureClass, Publisher,
 };
@@ -72,13 +72,20 @@ impl RelayHandle {
 
 impl Relay {
     /// Validates the configuration and opens the PostgreSQL outbox (which must have been
-    /// migrated).
+    /// migrated). The relay opens its own connections, lazily, with `pool`'s connect options
+    /// and size, adding `statement_timeout` and `lock_timeout` from the configuration; its
+    /// lease statements have two connections of their own.
     pub async fn new(
         pool: PgPool,
         publisher: Arc<dyn Publisher>,
         config: RelayConfig,
     ) -> Result<Self, Error> {
         config.validate()?;
+        let pool = Timeouts {
+            statement: config.statement_timeout,
+            lock: config.lock_timeout,
+        }
+        .apply(&pool);
         let admin = crate::admin::Admin::new(pool.clone(), &config.tables());
         let store = PgStore::open(pool.clone(), &config.tables()).await?;
         let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
@@ -199,8 +206,10 @@ impl Relay {
                 ttl: this.config.lease_ttl,
                 heartbeat: this.config.heartbeat_interval,
                 exclusive: cdc,
+                answer_within: this.answer_within(),
             },
             this.metrics.clone(),
+            this.health.clone(),
             background.clone(),
         ));
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -214,6 +223,7 @@ impl Relay {
             this.metrics.clone(),
             this.health.clone(),
             this.config.stats_interval,
+            this.answer_within(),
             background.clone(),
         ));
         if let Some(admin) = this.admin.clone() {
@@ -259,6 +269,13 @@ impl Relay {
 }
 
 impl Shared {
+    /// How long the relay waits for the database to answer one statement: the server's
+    /// `statement_timeout` and 5 s more. Past it, a connection that hangs without an error
+    /// (a network black hole) counts as a failed statement, so that the loop goes on.
+    fn answer_within(&self) -> Duration {
+        self.config.statement_timeout + Duration::from_secs(5)
+    }
+
     /// Largest payload published: the configured limit, never above the broker's.
     fn max_payload_bytes(&self) -> usize {
         self.config
@@ -285,12 +302,20 @@ impl Shared {
         let mut paused_until = Instant::now();
         let mut circuit = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         let mut db_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        // Bytes of claimed rows in the batches in flight, against `max_inflight_bytes`.
+        let budget = i64::try_from(self.config.max_inflight_bytes).unwrap_or(i64::MAX);
+        let mut inflight_bytes: i64 = 0;
         loop {
+            self.health.loop_turned();
             let releasable = self.leases.take_releasable(&busy);
             if !releasable.is_empty() {
                 tracing::info!(partitions = ?releasable.iter().map(|f| f.0).collect::<Vec<_>>(),
                     "releasing partitions for rebalancing");
-                if let Err(error) = self.store.release(&self.relay_id, &releasable).await {
+                let released = within(
+                    self.answer_within(),
+                    self.store.release(&self.relay_id, &releasable),
+                );
+                if let Err(error) = released.await {
                     tracing::warn!(%error, "release failed; the leases will expire instead");
                 }
             }
@@ -303,6 +328,7 @@ impl Shared {
                 && more
                 && now >= paused_until
                 && inflight.len() < self.config.max_inflight_batches
+                && inflight_bytes < budget
             {
                 let mut free: Vec<Fence> = self
                     .leases
@@ -311,6 +337,10 @@ impl Shared {
                     .filter(|(p, _)| !busy.contains(p))
                     .collect();
                 if free.is_empty() {
+                    if busy.is_empty() {
+                        // No partition to claim from: not waiting for a claim.
+                        self.health.claim_done();
+                    }
                     more = false;
                     continue;
                 }
@@ -325,12 +355,27 @@ impl Shared {
                     .iter()
                     .map(|f| (f.0, floors.get(&f.0).copied().unwrap_or(0)))
                     .collect();
-                match self.store.claim(&partitions, batch_size, max_payload).await {
-                    Ok(rows) => {
+                self.health.claim_started();
+                let claimed = within(
+                    self.answer_within(),
+                    self.store.claim(
+                        &partitions,
+                        batch_size,
+                        max_payload,
+                        budget - inflight_bytes,
+                    ),
+                )
+                .await;
+                match claimed {
+                    Ok(Claimed { rows, cut }) => {
                         db_backoff.reset();
                         self.health.database_ok();
-                        let full = rows.len() as i64 >= batch_size;
-                        batch_size = adapt(batch_size, rows.len(), &self.config);
+                        self.health.claim_done();
+                        // Cut by the byte budget: more is waiting, whatever the row count.
+                        let full = rows.len() as i64 >= batch_size || cut;
+                        if !cut {
+                            batch_size = adapt(batch_size, rows.len(), &self.config);
+                        }
                         more = full;
                         if !full {
                             // Keeping up: the next claim scans from the start, so a row that
@@ -359,7 +404,10 @@ impl Shared {
                             .into_iter()
                             .filter(|(p, _)| taken.contains(p))
                             .collect();
-                        inflight.spawn(self.clone().process(rows, fences));
+                        let bytes: i64 = rows.iter().map(|r| r.row_bytes.max(0)).sum();
+                        inflight_bytes += bytes;
+                        self.metrics.inflight_bytes.set(inflight_bytes);
+                        inflight.spawn(self.clone().process(rows, fences, bytes));
                     }
                     Err(error) => {
                         self.metrics.database_errors.inc();
@@ -376,7 +424,8 @@ impl Shared {
             // zero, which made the loop spin while the batches published; the simulation
             // found it.)
             let pause = paused_until.saturating_duration_since(now);
-            let full = inflight.len() >= self.config.max_inflight_batches;
+            let full =
+                inflight.len() >= self.config.max_inflight_batches || inflight_bytes >= budget;
             let idle = if more && !full {
                 pause
             } else {
@@ -389,6 +438,8 @@ impl Shared {
                     for p in &done.partitions {
                         busy.remove(p);
                     }
+                    inflight_bytes -= done.bytes;
+                    self.metrics.inflight_bytes.set(inflight_bytes);
                     more = true;
                     if done.published > 0 || done.dead > 0 {
                         self.health.progressed();
@@ -411,15 +462,20 @@ impl Shared {
         }
     }
 
-    /// Publishes one claimed batch and records the outcomes.
-    async fn process(self: Arc<Self>, rows: Vec<ClaimedRow>, fences: Vec<Fence>) -> BatchDone {
+    /// Publishes one claimed batch (of `bytes` in memory) and records the outcomes.
+    async fn process(
+        self: Arc<Self>,
+        rows: Vec<ClaimedRow>,
+        fences: Vec<Fence>,
+        bytes: i64,
+    ) -> BatchDone {
         let partitions: Vec<i32> = fences.iter().map(|f| f.0).collect();
         let epoch_of = |p: i32| fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
         let max_payload = self.max_payload_bytes();
         let items: Vec<Item> = rows
             .into_iter()
             .map(|row| {
-                let message = row.decode(&self.config.routing, max_payload);
+                let message = row.decode_guarded(&self.config.routing, max_payload);
                 let destination = message.as_ref().map_or_else(
                     |_| "(undecodable)".to_owned(),
                     |m| m.destination.clone(),
@@ -429,6 +485,7 @@ impl Shared {
                     partition: row.partition,
                     epoch: epoch_of(row.partition),
                     attempts: row.attempts,
+                    permanent_failures: row.permanent_failures,
                     key: (row.aggregate_type, row.aggregate_id),
                     destination,
                     message: message.map_err(|e| {
@@ -448,6 +505,7 @@ impl Shared {
         .await;
         let mut done = BatchDone {
             partitions,
+            bytes,
             ..Default::default()
         };
         let mut published = Vec::new();
@@ -477,7 +535,9 @@ impl Shared {
                 }
                 Outcome::Failed(error) => {
                     let attempts = item.attempts + 1;
-                    let dead = policy.is_dead(attempts, error.class);
+                    let failure =
+                        policy.failure(item.id, item.attempts, item.permanent_failures, error);
+                    let dead = failure.dead;
                     let class = match error.class {
                         FailureClass::Transient => {
                             done.transient += 1;
@@ -504,12 +564,7 @@ impl Shared {
                     } else {
                         tracing::debug!(id = item.id, attempts, %error, "publish failed; will retry");
                     }
-                    failures.push(Failure {
-                        id: item.id,
-                        error: error.to_string(),
-                        backoff: policy.backoff(attempts, error.class),
-                        dead,
-                    });
+                    failures.push(failure);
                 }
                 Outcome::Skipped => {}
             }
@@ -531,16 +586,20 @@ impl Shared {
             let marked = async {
                 let mut n = 0;
                 if !published.is_empty() {
-                    n += self
-                        .store
-                        .mark_published(&self.relay_id, &fences, &published)
-                        .await?;
+                    n += within(
+                        self.answer_within(),
+                        self.store
+                            .mark_published(&self.relay_id, &fences, &published),
+                    )
+                    .await?;
                 }
                 if !failures.is_empty() {
-                    n += self
-                        .store
-                        .mark_failed(&self.relay_id, &fences, &failures, park)
-                        .await?;
+                    n += within(
+                        self.answer_within(),
+                        self.store
+                            .mark_failed(&self.relay_id, &fences, &failures, park),
+                    )
+                    .await?;
                 }
                 Ok::<i64, sqlx::Error>(n)
             }
@@ -578,6 +637,8 @@ impl Shared {
 #[derive(Debug, Default)]
 struct BatchDone {
     partitions: Vec<i32>,
+    /// Bytes the batch held in memory, given back to the budget.
+    bytes: i64,
     published: usize,
     dead: usize,
     transient: usize,
@@ -603,12 +664,14 @@ async fn sample_stats(
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     every: Duration,
+    answer_within: Duration,
     shutdown: CancellationToken,
 ) {
     loop {
-        match store.backlog().await {
+        match within(answer_within, store.backlog()).await {
             Ok(b) => {
                 health.database_ok();
+                health.pending(b.pending);
                 metrics.pending.set(b.pending);
                 metrics.dead.set(b.dead);
                 metrics
@@ -620,7 +683,7 @@ async fn sample_stats(
                 tracing::warn!(%error, "could not sample the backlog");
             }
         }
-        match store.refresh_statistics().await {
+        match within(answer_within, store.refresh_statistics()).await {
             Ok(true) => tracing::info!("refreshed the outbox table's planner statistics"),
             Ok(false) => {}
             Err(error) => tracing::warn!(%error, "could not refresh planner statistics"),

@@ -57,9 +57,37 @@ impl RetryPolicy {
         Ok(())
     }
 
-    /// Whether an event that has now failed `attempts` times (this one included) is dead.
-    pub fn is_dead(&self, attempts: i32, class: FailureClass) -> bool {
-        class == FailureClass::Permanent && attempts >= self.max_attempts
+    /// Whether an event whose failures of this `class` number `count` now (this one
+    /// included) is dead: only permanent failures count, up to `max_attempts`.
+    pub fn is_dead(&self, count: i32, class: FailureClass) -> bool {
+        class == FailureClass::Permanent && count >= self.max_attempts
+    }
+
+    /// What to record for event row `id` that failed with `error`, after `attempts` attempts
+    /// of which `permanent_failures` failed permanently. The two budgets stay apart: a
+    /// permanent failure counts towards the dead letter and its backoff grows with the
+    /// permanent failures; a transient failure never dead-letters, and its backoff grows
+    /// with the attempts. The one decision both sources (polling, CDC) use.
+    pub fn failure(
+        &self,
+        id: i64,
+        attempts: i32,
+        permanent_failures: i32,
+        error: &crate::PublishError,
+    ) -> crate::store::Failure {
+        let permanent = error.class == FailureClass::Permanent;
+        let count = if permanent {
+            permanent_failures + 1
+        } else {
+            attempts + 1
+        };
+        crate::store::Failure {
+            id,
+            error: error.to_string(),
+            backoff: self.backoff(count, error.class),
+            dead: self.is_dead(count, error.class),
+            permanent,
+        }
     }
 
     /// Delay before the next attempt of an event that has failed `attempts` times: exponential,
@@ -153,6 +181,24 @@ mod tests {
         assert!(!p.is_dead(4, FailureClass::Permanent));
         assert!(p.is_dead(5, FailureClass::Permanent));
         assert!(!p.is_dead(1_000, FailureClass::Transient));
+    }
+
+    #[test]
+    fn transient_failures_do_not_use_up_the_permanent_budget() {
+        let p = RetryPolicy::default();
+        let outage = crate::PublishError::transient("broker down");
+        let rejected = crate::PublishError::permanent("rejected");
+        // Ten transient attempts, then the first permanent failure: retried, not dead.
+        let f = p.failure(1, 10, 0, &rejected);
+        assert!(!f.dead && f.permanent);
+        assert!(
+            f.backoff <= p.initial_backoff,
+            "first permanent backoff: {f:?}"
+        );
+        assert!(p.failure(1, 14, 4, &rejected).dead);
+        let f = p.failure(1, 1_000, 4, &outage);
+        assert!(!f.dead && !f.permanent);
+        assert!(f.backoff >= p.max_transient_backoff / 2);
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //! | `outbox_fenced_out_total` | counter | outcomes not written because the lease was lost |
 //! | `outbox_database_errors_total` | counter | failed relay statements (retried) |
 //! | `outbox_purged_total` | counter | published rows deleted by the relay's purge |
+//! | `outbox_ready` | gauge | 1 when `/readyz` answers 200, else 0 (read at each scrape) |
+//! | `outbox_unready{reason}` | gauge | 1 for the reason `/readyz` fails (`database`, `loop`, `claim`, `stalled`), else 0 |
+//! | `outbox_inflight_bytes` | gauge | bytes of claimed events held in memory (`max_inflight_bytes`) |
 //! | `outbox_cdc_streaming` | gauge | 1 while this relay streams the slot (CDC), else 0 |
 //! | `outbox_cdc_slot_lag_bytes` | gauge | WAL written since the slot's confirmed position |
 //! | `outbox_cdc_slot_retained_wal_bytes` | gauge | WAL the slot keeps on disk |
@@ -53,6 +56,13 @@ pub struct FailureLabels {
     pub destination: String,
     /// `transient` or `permanent`.
     pub class: String,
+}
+
+/// `reason` label of `outbox_unready`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// One of [`crate::http::UNREADY_REASONS`].
+    pub reason: String,
 }
 
 /// The relay's metrics.
@@ -94,6 +104,12 @@ pub struct Metrics {
     pub cdc_retained_wal_alarm: Gauge<i64, AtomicI64>,
     /// Streamed events handed to the table path.
     pub cdc_spilled: Counter,
+    /// 1 when ready, else 0.
+    pub ready: Gauge<i64, AtomicI64>,
+    /// 1 for the reason the relay is not ready.
+    pub unready: Family<ReasonLabel, Gauge<i64, AtomicI64>>,
+    /// Bytes of claimed events in memory.
+    pub inflight_bytes: Gauge<i64, AtomicI64>,
     seen_destinations: Mutex<HashSet<String>>,
 }
 
@@ -129,7 +145,30 @@ impl Metrics {
         let cdc_slot_lag_seconds = Gauge::<f64, AtomicU64>::default();
         let cdc_retained_wal_alarm = Gauge::default();
         let cdc_spilled = Counter::default();
+        let ready = Gauge::default();
+        let unready = Family::<ReasonLabel, Gauge<i64, AtomicI64>>::default();
+        for reason in crate::http::UNREADY_REASONS {
+            let _ = unready.get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            });
+        }
+        let inflight_bytes = Gauge::default();
         let r = &mut registry;
+        r.register(
+            "outbox_ready",
+            "1 when /readyz answers 200, else 0",
+            ready.clone(),
+        );
+        r.register(
+            "outbox_unready",
+            "1 for the reason /readyz fails, else 0",
+            unready.clone(),
+        );
+        r.register(
+            "outbox_inflight_bytes",
+            "Bytes of claimed events held in memory",
+            inflight_bytes.clone(),
+        );
         r.register(
             "outbox_cdc_streaming",
             "1 while this relay streams the replication slot",
@@ -232,7 +271,23 @@ impl Metrics {
             cdc_slot_lag_seconds,
             cdc_retained_wal_alarm,
             cdc_spilled,
+            ready,
+            unready,
+            inflight_bytes,
             seen_destinations: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Sets `outbox_ready` and `outbox_unready` from a readiness check.
+    pub fn set_readiness(&self, not_ready: Option<&crate::http::NotReady>) {
+        self.ready.set(i64::from(not_ready.is_none()));
+        for reason in crate::http::UNREADY_REASONS {
+            let on = not_ready.is_some_and(|n| n.reason == reason);
+            self.unready
+                .get_or_create(&ReasonLabel {
+                    reason: reason.into(),
+                })
+                .set(i64::from(on));
         }
     }
 

@@ -140,6 +140,18 @@ impl Drop for Backend {
     }
 }
 
+/// A claim without a byte budget.
+async fn claim(
+    s: &Arc<dyn Store>,
+    partitions: &[(i32, i64)],
+    limit: i64,
+) -> Vec<outbox_relay::store::ClaimedRow> {
+    s.claim(partitions, limit, MAX, i64::MAX)
+        .await
+        .unwrap()
+        .rows
+}
+
 fn events(aggregate: &str, n: i64) -> Vec<Event> {
     (1..=n)
         .map(|v| Event::new("order", aggregate, "Happened").aggregate_version(v))
@@ -177,7 +189,7 @@ async fn claims_pending_rows_in_order_and_marks_them_fenced(b: Backend) {
     b.enqueue(&events("b", 2)).await;
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
     let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
-    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let rows = claim(s, &parts, 100).await;
     assert_eq!(rows.len(), 5);
     assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
     assert_eq!(s.backlog().await.unwrap().pending, 5);
@@ -190,7 +202,7 @@ async fn claims_pending_rows_in_order_and_marks_them_fenced(b: Backend) {
     assert_eq!(b.status_of(ids[0]).await, "pending");
     assert_eq!(s.mark_published("r2", &theirs, &ids[..2]).await.unwrap(), 2);
     assert_eq!(b.status_of(ids[0]).await, "published");
-    let left = s.claim(&parts, 100, MAX).await.unwrap();
+    let left = claim(s, &parts, 100).await;
     assert_eq!(left.len(), 3);
     let backlog = s.backlog().await.unwrap();
     assert_eq!((backlog.pending, backlog.dead), (3, 0));
@@ -203,19 +215,20 @@ async fn failures_hold_park_or_skip_the_aggregate(b: Backend) {
     b.enqueue(&events("b", 1)).await;
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
     let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
-    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let rows = claim(s, &parts, 100).await;
     let a1 = rows.iter().find(|r| r.aggregate_id == "a").unwrap().id;
     let retry = Failure {
         id: a1,
         error: "transient: down".into(),
         backoff: Duration::from_secs(3600),
         dead: false,
+        permanent: false,
     };
     assert_eq!(
         s.mark_failed("r1", &fences, &[retry], true).await.unwrap(),
         1
     );
-    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let rows = claim(s, &parts, 100).await;
     assert_eq!(rows.len(), 1, "a is held while its head waits: {rows:?}");
     assert_eq!(rows[0].aggregate_id, "b");
 
@@ -224,22 +237,21 @@ async fn failures_hold_park_or_skip_the_aggregate(b: Backend) {
         error: "permanent: rejected".into(),
         backoff: Duration::ZERO,
         dead: true,
+        permanent: true,
     };
     assert_eq!(
         s.mark_failed("r1", &fences, &[dead], true).await.unwrap(),
         1
     );
     assert_eq!(b.status_of(a1).await, "dead");
-    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let rows = claim(s, &parts, 100).await;
     assert_eq!(rows.len(), 1, "a is parked behind its dead head");
     assert_eq!(s.backlog().await.unwrap().dead, 1);
 
     // With on_dead = skip, the aggregate's next event goes on.
     b.enqueue(&events("c", 2)).await;
-    let c1 = s
-        .claim(&parts, 100, MAX)
+    let c1 = claim(s, &parts, 100)
         .await
-        .unwrap()
         .iter()
         .find(|r| r.aggregate_id == "c")
         .unwrap()
@@ -249,31 +261,33 @@ async fn failures_hold_park_or_skip_the_aggregate(b: Backend) {
         error: "permanent: rejected".into(),
         backoff: Duration::ZERO,
         dead: true,
+        permanent: true,
     };
     assert_eq!(
         s.mark_failed("r1", &fences, &[skip], false).await.unwrap(),
         1
     );
-    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let rows = claim(s, &parts, 100).await;
     assert!(rows
         .iter()
         .any(|r| r.aggregate_id == "c" && r.aggregate_version == Some(2)));
 
     // A retry whose backoff has elapsed is claimed again, and publishing it lifts the hold.
     b.enqueue(&events("d", 2)).await;
-    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let rows = claim(s, &parts, 100).await;
     let d1 = rows.iter().find(|r| r.aggregate_id == "d").unwrap().id;
     let soon = Failure {
         id: d1,
         error: "transient: blip".into(),
         backoff: Duration::ZERO,
         dead: false,
+        permanent: false,
     };
     assert_eq!(
         s.mark_failed("r1", &fences, &[soon], true).await.unwrap(),
         1
     );
-    let rows = s.claim(&parts, 100, MAX).await.unwrap();
+    let rows = claim(s, &parts, 100).await;
     let d_rows: Vec<_> = rows.iter().filter(|r| r.aggregate_id == "d").collect();
     assert_eq!(d_rows.len(), 2);
     assert_eq!(d_rows[0].attempts, 1);
@@ -288,7 +302,7 @@ async fn oversized_payloads_are_not_loaded(b: Backend) {
     .await;
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
     let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
-    let rows = s.claim(&parts, 10, MAX).await.unwrap();
+    let rows = claim(s, &parts, 10).await;
     assert_eq!(rows.len(), 1);
     assert!(rows[0].payload.is_none());
     assert_eq!(rows[0].payload_size, MAX as i64 + 1);
@@ -301,10 +315,10 @@ async fn a_floor_starts_the_scan_and_zero_scans_everything(b: Backend) {
     }
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
     let all: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
-    let rows = s.claim(&all, 100, MAX).await.unwrap();
+    let rows = claim(s, &all, 100).await;
     assert_eq!(rows.len(), 4);
     let from_third: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, rows[2].id)).collect();
-    let later = s.claim(&from_third, 100, MAX).await.unwrap();
+    let later = claim(s, &from_third, 100).await;
     assert_eq!(
         later.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![rows[2].id, rows[3].id]
@@ -323,7 +337,7 @@ async fn a_pending_row_below_the_floor_holds_back_its_aggregate(b: Backend) {
     b.enqueue(&[a2]).await;
     let fences = s.acquire("r1", 100, TTL).await.unwrap();
     let all: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
-    let rows = s.claim(&all, 100, MAX).await.unwrap();
+    let rows = claim(s, &all, 100).await;
     let order: Vec<(String, i64)> = rows
         .iter()
         .map(|r| (r.aggregate_id.clone(), r.aggregate_version.unwrap()))
@@ -334,9 +348,74 @@ async fn a_pending_row_below_the_floor_holds_back_its_aggregate(b: Backend) {
     );
     // The floor a relay would have kept had a1 been invisible (uncommitted) at its last claim.
     let floor: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, rows[1].id)).collect();
-    let scanned = s.claim(&floor, 100, MAX).await.unwrap();
+    let scanned = claim(s, &floor, 100).await;
     let ids: Vec<i64> = scanned.iter().map(|r| r.id).collect();
     assert_eq!(ids, vec![rows[1].id, rows[2].id], "a2 waits for a1");
+}
+
+async fn a_claim_stops_at_its_byte_budget_and_always_takes_one_row(b: Backend) {
+    let s = &b.store;
+    let big = |n: i64| {
+        Event::new("doc", n.to_string(), "Saved")
+            .payload(vec![1u8; 400], "application/octet-stream")
+    };
+    b.enqueue(&[big(1), big(2), big(3), big(4)]).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let all = s.claim(&parts, 100, MAX, i64::MAX).await.unwrap();
+    assert_eq!(all.rows.len(), 4);
+    assert!(!all.cut);
+    assert!(
+        all.rows.iter().all(|r| r.row_bytes >= 400),
+        "{:?}",
+        all.rows
+    );
+    // Room for two rows and a bit: the third row starts past the budget.
+    let budget = all.rows[0].row_bytes + all.rows[1].row_bytes + 10;
+    let cut = s.claim(&parts, 100, MAX, budget).await.unwrap();
+    assert_eq!(
+        cut.rows.len(),
+        3,
+        "rows are taken while the budget is not used up"
+    );
+    assert!(cut.cut, "the claim says more is waiting");
+    let one = s.claim(&parts, 100, MAX, 1).await.unwrap();
+    assert_eq!(
+        one.rows.len(),
+        1,
+        "one row always, however small the budget"
+    );
+    assert!(one.cut);
+}
+
+async fn transient_failures_leave_the_permanent_budget_alone(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 1)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let id = claim(s, &parts, 100).await[0].id;
+    let failed = |permanent: bool| Failure {
+        id,
+        error: if permanent {
+            "permanent: no"
+        } else {
+            "transient: down"
+        }
+        .into(),
+        backoff: Duration::ZERO,
+        dead: false,
+        permanent,
+    };
+    for permanent in [false, false, true, false] {
+        assert_eq!(
+            s.mark_failed("r1", &fences, &[failed(permanent)], true)
+                .await
+                .unwrap(),
+            1
+        );
+    }
+    let row = &claim(s, &parts, 100).await[0];
+    assert_eq!((row.attempts, row.permanent_failures), (4, 1));
 }
 
 macro_rules! conformance {
@@ -363,4 +442,6 @@ conformance!(
     oversized_payloads_are_not_loaded,
     a_floor_starts_the_scan_and_zero_scans_everything,
     a_pending_row_below_the_floor_holds_back_its_aggregate,
+    a_claim_stops_at_its_byte_budget_and_always_takes_one_row,
+    transient_failures_leave_the_permanent_budget_alone,
 );

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeZone, Utc};
-use outbox_relay::store::{ClaimedRow, Failure, Fence};
+use outbox_relay::store::{Claimed, ClaimedRow, Failure, Fence};
 
 use crate::config::Bug;
 
@@ -59,6 +59,8 @@ pub struct Row {
     pub status: Status,
     /// Attempts column.
     pub attempts: i32,
+    /// Permanent failures column.
+    pub permanent_failures: i32,
     /// Insert time, database clock (ms).
     pub occurred_at: i64,
     /// Commit time, virtual clock (ms): what lag is measured from.
@@ -168,6 +170,7 @@ impl Db {
                 committed: false,
                 status: Status::Pending,
                 attempts: 0,
+                permanent_failures: 0,
                 occurred_at: now,
                 committed_at: None,
             },
@@ -268,14 +271,15 @@ impl Db {
 
     /// `claim`: pending visible rows of each partition in the order given, from its floor, in id
     /// order, skipping held aggregates and aggregates with a pending row below the floor;
-    /// `limit` rows in all.
+    /// `limit` rows in all, cut where their bytes pass `byte_budget` (the first row always).
     pub fn claim(
         &mut self,
         partitions: &[(i32, i64)],
         limit: i64,
         max_payload: usize,
+        byte_budget: i64,
         now: i64,
-    ) -> Vec<ClaimedRow> {
+    ) -> Claimed {
         let mut out = Vec::new();
         for &(p, floor) in partitions {
             let floor = match self.bug {
@@ -309,13 +313,23 @@ impl Db {
                 }
             }
         }
+        let found = out.len();
+        let mut running = 0;
+        out.retain(|row| {
+            let keep = running < byte_budget;
+            running += row.row_bytes;
+            keep
+        });
         if self.bug == Some(Bug::HighWaterMark) {
             for row in &out {
                 let hw = self.high_water.entry(row.partition).or_insert(0);
                 *hw = (*hw).max(row.id);
             }
         }
-        out
+        Claimed {
+            cut: out.len() < found,
+            rows: out,
+        }
     }
 
     /// The partitions of `fences` still held by `relay_id` at their epoch.
@@ -371,6 +385,7 @@ impl Db {
             };
             if fence.contains(&row.partition) && row.status == Status::Pending {
                 let next = (!f.dead).then(|| now + f.backoff.as_millis() as i64);
+                debug_assert!(f.permanent || !f.dead, "only permanent failures are dead");
                 let status = if f.dead {
                     Status::Dead
                 } else {
@@ -379,6 +394,11 @@ impl Db {
                 done.push((f.id, row.key.clone(), status, next));
             }
         }
+        let permanent: BTreeSet<i64> = failures
+            .iter()
+            .filter(|f| f.permanent)
+            .map(|f| f.id)
+            .collect();
         let mut upserted = BTreeSet::new();
         for (_, key, status, _) in &done {
             if (*status == Status::Pending || park) && !upserted.insert(key.clone()) {
@@ -390,6 +410,7 @@ impl Db {
         for (id, key, status, next) in &done {
             let row = self.rows.get_mut(id).expect("found above");
             row.attempts += 1;
+            row.permanent_failures += i32::from(permanent.contains(id));
             row.status = *status;
             if *status == Status::Pending || park {
                 self.holds.insert(
@@ -427,10 +448,16 @@ impl Db {
 
 fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
     let payload = row.payload.clone();
+    let payload_loaded = if payload.len() <= max_payload {
+        payload.len()
+    } else {
+        0
+    };
     let headers = match row.content {
         Content::Malformed => serde_json::json!(["not", "an", "object"]),
         _ => serde_json::json!({ "sim-version": row.version.to_string() }),
-    };
+    }
+    .to_string();
     ClaimedRow {
         id,
         event_id: uuid::Uuid::from_u128(id as u128),
@@ -443,9 +470,12 @@ fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
         payload_size: payload.len() as i64,
         payload: (payload.len() <= max_payload).then_some(payload),
         content_type: "application/json".to_owned(),
+        row_bytes: (payload_loaded + headers.len() + 64) as i64,
         headers,
+        unreadable: None,
         occurred_at: Some(timestamp(row.occurred_at)),
         partition: row.partition,
         attempts: row.attempts,
+        permanent_failures: row.permanent_failures,
     }
 }

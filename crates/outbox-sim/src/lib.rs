@@ -139,6 +139,12 @@ fn relay_settings(rng: &mut StdRng) -> RelayConfig {
             max_transient_backoff: Duration::from_millis(400),
             max_attempts: rng.random_range(1..=4),
         },
+        // Sometimes a byte budget of a few rows, so that claims are cut by it.
+        max_inflight_bytes: if rng.random_bool(0.3) {
+            rng.random_range(100..=2000)
+        } else {
+            64 << 20
+        },
         ..RelayConfig::default()
     }
 }
@@ -162,10 +168,11 @@ async fn simulate(seed: u64, config: &SimConfig) -> Report {
     let relay = relay_settings(&mut rng);
     let partitions = rng.random_range(1..=12);
     let settings = format!(
-        "{partitions} partitions, batches {}..{}, {} in flight, {} lanes, max attempts {}, publish timeout {:?}",
+        "{partitions} partitions, batches {}..{}, {} in flight ({} bytes), {} lanes, max attempts {}, publish timeout {:?}",
         relay.min_batch_size,
         relay.max_batch_size,
         relay.max_inflight_batches,
+        relay.max_inflight_bytes,
         relay.lane_concurrency,
         relay.retry.max_attempts,
         relay.publish_timeout

@@ -7,7 +7,7 @@ use std::{fmt::Write as _, sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 use outbox_relay::{
-    store::{Backlog, ClaimedRow, Failure, Fence, Store},
+    store::{Backlog, Claimed, Failure, Fence, Store},
     Message, PublishError, Publisher,
 };
 use tokio_util::sync::CancellationToken;
@@ -211,16 +211,19 @@ impl Store for SimStore {
         partitions: &'a [(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {
+        byte_budget: i64,
+    ) -> BoxFuture<'a, Result<Claimed, sqlx::Error>> {
         let node = self.node;
         Box::pin(self.call("claim", move |s, db_now, now| {
-            let rows = s.db.claim(partitions, limit, max_payload_bytes, db_now);
+            let claimed =
+                s.db.claim(partitions, limit, max_payload_bytes, byte_budget, db_now);
             let name = Self::name(s, node);
             s.trace(now, || {
-                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-                format!("{name} claim {partitions:?} limit {limit} -> {ids:?}")
+                let ids: Vec<i64> = claimed.rows.iter().map(|r| r.id).collect();
+                let cut = if claimed.cut { " (cut)" } else { "" };
+                format!("{name} claim {partitions:?} limit {limit} -> {ids:?}{cut}")
             });
-            Ok(rows)
+            Ok(claimed)
         }))
     }
 

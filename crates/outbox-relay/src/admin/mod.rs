@@ -71,7 +71,9 @@ pub struct DeadLetter {
     pub destination: Option<String>,
     /// Content type.
     pub content_type: String,
-    /// Headers as stored.
+    /// Headers as stored; a JSON string holding the stored text when it is JSON the relay
+    /// cannot parse (a number out of range, nesting too deep), so that the list never fails
+    /// on the very rows it must show.
     pub headers: serde_json::Value,
     /// When it happened.
     pub occurred_at: DateTime<Utc>,
@@ -251,7 +253,10 @@ impl Admin {
                     schema_version: r.try_get("schema_version")?,
                     destination: r.try_get("destination")?,
                     content_type: r.try_get("content_type")?,
-                    headers: r.try_get("headers")?,
+                    headers: {
+                        let text: String = r.try_get("headers")?;
+                        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+                    },
                     occurred_at: r.try_get("occurred_at")?,
                     attempts: r.try_get("attempts")?,
                     last_error: r.try_get("last_error")?,

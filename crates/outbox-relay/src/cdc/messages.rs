@@ -50,12 +50,15 @@ pub(super) fn table_less_row(
             schema_version: w.schema_version,
             destination: w.destination,
             payload_size: payload.len() as i64,
+            row_bytes: payload.len() as i64 + 256,
             payload: Some(payload),
             content_type: w.content_type,
-            headers: serde_json::to_value(&w.headers).unwrap_or_default(),
+            headers: serde_json::to_string(&w.headers).unwrap_or_else(|_| "{}".into()),
+            unreadable: None,
             occurred_at: w.occurred_at.or(commit_time),
             partition: 0,
             attempts: 0,
+            permanent_failures: 0,
         },
         Err(reason) => ClaimedRow {
             id: 0,
@@ -69,11 +72,14 @@ pub(super) fn table_less_row(
             payload_size: content.len() as i64,
             payload: Some(content.to_vec()),
             content_type: "application/octet-stream".into(),
-            // Not an object: decode refuses it, naming the reason below.
-            headers: serde_json::Value::String(reason),
+            row_bytes: content.len() as i64,
+            headers: "{}".into(),
+            // Decode refuses it with this reason.
+            unreadable: Some(reason),
             occurred_at: commit_time,
             partition: 0,
             attempts: 0,
+            permanent_failures: 0,
         },
     }
 }

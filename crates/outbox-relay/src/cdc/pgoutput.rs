@@ -163,12 +163,15 @@ impl Decoder {
             payload_size,
             content_type: required("content_type", row.text("content_type"))?,
             headers: row
-                .json("headers")
+                .json_text("headers")
                 .map_err(&bad)?
-                .unwrap_or(serde_json::Value::Null),
+                .unwrap_or_else(|| "null".into()),
+            unreadable: None,
             occurred_at: row.timestamp("occurred_at").map_err(&bad)?,
             partition: row.i32("partition").map_err(&bad)?.unwrap_or(0),
             attempts: row.i32("attempts").map_err(&bad)?.unwrap_or(0),
+            permanent_failures: row.i32("permanent_failures").map_err(&bad)?.unwrap_or(0),
+            row_bytes: payload_size,
         })
     }
 }
@@ -349,7 +352,9 @@ impl<'a, 'b> Row<'a, 'b> {
             .map(Some)
     }
 
-    fn json(&self, name: &str) -> Result<Option<serde_json::Value>, String> {
+    /// A jsonb column as its JSON text (parsed later, by the row's decode: a value the JSON
+    /// parser refuses makes that row a dead letter, not an unreadable stream message).
+    fn json_text(&self, name: &str) -> Result<Option<String>, String> {
         let Some((binary, b)) = self.raw(name)? else {
             return Ok(None);
         };
@@ -359,9 +364,7 @@ impl<'a, 'b> Row<'a, 'b> {
             (true, _) => return Err(format!("{name}: unknown jsonb format version")),
             (false, _) => b,
         };
-        serde_json::from_slice(text)
-            .map(Some)
-            .map_err(|e| format!("{name} is not JSON: {e}"))
+        Self::text_of(name, text).map(Some)
     }
 
     /// `None` (and no error) for a time the relay cannot represent: the row is then

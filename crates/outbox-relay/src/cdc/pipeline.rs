@@ -165,6 +165,7 @@ impl Session {
         let mut spill_after: Vec<Streamed> = Vec::new();
         let mut rounds = 0;
         loop {
+            self.ctx.health.loop_turned();
             let mut round_published = 0;
             let mut round_failed: Vec<(Streamed, PublishError)> = Vec::new();
             let mut round_skipped: Vec<Streamed> = Vec::new();
@@ -252,7 +253,9 @@ impl Session {
         let items: Vec<Item> = events
             .into_iter()
             .map(|e| {
-                let message = e.row.decode(&self.ctx.config.routing, self.ctx.max_payload);
+                let message = e
+                    .row
+                    .decode_guarded(&self.ctx.config.routing, self.ctx.max_payload);
                 let destination = message
                     .as_ref()
                     .map_or_else(|_| "(undecodable)".to_owned(), |m| m.destination.clone());
@@ -262,6 +265,7 @@ impl Session {
                     partition: e.row.partition,
                     epoch: epoch_of(e.row.partition),
                     attempts: e.row.attempts,
+                    permanent_failures: e.row.permanent_failures,
                     key: key_of(&e),
                     destination,
                     message,

@@ -152,6 +152,7 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
     let mut pause = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     let mut waiting_logged = false;
     loop {
+        ctx.health.loop_turned();
         if shutdown.is_cancelled() {
             return Ok(());
         }
@@ -323,6 +324,7 @@ impl Session {
         let mut last_activity = Instant::now();
         let mut started = false;
         loop {
+            self.ctx.health.loop_turned();
             if !self.lease_ok() {
                 return End::LeaseLost;
             }
@@ -623,6 +625,7 @@ where
 {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
+        ctx.health.loop_turned();
         match f().await {
             Ok(v) => {
                 ctx.health.database_ok();

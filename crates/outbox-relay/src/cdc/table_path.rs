@@ -6,7 +6,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use sqlx::{types::Json, Row};
+use sqlx::Row;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +27,7 @@ pub(super) struct SpillRow<'a> {
     event: &'a Streamed,
     status: &'static str,
     attempts: i32,
+    permanent_failures: i32,
     error: Option<String>,
     backoff: Option<Duration>,
 }
@@ -39,10 +40,14 @@ impl Session {
         e: Streamed,
         error: &PublishError,
     ) -> Result<(), End> {
-        let policy = &self.ctx.config.retry;
-        let attempts = e.row.attempts + 1;
-        let dead = policy.is_dead(attempts, error.class);
-        let backoff = policy.backoff(attempts, error.class);
+        let failure = self.ctx.config.retry.failure(
+            e.row.id,
+            e.row.attempts,
+            e.row.permanent_failures,
+            error,
+        );
+        let (attempts, dead, backoff) = (e.row.attempts + 1, failure.dead, failure.backoff);
+        let permanent_failures = e.row.permanent_failures + i32::from(failure.permanent);
         let key: Key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
         if dead {
             tracing::error!(event_id = %e.row.event_id, aggregate_type = %key.0,
@@ -64,12 +69,6 @@ impl Session {
         self.ctx.metrics.cdc_spilled.inc();
         let park = self.ctx.config.on_dead == OnDead::Park;
         let head_id = if e.in_table {
-            let failure = Failure {
-                id: e.row.id,
-                error: error.to_string(),
-                backoff,
-                dead,
-            };
             let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
             // The row may not be visible yet (its commit reached the stream first).
             let mut recorded = false;
@@ -95,6 +94,7 @@ impl Session {
                     event: &e,
                     status,
                     attempts,
+                    permanent_failures,
                     error: Some(error.to_string()),
                     backoff: Some(backoff),
                 }])
@@ -107,6 +107,7 @@ impl Session {
                     event: &e,
                     status,
                     attempts,
+                    permanent_failures,
                     error: Some(error.to_string()),
                     backoff: Some(backoff),
                 }])
@@ -152,6 +153,7 @@ impl Session {
                 event: e,
                 status: "pending",
                 attempts: e.row.attempts,
+                permanent_failures: e.row.permanent_failures,
                 error: None,
                 backoff: None,
             })
@@ -246,7 +248,7 @@ impl Session {
                 )
                 .bind(
                     rows.iter()
-                        .map(|x| Json(x.event.row.headers.clone()))
+                        .map(|x| x.event.row.headers.clone())
                         .collect::<Vec<_>>(),
                 )
                 .bind(
@@ -260,6 +262,11 @@ impl Session {
                 .bind(
                     rows.iter()
                         .map(|x| x.backoff.map(|d| d.as_secs_f64()))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|x| x.permanent_failures)
                         .collect::<Vec<_>>(),
                 )
                 .fetch_all(&mut *tx)
@@ -342,9 +349,14 @@ impl Session {
                     }
                     Outcome::Failed(error) => {
                         self.count_failure(&e, &error);
-                        let attempts = e.row.attempts + 1;
-                        let dead = policy.is_dead(attempts, error.class);
-                        let backoff = policy.backoff(attempts, error.class);
+                        let failure = policy.failure(
+                            e.row.id,
+                            e.row.attempts,
+                            e.row.permanent_failures,
+                            &error,
+                        );
+                        let (attempts, dead, backoff) =
+                            (e.row.attempts + 1, failure.dead, failure.backoff);
                         if dead {
                             tracing::error!(event_id = %e.row.event_id, attempts, %error,
                                 "event dead-lettered");
@@ -353,12 +365,7 @@ impl Session {
                             (e.row.aggregate_type.clone(), e.row.aggregate_id.clone()),
                             (!dead).then_some(backoff),
                         );
-                        failures.push(Failure {
-                            id: e.row.id,
-                            error: error.to_string(),
-                            backoff,
-                            dead,
-                        });
+                        failures.push(failure);
                     }
                     Outcome::Skipped => {}
                 }
@@ -450,6 +457,7 @@ impl Session {
             error: format!("permanent: unreadable row: {}", bad.reason),
             backoff: Duration::ZERO,
             dead: true,
+            permanent: true,
         };
         let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
         self.retry_db(|| store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true))

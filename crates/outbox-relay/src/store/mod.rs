@@ -9,9 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use outbox::Tables;
-use sqlx::{PgPool, Row};
+use sqlx::{postgres::PgPoolOptions, PgPool, Row};
 
-pub use rows::{ClaimedRow, Failure};
+pub use rows::{Claimed, ClaimedRow, Failure};
 pub use sqlite::SqliteStore;
 
 use crate::Error;
@@ -169,13 +169,15 @@ pub trait Store: Send + Sync + 'static {
         leases: &'a [Fence],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
     /// Pending rows of `partitions` (visited in order), each scanned from its floor id (a
-    /// hint; see `sql/claim.sql`), skipping held aggregates.
+    /// hint; see `sql/claim.sql`), skipping held aggregates: at most `limit` rows, and while
+    /// their `row_bytes` stay within `byte_budget` (the first row always).
     fn claim<'a>(
         &'a self,
         partitions: &'a [(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>>;
+        byte_budget: i64,
+    ) -> BoxFuture<'a, Result<Claimed, sqlx::Error>>;
     /// Marks acknowledged events published; returns how many were.
     fn mark_published<'a>(
         &'a self,
@@ -212,6 +214,10 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    /// A pool of its own for the lease statements (heartbeat, renew, acquire, release): claims,
+    /// marks, purges and statistics that hold every connection of `pool` must not delay a
+    /// renewal past the lease's expiry.
+    lease_pool: PgPool,
     tables: Tables,
     partitions: i32,
     sql: std::sync::Arc<Sql>,
@@ -234,6 +240,7 @@ impl PgStore {
             outbox::SchemaError::Missing,
         )))?;
         Ok(Self {
+            lease_pool: derived_pool(&pool, 2),
             pool,
             tables: tables.clone(),
             partitions,
@@ -261,15 +268,15 @@ impl PgStore {
         sqlx::query(&self.sql.register)
             .bind(relay_id)
             .bind(hostname)
-            .execute(&self.pool)
+            .execute(&self.lease_pool)
             .await?;
         sqlx::query(&self.sql.forget_dead_relays)
             .bind(ttl.as_secs_f64())
-            .execute(&self.pool)
+            .execute(&self.lease_pool)
             .await?;
         sqlx::query_scalar(&self.sql.live_relays)
             .bind(ttl.as_secs_f64())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.lease_pool)
             .await
     }
 
@@ -277,7 +284,7 @@ impl PgStore {
     pub async fn deregister(&self, relay_id: &str) -> Result<(), sqlx::Error> {
         sqlx::query(&self.sql.deregister)
             .bind(relay_id)
-            .execute(&self.pool)
+            .execute(&self.lease_pool)
             .await
             .map(drop)
     }
@@ -295,7 +302,7 @@ impl PgStore {
             .bind(epochs)
             .bind(relay_id)
             .bind(ttl.as_secs_f64())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.lease_pool)
             .await
     }
 
@@ -310,7 +317,7 @@ impl PgStore {
             .bind(n)
             .bind(relay_id)
             .bind(ttl.as_secs_f64())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.lease_pool)
             .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
@@ -322,27 +329,36 @@ impl PgStore {
             .bind(parts)
             .bind(epochs)
             .bind(relay_id)
-            .execute(&self.pool)
+            .execute(&self.lease_pool)
             .await
             .map(drop)
     }
 
     /// Reads up to `limit` pending rows from `partitions` (visited in that order), each from its
-    /// floor id.
+    /// floor id, within `byte_budget`.
     pub async fn claim(
         &self,
         partitions: &[(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
-    ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+        byte_budget: i64,
+    ) -> Result<Claimed, sqlx::Error> {
         let (parts, floors): (Vec<i32>, Vec<i64>) = partitions.iter().copied().unzip();
-        sqlx::query_as(&self.sql.claim)
+        let rows = sqlx::query(&self.sql.claim)
             .bind(parts)
             .bind(limit)
             .bind(i32::try_from(max_payload_bytes).unwrap_or(i32::MAX))
             .bind(floors)
+            .bind(byte_budget.max(1))
             .fetch_all(&self.pool)
-            .await
+            .await?;
+        let found: i64 = rows.first().map_or(Ok(0), |r| r.try_get("found"))?;
+        let cut = found > rows.len() as i64;
+        let rows = rows
+            .iter()
+            .map(ClaimedRow::read)
+            .collect::<Result<_, _>>()?;
+        Ok(Claimed { rows, cut })
     }
 
     /// Marks acknowledged events published, if this relay still holds their leases. Returns
@@ -376,6 +392,7 @@ impl PgStore {
         let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
         let backoff: Vec<f64> = failures.iter().map(|f| f.backoff.as_secs_f64()).collect();
         let dead: Vec<bool> = failures.iter().map(|f| f.dead).collect();
+        let permanent: Vec<bool> = failures.iter().map(|f| f.permanent).collect();
         sqlx::query_scalar(&self.sql.mark_failed)
             .bind(ids)
             .bind(parts)
@@ -385,6 +402,7 @@ impl PgStore {
             .bind(backoff)
             .bind(dead)
             .bind(park_on_dead)
+            .bind(permanent)
             .fetch_one(&self.pool)
             .await
     }
@@ -507,7 +525,7 @@ impl Store for PgStore {
             let rows = sqlx::query(&self.sql.acquire_all)
                 .bind(relay_id)
                 .bind(ttl.as_secs_f64())
-                .fetch_all(&self.pool)
+                .fetch_all(&self.lease_pool)
                 .await?;
             Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
         })
@@ -517,8 +535,15 @@ impl Store for PgStore {
         partitions: &'a [(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {
-        Box::pin(PgStore::claim(self, partitions, limit, max_payload_bytes))
+        byte_budget: i64,
+    ) -> BoxFuture<'a, Result<Claimed, sqlx::Error>> {
+        Box::pin(PgStore::claim(
+            self,
+            partitions,
+            limit,
+            max_payload_bytes,
+            byte_budget,
+        ))
     }
     fn mark_published<'a>(
         &'a self,
@@ -554,8 +579,10 @@ impl Store for PgStore {
         wake: std::sync::Arc<tokio::sync::Notify>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Option<BoxFuture<'static, ()>> {
+        // A connection of its own: a listener holds its connection for as long as it listens,
+        // and must not take one of the pool's (a pool of one would have none left to claim).
         Some(Box::pin(listen(
-            self.pool.clone(),
+            derived_pool(&self.pool, 1),
             self.tables.channel(),
             wake,
             shutdown,
@@ -601,6 +628,57 @@ async fn listen(
     }
 }
 
+/// A lazily connected pool of at most `max` connections, opened with `pool`'s connect options
+/// (server, credentials, TLS, and the relay's statement and lock timeouts when `pool` has them).
+pub(crate) fn derived_pool(pool: &PgPool, max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
+/// How long the relay lets one of its statements run, and wait for a lock, on the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// `statement_timeout` on the relay's connections.
+    pub statement: Duration,
+    /// `lock_timeout` on the relay's connections.
+    pub lock: Duration,
+}
+
+impl Timeouts {
+    /// A pool like `pool` (same connect options and size, lazily connected) whose connections
+    /// run with these timeouts: a statement blocked behind another session's lock, or running
+    /// away, fails with an error the relay retries and reports, instead of hanging the loop.
+    pub fn apply(&self, pool: &PgPool) -> PgPool {
+        let ms = |d: Duration| format!("{}ms", d.as_millis().max(1));
+        let options = (*pool.connect_options()).clone().options([
+            ("statement_timeout", ms(self.statement)),
+            ("lock_timeout", ms(self.lock)),
+        ]);
+        PgPoolOptions::new()
+            .max_connections(pool.options().get_max_connections())
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .connect_lazy_with(options)
+    }
+}
+
+/// `answer`, or a timeout error once `limit` has passed without one: a connection that hangs
+/// without an error (a network black hole) must not hang the relay with it.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    answer: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(limit, answer)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from the database within {limit:?}"),
+            )))
+        })
+}
+
 fn split(fences: &[Fence]) -> (Vec<i32>, Vec<i64>) {
     fences.iter().copied().unzip()
 }
@@ -621,7 +699,11 @@ mod tests {
             &sql.backlog,
             &sql.partitions,
         ] {
-            assert!(!text.contains('{'), "{text}");
+            // No placeholder left (a `{` followed by a name); JSON literals such as '{}' stay.
+            let placeholder = text
+                .match_indices('{')
+                .any(|(i, _)| text[i + 1..].starts_with(|c: char| c.is_ascii_lowercase()));
+            assert!(!placeholder, "{text}");
             assert!(!text.trim().is_empty());
         }
         assert!(sql.mark_published.contains("FOR SHARE OF l"));

@@ -34,21 +34,100 @@ pub struct ClaimedRow {
     pub payload_size: i64,
     /// Content type.
     pub content_type: String,
-    /// Headers as stored (should be an object of strings).
-    pub headers: serde_json::Value,
+    /// Headers as stored, as JSON text (should be an object of strings). Kept as text so that
+    /// no stored value can fail the read: [`ClaimedRow::decode`] parses it.
+    pub headers: String,
+    /// Why the store could not read this row as written, when it could not (a column over its
+    /// size limit, an event id that is not a UUID, a time it cannot parse): the row is then
+    /// dead-lettered with this reason.
+    pub unreadable: Option<String>,
     /// When it was written; `None` when the relay cannot represent the stored time
     /// (`infinity`, `-infinity`, or after the year 262142).
     pub occurred_at: Option<DateTime<Utc>>,
     /// Partition.
     pub partition: i32,
-    /// Attempts so far.
+    /// Attempts so far (every kind).
     pub attempts: i32,
+    /// Permanent failures so far: what `retry.max_attempts` counts.
+    pub permanent_failures: i32,
+    /// What the row costs the relay in memory: the payload when loaded, headers and text
+    /// columns, in bytes (for the byte budget of claims in flight).
+    pub row_bytes: i64,
 }
 
 impl ClaimedRow {
+    /// Reads a claimed PostgreSQL row. A column the relay cannot decode (text that is not
+    /// UTF-8 in a `SQL_ASCII` database, say) makes that row unreadable, not the claim: the row
+    /// is dead-lettered with the decoding error, and the other rows go on. Only a row whose id
+    /// or partition cannot be read fails the claim.
+    pub fn read(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::FromRow;
+        let error = match Self::from_row(row) {
+            Ok(claimed) => return Ok(claimed),
+            Err(error) => error,
+        };
+        Self::unreadable_row(row, &error)
+    }
+
+    /// What can be read of a row whose columns failed to decode with `error`: a row that
+    /// decodes to that error (dead-lettered with it). Fails only when its id or partition
+    /// cannot be read either.
+    pub(crate) fn unreadable_row<R>(row: &R, error: &sqlx::Error) -> Result<Self, sqlx::Error>
+    where
+        R: sqlx::Row,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> &'r str: sqlx::ColumnIndex<R>,
+    {
+        let id: i64 = row.try_get("id")?;
+        let text = |name: &str| row.try_get::<String, _>(name).ok();
+        Ok(Self {
+            id,
+            event_id: Uuid::nil(),
+            // A key of its own when the real one cannot be read: the failure is recorded
+            // against the stored key (the statements use the row's own columns).
+            aggregate_type: text("aggregate_type").unwrap_or_else(|| "unreadable".into()),
+            aggregate_id: text("aggregate_id").unwrap_or_else(|| format!("row {id}")),
+            aggregate_version: None,
+            event_type: String::new(),
+            schema_version: 1,
+            destination: None,
+            payload: None,
+            payload_size: row.try_get("payload_size").unwrap_or(0),
+            content_type: String::new(),
+            headers: "{}".into(),
+            unreadable: Some(format!("the relay cannot read this row: {error}")),
+            occurred_at: None,
+            partition: row.try_get("partition")?,
+            attempts: row.try_get("attempts").unwrap_or(0),
+            permanent_failures: row.try_get("permanent_failures").unwrap_or(0),
+            row_bytes: row.try_get("row_bytes").unwrap_or(0),
+        })
+    }
+
     /// The ordering key.
     pub fn aggregate_key(&self) -> (&str, &str) {
         (&self.aggregate_type, &self.aggregate_id)
+    }
+
+    /// [`ClaimedRow::decode`], with a panic while decoding (a bug the row triggers) turned into
+    /// this row's permanent failure instead of the relay's crash: retried and dead-lettered like
+    /// any other, never a crash loop.
+    pub fn decode_guarded(
+        &self,
+        routing: &RoutingConfig,
+        max_payload_bytes: usize,
+    ) -> Result<Message, PublishError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.decode(routing, max_payload_bytes)
+        }))
+        .unwrap_or_else(|panic| {
+            Err(PublishError::permanent(format!(
+                "the relay panicked decoding this row: {}",
+                crate::dispatcher::panic_message(&panic)
+            )))
+        })
     }
 
     /// Builds the message, or says (permanently) why this row cannot be published.
@@ -57,6 +136,9 @@ impl ClaimedRow {
         routing: &RoutingConfig,
         max_payload_bytes: usize,
     ) -> Result<Message, PublishError> {
+        if let Some(reason) = &self.unreadable {
+            return Err(PublishError::permanent(reason.clone()));
+        }
         // A claim leaves an oversized payload out; a row from the CDC stream carries it whole
         // (so that its dead letter keeps it): refused alike.
         let payload = self
@@ -116,11 +198,17 @@ impl ClaimedRow {
     }
 }
 
-fn decode_headers(value: &serde_json::Value) -> Result<BTreeMap<String, String>, PublishError> {
+/// Parses stored headers (JSON text) into the message's header map. Anything but an object of
+/// strings is a permanent error that names what is wrong: JSON the parser refuses (a number out
+/// of range, nesting deeper than 128 levels), another kind of value, a bad name or value.
+pub(crate) fn decode_headers(text: &str) -> Result<BTreeMap<String, String>, PublishError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        PublishError::permanent(format!("headers are not JSON the relay can read: {e}"))
+    })?;
     let object = value.as_object().ok_or_else(|| {
         PublishError::permanent(format!(
             "headers must be a JSON object of strings, found {}",
-            kind(value)
+            kind(&value)
         ))
     })?;
     object
@@ -197,6 +285,17 @@ pub struct Failure {
     pub backoff: Duration,
     /// Whether the event is now dead.
     pub dead: bool,
+    /// Whether the failure was permanent (counted against `retry.max_attempts`).
+    pub permanent: bool,
+}
+
+/// What one claim read.
+#[derive(Clone, Debug, Default)]
+pub struct Claimed {
+    /// The rows, in claim order.
+    pub rows: Vec<ClaimedRow>,
+    /// Whether the scan found more rows than the byte budget let through: more work is waiting.
+    pub cut: bool,
 }
 
 #[cfg(test)]
@@ -218,10 +317,13 @@ mod tests {
             payload: Some(b"{}".to_vec()),
             payload_size: 2,
             content_type: "application/json".into(),
-            headers: json!({"traceparent": "x"}),
+            headers: json!({"traceparent": "x"}).to_string(),
+            unreadable: None,
             occurred_at: Some(Utc::now()),
             partition: 0,
             attempts: 0,
+            permanent_failures: 0,
+            row_bytes: 2,
         }
     }
 
@@ -241,23 +343,39 @@ mod tests {
         r.payload_size = 5_000_000;
         cases.push((r, "payload is 5000000 bytes, over the limit of 10 bytes"));
         let mut r = row();
-        r.headers = json!(["a"]);
+        r.headers = json!(["a"]).to_string();
         cases.push((
             r,
             "headers must be a JSON object of strings, found an array",
         ));
         let mut r = row();
-        r.headers = json!({"n": 1});
+        r.headers = json!({"n": 1}).to_string();
         cases.push((r, "header \"n\" must be a string, found a number"));
         let mut r = row();
-        r.headers = serde_json::Value::Null;
+        r.headers = "null".into();
         cases.push((r, "found null"));
         let mut r = row();
         r.content_type = "".into();
         cases.push((r, "content_type \"\" is empty"));
         let mut r = row();
-        r.headers = json!({"bad name": "v"});
+        r.headers = json!({"bad name": "v"}).to_string();
         cases.push((r, "header name \"bad name\""));
+        // Valid jsonb that a JSON parser refuses: a number out of range, nesting past 128.
+        let mut r = row();
+        r.headers = r#"{"n": 1e400}"#.into();
+        cases.push((
+            r,
+            "headers are not JSON the relay can read: number out of range",
+        ));
+        let mut r = row();
+        r.headers = format!(r#"{{"n": {}{}}}"#, "[".repeat(300), "]".repeat(300));
+        cases.push((
+            r,
+            "headers are not JSON the relay can read: recursion limit",
+        ));
+        let mut r = row();
+        r.unreadable = Some("event_type is 5000 bytes, over the limit of 4096 bytes".into());
+        cases.push((r, "event_type is 5000 bytes"));
         for (r, expected) in cases {
             let err = r.decode(&RoutingConfig::default(), 10).unwrap_err();
             assert!(!err.is_transient());

@@ -11,7 +11,7 @@ use outbox::Tables;
 use sqlx::{Executor, Row, SqlitePool};
 use uuid::Uuid;
 
-use super::{named, Backlog, ClaimedRow, Failure, Fence, Store};
+use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Store};
 use crate::Error;
 
 #[derive(Debug)]
@@ -139,15 +139,38 @@ fn parse_time(text: &str) -> Option<DateTime<Utc>> {
         })
 }
 
+/// A claimed SQLite row. SQLite keeps whatever text a writer gives: an event id that is not a
+/// UUID or a time that cannot be parsed makes the row unreadable (dead-lettered with the
+/// reason), never a stand-in value (a nil id would collide with every other such event in
+/// the broker's deduplication and the inbox; "now" would hide the event's real age).
 fn claimed(row: &sqlx::sqlite::SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
     let text = |name: &str| row.try_get::<String, _>(name);
     let event_id = text("event_id")?;
     let headers = text("headers")?;
     let occurred_at = text("occurred_at")?;
+    let parsed_id = Uuid::parse_str(&event_id);
+    let parsed_at = parse_time(&occurred_at);
+    let preview = |s: &str| s.chars().take(64).collect::<String>();
+    let unreadable: Option<String> = row.try_get("unreadable")?;
+    let unreadable = unreadable
+        .or_else(|| {
+            parsed_id
+                .as_ref()
+                .err()
+                .map(|e| format!("event_id {:?} is not a UUID: {e}", preview(&event_id)))
+        })
+        .or_else(|| {
+            parsed_at.is_none().then(|| {
+                format!(
+                    "occurred_at {:?} is not a time the relay can read (RFC 3339 or \
+                     'YYYY-MM-DD HH:MM:SS')",
+                    preview(&occurred_at)
+                )
+            })
+        });
     Ok(ClaimedRow {
         id: row.try_get("id")?,
-        // A malformed id or header text is kept visible: the relay dead-letters it with reason.
-        event_id: Uuid::parse_str(&event_id).unwrap_or(Uuid::nil()),
+        event_id: parsed_id.unwrap_or_default(),
         aggregate_type: text("aggregate_type")?,
         aggregate_id: text("aggregate_id")?,
         aggregate_version: row.try_get("aggregate_version")?,
@@ -157,10 +180,13 @@ fn claimed(row: &sqlx::sqlite::SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
         payload: row.try_get("payload")?,
         payload_size: row.try_get("payload_size")?,
         content_type: text("content_type")?,
-        headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
-        occurred_at: Some(parse_time(&occurred_at).unwrap_or_else(Utc::now)),
+        headers,
+        unreadable,
+        occurred_at: parsed_at,
         partition: row.try_get("partition")?,
         attempts: row.try_get("attempts")?,
+        permanent_failures: row.try_get("permanent_failures")?,
+        row_bytes: row.try_get("row_bytes")?,
     })
 }
 
@@ -294,7 +320,8 @@ impl Store for SqliteStore {
         partitions: &'a [(i32, i64)],
         limit: i64,
         max_payload_bytes: usize,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {
+        byte_budget: i64,
+    ) -> BoxFuture<'a, Result<Claimed, sqlx::Error>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await?;
             let now = self.now_ms(&mut conn).await?;
@@ -307,9 +334,16 @@ impl Store for SqliteStore {
                 .bind(i64::try_from(max_payload_bytes).unwrap_or(i64::MAX))
                 .bind(now)
                 .bind(floor)
+                .bind(byte_budget.max(1))
                 .fetch_all(&mut *conn)
                 .await?;
-            rows.iter().map(claimed).collect()
+            let found: i64 = rows.first().map_or(Ok(0), |r| r.try_get("found"))?;
+            let cut = found > rows.len() as i64;
+            let rows = rows
+                .iter()
+                .map(|row| claimed(row).or_else(|error| ClaimedRow::unreadable_row(row, &error)))
+                .collect::<Result<_, _>>()?;
+            Ok(Claimed { rows, cut })
         })
     }
 
@@ -368,6 +402,7 @@ impl Store for SqliteStore {
                         .bind(&f.error)
                         .bind(f.dead)
                         .bind(until)
+                        .bind(i32::from(f.permanent))
                         .fetch_optional(&mut *conn)
                         .await?;
                     let Some(row) = row else { continue };

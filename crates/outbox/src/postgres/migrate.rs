@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "zero-growth enqueue plans: index scans, kept",
         include_str!("migrations/0010_zero_growth_index_only.sql"),
     ),
+    (
+        11,
+        "permanent failures counted apart",
+        include_str!("migrations/0011_permanent_failures.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

@@ -20,6 +20,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "pending rows by aggregate",
         include_str!("migrations/0002_pending_aggregate_index.sql"),
     ),
+    (
+        3,
+        "permanent failures counted apart",
+        include_str!("migrations/0003_permanent_failures.sql"),
+    ),
 ];
 
 /// Writes events into a SQLite outbox. Cheap to clone; holds no connection.

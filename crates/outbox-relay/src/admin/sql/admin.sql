@@ -26,7 +26,7 @@ WHERE status = 'published' AND published_at < now() - make_interval(secs => $1);
 -- $1 event type, $2 aggregate type, $3 aggregate id, $4 since, $5 until, $6 error text,
 -- $7 limit, $8 ids
 SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-       e.schema_version, e.destination, e.content_type, e.headers,
+       e.schema_version, e.destination, e.content_type, e.headers::text AS headers,
        -- Clamped to what the relay can represent (a row may say ±infinity).
        LEAST(GREATEST(e.occurred_at, '4714-11-24 00:00:00+00 BC'),
              '262142-12-31 23:59:59+00') AS occurred_at, e.attempts,

@@ -56,25 +56,27 @@ SELECT count(*)::bigint FROM fence WHERE $1::boolean;
 -- error. Returns the new ids in order.
 -- $1 event ids, $2 aggregate types, $3 aggregate ids, $4 versions, $5 event types,
 -- $6 schema versions, $7 destinations, $8 payloads, $9 content types, $10 headers,
--- $11 occurred at, $12 statuses, $13 attempts, $14 errors, $15 backoff seconds
+-- $11 occurred at, $12 statuses, $13 attempts, $14 errors, $15 backoff seconds,
+-- $16 permanent failures (headers as JSON text)
 INSERT INTO {schema}.{events} (
     event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
     destination, payload, content_type, headers, occurred_at, status, attempts, last_error,
-    next_attempt_at
+    next_attempt_at, permanent_failures
 )
 SELECT s.event_id, s.aggregate_type, s.aggregate_id, s.aggregate_version, s.event_type,
-       s.schema_version, s.destination, s.payload, s.content_type, s.headers,
+       s.schema_version, s.destination, s.payload, s.content_type, s.headers::jsonb,
        COALESCE(s.occurred_at, now()), s.status, s.attempts, s.error,
        CASE WHEN s.status = 'pending' AND s.backoff IS NOT NULL
-            THEN now() + make_interval(secs => s.backoff) END
+            THEN now() + make_interval(secs => s.backoff) END,
+       s.permanent_failures
 FROM unnest(
     $1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::integer[], $7::text[],
-    $8::bytea[], $9::text[], $10::jsonb[], $11::timestamptz[], $12::text[], $13::integer[],
-    $14::text[], $15::double precision[]
+    $8::bytea[], $9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::integer[],
+    $14::text[], $15::double precision[], $16::integer[]
 ) WITH ORDINALITY AS s(
     event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
     destination, payload, content_type, headers, occurred_at, status, attempts, error,
-    backoff, ord
+    backoff, permanent_failures, ord
 )
 ORDER BY s.ord
 -- An event already in the table keeps its row (and gives its id).

@@ -15,9 +15,17 @@
 -- `occurred_at` is NULL when the relay cannot represent it (±infinity, or after the year 262142:
 -- PostgreSQL goes to 294276): the row is dead-lettered with that reason instead of failing
 -- the whole claim.
--- $1 partitions, $2 batch size, $3 max payload bytes, $4 floors
-SELECT {claim_columns:$3}
-FROM unnest($1::integer[], $4::bigint[]) AS p(partition, floor)
+-- The batch is also cut to a byte budget ($5): rows are taken in claim order while the bytes
+-- they cost the relay (`row_bytes`, see claim_columns.sql) stay within it, the first row always
+-- (so that a row larger than the budget is still published, alone). `found` is how many rows
+-- the scan found before the cut: more than returned means more work is waiting.
+-- $1 partitions, $2 batch size, $3 max payload bytes, $4 floors, $5 byte budget
+SELECT * FROM (
+    SELECT x.*, sum(x.row_bytes) OVER (ORDER BY x.ord, x.id) AS running,
+           count(*) OVER () AS found
+    FROM (
+SELECT {claim_columns:$3}, p.ord
+FROM unnest($1::integer[], $4::bigint[]) WITH ORDINALITY AS p(partition, floor, ord)
 CROSS JOIN LATERAL (
     SELECT * FROM {schema}.{events} e
     -- A range on partition instead of `=`, with ORDER BY (partition, id): only the pending
@@ -43,3 +51,7 @@ CROSS JOIN LATERAL (
     LIMIT $2
 ) e
 LIMIT $2
+    ) x
+) y
+WHERE y.running - y.row_bytes < $5
+ORDER BY y.ord, y.id

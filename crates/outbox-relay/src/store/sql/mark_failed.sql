@@ -1,16 +1,20 @@
 -- Records failed attempts, fenced by lease epoch: increments attempts, stores the error, and
 -- either schedules a retry (the aggregate is held until then) or dead-letters the event (the
 -- aggregate is parked when $9 is true, otherwise its hold is released).
+-- Permanent failures are also counted in `permanent_failures` (what `retry.max_attempts`
+-- counts); transient ones only in `attempts`.
 -- $1 ids, $2/$3 (partition, epoch) pairs, $4 relay id, $5 errors, $6 backoff seconds,
--- $7 dead flags, $8 park on dead
+-- $7 dead flags, $8 park on dead, $9 permanent flags
 WITH fence AS (
     {fence}
 ), failure AS (
-    SELECT * FROM unnest($1::bigint[], $5::text[], $6::double precision[], $7::boolean[])
-        AS f(id, error, backoff, dead)
+    SELECT * FROM unnest($1::bigint[], $5::text[], $6::double precision[], $7::boolean[],
+                         $9::boolean[])
+        AS f(id, error, backoff, dead, permanent)
 ), done AS (
     UPDATE {schema}.{events} e
     SET attempts = e.attempts + 1,
+        permanent_failures = e.permanent_failures + failure.permanent::integer,
         last_error = failure.error,
         status = CASE WHEN failure.dead THEN 'dead' ELSE 'pending' END,
         next_attempt_at = CASE WHEN failure.dead THEN NULL

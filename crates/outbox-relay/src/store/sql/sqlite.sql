@@ -23,11 +23,52 @@ UPDATE {leases} SET owner = NULL, expires_at = 0 WHERE partition = ?1 AND epoch 
 -- name: held
 SELECT count(*) FROM {leases} WHERE partition = ?1 AND epoch = ?2 AND owner = ?3;
 -- name: claim
-SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-       e.schema_version, e.destination,
+-- As PostgreSQL's claim (store/sql/claim.sql and claim_columns.sql): payloads over ?3 bytes and
+-- text columns over their limit (4 KiB, 64 KiB of headers) are not loaded, `unreadable` names
+-- the column; the batch is cut to the byte budget ?6 (the first row always), `found` counts
+-- the rows found before the cut.
+-- ?1 partitions, ?2 limit, ?3 max payload bytes, ?4 now (ms), ?5 floor, ?6 byte budget
+SELECT * FROM (
+SELECT x.*, sum(x.row_bytes) OVER (ORDER BY x.id) AS running, count(*) OVER () AS found
+FROM (
+SELECT e.id, e.event_id,
+       CASE WHEN length(e.aggregate_type) <= 4096 THEN e.aggregate_type
+            ELSE 'oversized:' || substr(e.aggregate_type, 1, 64) || ':' || length(e.aggregate_type)
+            END AS aggregate_type,
+       CASE WHEN length(e.aggregate_id) <= 4096 THEN e.aggregate_id
+            ELSE 'oversized:' || substr(e.aggregate_id, 1, 64) || ':' || length(e.aggregate_id)
+            END AS aggregate_id,
+       e.aggregate_version,
+       CASE WHEN length(e.event_type) <= 4096 THEN e.event_type ELSE '' END AS event_type,
+       e.schema_version,
+       CASE WHEN length(e.destination) <= 4096 THEN e.destination END AS destination,
        CASE WHEN length(e.payload) <= ?3 THEN e.payload END AS payload,
        length(e.payload) AS payload_size,
-       e.content_type, e.headers, e.occurred_at, e.partition, e.attempts
+       CASE WHEN length(e.content_type) <= 4096 THEN e.content_type ELSE '' END AS content_type,
+       CASE WHEN length(e.headers) <= 65536 THEN e.headers ELSE '{}' END AS headers,
+       CASE WHEN length(e.aggregate_type) > 4096
+                THEN 'aggregate_type is ' || length(e.aggregate_type)
+                     || ' characters, over the limit of 4096'
+            WHEN length(e.aggregate_id) > 4096
+                THEN 'aggregate_id is ' || length(e.aggregate_id)
+                     || ' characters, over the limit of 4096'
+            WHEN length(e.event_type) > 4096
+                THEN 'event_type is ' || length(e.event_type) || ' characters, over the limit of 4096'
+            WHEN length(e.destination) > 4096
+                THEN 'destination is ' || length(e.destination)
+                     || ' characters, over the limit of 4096'
+            WHEN length(e.content_type) > 4096
+                THEN 'content_type is ' || length(e.content_type)
+                     || ' characters, over the limit of 4096'
+            WHEN length(e.headers) > 65536
+                THEN 'headers are ' || length(e.headers) || ' characters, over the limit of 65536'
+       END AS unreadable,
+       e.occurred_at, e.partition, e.attempts, e.permanent_failures,
+       (CASE WHEN length(e.payload) <= ?3 THEN length(e.payload) ELSE 0 END
+        + min(length(e.headers), 65536) + min(length(e.aggregate_type), 4096)
+        + min(length(e.aggregate_id), 4096) + min(length(e.event_type), 4096)
+        + min(length(e.content_type), 4096) + coalesce(min(length(e.destination), 4096), 0))
+           AS row_bytes
 FROM {events} e
 WHERE e.status = 'pending'
   AND e.partition IN (SELECT value FROM json_each(?1))
@@ -41,7 +82,10 @@ WHERE e.status = 'pending'
       WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
         AND b.status = 'pending' AND b.id < ?5))
 ORDER BY e.id
-LIMIT ?2;
+LIMIT ?2
+) x
+) WHERE running - row_bytes < ?6
+ORDER BY id;
 -- name: mark_published
 UPDATE {events}
 SET status = 'published', published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
@@ -52,7 +96,7 @@ RETURNING id, aggregate_type, aggregate_id;
 DELETE FROM {holds} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND event_id = ?3;
 -- name: mark_failed
 UPDATE {events}
-SET attempts = attempts + 1, last_error = ?2,
+SET attempts = attempts + 1, permanent_failures = permanent_failures + ?5, last_error = ?2,
     status = CASE WHEN ?3 THEN 'dead' ELSE 'pending' END,
     next_attempt_at = CASE WHEN ?3 THEN NULL
                            ELSE strftime('%Y-%m-%dT%H:%M:%fZ', ?4 / 1000.0, 'unixepoch') END

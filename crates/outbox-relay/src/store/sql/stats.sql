@@ -1,9 +1,12 @@
 -- name: backlog
--- `oldest` is clamped to what the relay can represent: a row written with occurred_at
--- '-infinity' must not make the gauge fail (it is dead-lettered by the claim).
+-- `oldest` is NULL when nothing is pending (the gauge then reads 0), else clamped to what the
+-- relay can represent: a row written with occurred_at '-infinity' must not make the gauge fail
+-- (it is dead-lettered by the claim). The clamp is applied only to a minimum that exists:
+-- GREATEST ignores NULL, and would turn "nothing pending" into 4714 BC.
 SELECT count(*)::bigint AS pending,
-       LEAST(GREATEST(min(occurred_at), '4714-11-24 00:00:00+00 BC'),
-             '262142-12-31 23:59:59+00') AS oldest,
+       CASE WHEN min(occurred_at) IS NOT NULL
+            THEN LEAST(GREATEST(min(occurred_at), '4714-11-24 00:00:00+00 BC'),
+                       '262142-12-31 23:59:59+00') END AS oldest,
        (SELECT count(*)::bigint FROM {schema}.{events} WHERE status = 'dead') AS dead,
        now() AS now
 FROM {schema}.{events}
