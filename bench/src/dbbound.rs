@@ -185,7 +185,10 @@ async fn worker(
             .iter()
             .map(|f| (f.0, floors.get(&f.0).copied().unwrap_or(0)))
             .collect();
-        let rows = store.claim(&partitions, batch, MAX_PAYLOAD).await?;
+        let rows = store
+            .claim(&partitions, batch, MAX_PAYLOAD, i64::MAX)
+            .await?
+            .rows;
         if rows.is_empty() {
             if floors.is_empty() {
                 return Ok((marked, Instant::now()));

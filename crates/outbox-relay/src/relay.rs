@@ -683,6 +683,17 @@ async fn sample_stats(
                 tracing::warn!(%error, "could not sample the backlog");
             }
         }
+        match within(answer_within, store.release_stale()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                rows = n,
+                "set free rows waiting behind a hold that is gone (a release raced another writer)"
+            ),
+            Err(error) => {
+                metrics.database_errors.inc();
+                tracing::warn!(%error, "could not check for rows waiting behind a released hold");
+            }
+        }
         match within(answer_within, store.refresh_statistics()).await {
             Ok(true) => tracing::info!("refreshed the outbox table's planner statistics"),
             Ok(false) => {}

@@ -418,6 +418,114 @@ async fn transient_failures_leave_the_permanent_budget_alone(b: Backend) {
     assert_eq!((row.attempts, row.permanent_failures), (4, 1));
 }
 
+async fn a_held_aggregate_waits_and_comes_back_whole_and_in_order_when_due(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 4)).await;
+    b.enqueue(&events("b", 1)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let a: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.aggregate_id == "a")
+        .map(|r| r.id)
+        .collect();
+    let retry = |backoff: Duration| Failure {
+        id: a[0],
+        error: "transient: down".into(),
+        backoff,
+        dead: false,
+        permanent: false,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[retry(Duration::from_secs(3600))], true)
+            .await
+            .unwrap(),
+        1
+    );
+    // Held: nothing of `a` is claimed, however often the claim runs.
+    b.enqueue(&events("a2", 1)).await;
+    for _ in 0..3 {
+        let rows = claim(s, &parts, 100).await;
+        assert!(rows.iter().all(|r| r.aggregate_id != "a"), "{rows:?}");
+    }
+    // Due: the head comes with the rest, in id order...
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[retry(Duration::ZERO)], true)
+            .await
+            .unwrap(),
+        1
+    );
+    let rows = claim(s, &parts, 100).await;
+    let of_a: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.aggregate_id == "a")
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(of_a, a, "the due head first, then the rest");
+    assert_eq!(rows.iter().find(|r| r.id == a[0]).unwrap().attempts, 2);
+    // ... and publishing the head sets the rest free: claimed again (they were not marked).
+    assert_eq!(s.mark_published("r1", &fences, &[a[0]]).await.unwrap(), 1);
+    let rows = claim(s, &parts, 100).await;
+    let of_a: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.aggregate_id == "a")
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(of_a, a[1..].to_vec());
+}
+
+async fn a_parked_aggregate_waits_and_a_dead_head_that_skips_lets_its_rest_go(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("p", 3)).await;
+    b.enqueue(&events("r", 3)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let first = |key: &str| rows.iter().find(|r| r.aggregate_id == key).unwrap().id;
+    let dead = |id| Failure {
+        id,
+        error: "permanent: rejected".into(),
+        backoff: Duration::ZERO,
+        dead: true,
+        permanent: true,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[dead(first("p"))], true)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[dead(first("r"))], false)
+            .await
+            .unwrap(),
+        1
+    );
+    b.enqueue(&events("q", 1)).await;
+    let later_p = Event::new("order", "p", "Changed").aggregate_version(4);
+    b.enqueue(&[later_p]).await;
+    for _ in 0..3 {
+        let rows = claim(s, &parts, 100).await;
+        assert!(
+            rows.iter().all(|r| r.aggregate_id != "p"),
+            "parked: {rows:?}"
+        );
+        let r: Vec<Option<i64>> = rows
+            .iter()
+            .filter(|r| r.aggregate_id == "r")
+            .map(|r| r.aggregate_version)
+            .collect();
+        assert_eq!(
+            r,
+            vec![Some(2), Some(3)],
+            "r goes on after its skipped head"
+        );
+        assert!(rows.iter().any(|r| r.aggregate_id == "q"));
+    }
+    assert_eq!(b.status_of(first("p")).await, "dead");
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -444,4 +552,6 @@ conformance!(
     a_pending_row_below_the_floor_holds_back_its_aggregate,
     a_claim_stops_at_its_byte_budget_and_always_takes_one_row,
     transient_failures_leave_the_permanent_budget_alone,
+    a_held_aggregate_waits_and_comes_back_whole_and_in_order_when_due,
+    a_parked_aggregate_waits_and_a_dead_head_that_skips_lets_its_rest_go,
 );

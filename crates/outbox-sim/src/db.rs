@@ -259,19 +259,21 @@ impl Db {
         }
     }
 
-    /// Whether the claim skips `key` because of its hold.
-    fn held(&self, key: &Key, now: i64) -> bool {
+    /// Whether the claim's scan skips row `id` of `key` because of a hold: the hold's head (it
+    /// comes through its hold when due) and every later row of the aggregate (they wait until
+    /// the head is published). Rows before the head are not held back.
+    fn held(&self, key: &Key, id: i64) -> bool {
         if self.bug == Some(Bug::IgnoreHolds) {
             return false;
         }
-        self.holds
-            .get(key)
-            .is_some_and(|h| h.held_until.is_none_or(|until| until > now))
+        self.holds.get(key).is_some_and(|h| h.event_id <= id)
     }
 
     /// `claim`: pending visible rows of each partition in the order given, from its floor, in id
-    /// order, skipping held aggregates and aggregates with a pending row below the floor;
-    /// `limit` rows in all, cut where their bytes pass `byte_budget` (the first row always).
+    /// order, skipping the rows held back by a hold (see [`Db::held`]) and aggregates with a
+    /// pending row below the floor; then the held heads whose retry is due (when no earlier
+    /// row of their aggregate is pending), each with the pending rows after it; `limit` rows
+    /// in all, cut where their bytes pass `byte_budget` (the first row always).
     pub fn claim(
         &mut self,
         partitions: &[(i32, i64)],
@@ -306,10 +308,43 @@ impl Db {
                 if row.partition == p
                     && row.status == Status::Pending
                     && self.visible(row)
-                    && !self.held(&row.key, now)
+                    && !self.held(&row.key, id)
                     && !below.contains(&row.key)
                 {
                     out.push(claimed(id, row, max_payload));
+                }
+            }
+        }
+        if self.bug != Some(Bug::IgnoreHolds) {
+            for &(p, _) in partitions {
+                for (key, hold) in &self.holds {
+                    if out.len() as i64 >= limit {
+                        break;
+                    }
+                    let due = hold.held_until.is_some_and(|until| until <= now);
+                    let Some(head) = self.rows.get(&hold.event_id) else {
+                        continue;
+                    };
+                    let earlier = self.rows.range(..hold.event_id).any(|(_, r)| {
+                        &r.key == key && r.status == Status::Pending && self.visible(r)
+                    });
+                    if due
+                        && head.partition == p
+                        && head.status == Status::Pending
+                        && self.visible(head)
+                        && !earlier
+                    {
+                        // The head and the pending rows after it, in id order.
+                        for (&id, row) in self.rows.range(hold.event_id..) {
+                            if out.len() as i64 >= limit {
+                                break;
+                            }
+                            if &row.key == key && row.status == Status::Pending && self.visible(row)
+                            {
+                                out.push(claimed(id, row, max_payload));
+                            }
+                        }
+                    }
                 }
             }
         }

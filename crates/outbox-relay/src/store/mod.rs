@@ -37,6 +37,7 @@ struct Sql {
     partitions: String,
     modifications: String,
     analyze: String,
+    release_stale: String,
 }
 
 impl Sql {
@@ -60,6 +61,7 @@ impl Sql {
             partitions: render(named(stats, "partitions")),
             modifications: render(named(stats, "modifications")),
             analyze: render(named(stats, "analyze")),
+            release_stale: render(named(include_str!("sql/waiting.sql"), "release_stale")),
         }
     }
 }
@@ -195,6 +197,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<i64, sqlx::Error>>;
     /// Pending count, oldest pending age, dead count.
     fn backlog(&self) -> BoxFuture<'_, Result<Backlog, sqlx::Error>>;
+    /// Sets free the rows waiting behind a hold that is gone (see `sql/waiting.sql`); returns
+    /// how many. Stores without waiting rows do nothing.
+    fn release_stale(&self) -> BoxFuture<'_, Result<u64, sqlx::Error>> {
+        Box::pin(async { Ok(0) })
+    }
     /// Keeps planner statistics fresh where the database needs it; returns whether it acted.
     fn refresh_statistics(&self) -> BoxFuture<'_, Result<bool, sqlx::Error>> {
         Box::pin(async { Ok(false) })
@@ -251,6 +258,13 @@ impl PgStore {
     /// The connection pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The rendered claim statement (its parameters: partitions, batch size, max payload
+    /// bytes, floors, byte budget), for `EXPLAIN` in tests and benchmarks.
+    #[doc(hidden)]
+    pub fn claim_statement(&self) -> &str {
+        &self.sql.claim
     }
 
     /// The partition count fixed at migration.
@@ -574,6 +588,14 @@ impl Store for PgStore {
     fn refresh_statistics(&self) -> BoxFuture<'_, Result<bool, sqlx::Error>> {
         Box::pin(PgStore::refresh_statistics(self))
     }
+    fn release_stale(&self) -> BoxFuture<'_, Result<u64, sqlx::Error>> {
+        Box::pin(async move {
+            let n: i64 = sqlx::query_scalar(&self.sql.release_stale)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(n as u64)
+        })
+    }
     fn notifications(
         &self,
         wake: std::sync::Arc<tokio::sync::Notify>,
@@ -698,6 +720,7 @@ mod tests {
             &sql.renew,
             &sql.backlog,
             &sql.partitions,
+            &sql.release_stale,
         ] {
             // No placeholder left (a `{` followed by a name); JSON literals such as '{}' stay.
             let placeholder = text

@@ -32,6 +32,11 @@ struct Sql {
     hold: String,
     unhold: String,
     backlog: String,
+    flag_behind: String,
+    wait_behind: String,
+    resume: String,
+    drop_stale_holds: String,
+    release_stale: String,
 }
 
 /// The relay's handle on a SQLite outbox.
@@ -63,6 +68,11 @@ impl SqliteStore {
             hold: r("hold"),
             unhold: r("unhold"),
             backlog: r("backlog"),
+            flag_behind: r("flag_behind"),
+            wait_behind: r("wait_behind"),
+            resume: r("resume"),
+            drop_stale_holds: r("drop_stale_holds"),
+            release_stale: r("release_stale"),
         };
         let meta = tables.render_sqlite("SELECT partitions FROM {meta}");
         sqlx::query_scalar::<_, i64>(&meta)
@@ -338,12 +348,33 @@ impl Store for SqliteStore {
                 .fetch_all(&mut *conn)
                 .await?;
             let found: i64 = rows.first().map_or(Ok(0), |r| r.try_get("found"))?;
-            let cut = found > rows.len() as i64;
-            let rows = rows
-                .iter()
-                .map(|row| claimed(row).or_else(|error| ClaimedRow::unreadable_row(row, &error)))
-                .collect::<Result<_, _>>()?;
-            Ok(Claimed { rows, cut })
+            let mut behind = Vec::new();
+            let mut claimed_rows = Vec::new();
+            for row in &rows {
+                if row.try_get::<bool, _>("behind")? {
+                    behind.push(row.try_get::<i64, _>("id")?);
+                } else {
+                    claimed_rows.push(
+                        claimed(row).or_else(|error| ClaimedRow::unreadable_row(row, &error))?,
+                    );
+                }
+            }
+            drop(conn);
+            if !behind.is_empty() {
+                // Met once: set waiting, so that later claims do not walk them again.
+                let mut conn = self.begin_write().await?;
+                let flagged = sqlx::query(&self.sql.flag_behind)
+                    .bind(serde_json::to_string(&behind).expect("integers"))
+                    .execute(&mut *conn)
+                    .await
+                    .map(drop);
+                Self::finish_ref(&mut conn, flagged).await?;
+            }
+            let cut = found > claimed_rows.len() as i64;
+            Ok(Claimed {
+                rows: claimed_rows,
+                cut,
+            })
         })
     }
 
@@ -365,12 +396,21 @@ impl Store for SqliteStore {
                     .fetch_all(&mut *conn)
                     .await?;
                 for row in &done {
-                    sqlx::query(&self.sql.release_hold)
-                        .bind(row.try_get::<String, _>(1)?)
-                        .bind(row.try_get::<String, _>(2)?)
+                    let (aggregate_type, aggregate_id): (String, String) =
+                        (row.try_get(1)?, row.try_get(2)?);
+                    let released = sqlx::query(&self.sql.release_hold)
+                        .bind(&aggregate_type)
+                        .bind(&aggregate_id)
                         .bind(row.try_get::<i64, _>(0)?)
-                        .execute(&mut *conn)
+                        .fetch_optional(&mut *conn)
                         .await?;
+                    if released.is_some() {
+                        sqlx::query(&self.sql.resume)
+                            .bind(&aggregate_type)
+                            .bind(&aggregate_id)
+                            .execute(&mut *conn)
+                            .await?;
+                    }
                 }
                 Ok(done.len() as i64)
             }
@@ -415,8 +455,19 @@ impl Store for SqliteStore {
                             .bind(&aggregate_id)
                             .execute(&mut *conn)
                             .await?;
+                        sqlx::query(&self.sql.resume)
+                            .bind(&aggregate_type)
+                            .bind(&aggregate_id)
+                            .execute(&mut *conn)
+                            .await?;
                         continue;
                     }
+                    sqlx::query(&self.sql.wait_behind)
+                        .bind(&aggregate_type)
+                        .bind(&aggregate_id)
+                        .bind(f.id)
+                        .execute(&mut *conn)
+                        .await?;
                     sqlx::query(&self.sql.hold)
                         .bind(aggregate_type)
                         .bind(aggregate_id)
@@ -428,6 +479,26 @@ impl Store for SqliteStore {
                         .await?;
                 }
                 Ok(n)
+            }
+            .await;
+            Self::finish_ref(conn, result).await
+        })
+    }
+
+    fn release_stale(&self) -> BoxFuture<'_, Result<u64, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.begin_write().await?;
+            let conn = &mut *conn;
+            let result = async {
+                let now = self.now_ms(conn).await?;
+                sqlx::query(&self.sql.drop_stale_holds)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query(&self.sql.release_stale)
+                    .execute(&mut *conn)
+                    .await
+                    .map(|done| done.rows_affected())
             }
             .await;
             Self::finish_ref(conn, result).await

@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "permanent failures counted apart",
         include_str!("migrations/0011_permanent_failures.sql"),
     ),
+    (
+        12,
+        "waiting rows out of the claim's index",
+        include_str!("migrations/0012_waiting_rows.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

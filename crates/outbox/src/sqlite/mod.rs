@@ -25,6 +25,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "permanent failures counted apart",
         include_str!("migrations/0003_permanent_failures.sql"),
     ),
+    (
+        4,
+        "waiting rows out of the claim's index",
+        include_str!("migrations/0004_waiting_rows.sql"),
+    ),
 ];
 
 /// Writes events into a SQLite outbox. Cheap to clone; holds no connection.

@@ -47,25 +47,33 @@ LIMIT $7;
 -- name: payload
 SELECT payload FROM {schema}.{events} WHERE id = $1;
 -- name: replay
--- Dead events become pending again, attempts reset; their holds go, so the aggregate resumes
--- with them first. Audited in the same statement. $1 ids, $2 actor, $3 reason
+-- Dead events become pending again, attempts and permanent failures reset; their holds go and
+-- the rows waiting behind them are set free, so the aggregate resumes with them first. Audited
+-- in the same statement. $1 ids, $2 actor, $3 reason
 WITH replayed AS (
     UPDATE {schema}.{events}
-    SET status = 'pending', attempts = 0, next_attempt_at = NULL
+    SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
     WHERE id = ANY($1) AND status = 'dead'
     RETURNING id, aggregate_type, aggregate_id
 ), unheld AS (
     DELETE FROM {schema}.holds h USING replayed r
     WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id
       AND h.event_id = r.id
+    RETURNING h.aggregate_type, h.aggregate_id
+), resumed AS (
+    UPDATE {schema}.{events} e SET next_attempt_at = NULL
+    FROM unheld u
+    WHERE e.aggregate_type = u.aggregate_type AND e.aggregate_id = u.aggregate_id
+      AND e.status = 'pending' AND e.next_attempt_at IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM replayed r WHERE r.id = e.id)
 ), audited AS (
     INSERT INTO {schema}.audit (actor, action, event_ids, reason)
     SELECT $2, 'replay', array_agg(id ORDER BY id), $3 FROM replayed HAVING count(*) > 0
 )
 SELECT count(*)::bigint FROM replayed;
 -- name: skip
--- The dead events stay dead (for the record) but stop parking their aggregates. Audited.
--- $1 ids, $2 actor, $3 reason
+-- The dead events stay dead (for the record) but stop parking their aggregates: the rows
+-- waiting behind them are set free. Audited. $1 ids, $2 actor, $3 reason
 WITH target AS (
     SELECT id, aggregate_type, aggregate_id FROM {schema}.{events}
     WHERE id = ANY($1) AND status = 'dead'
@@ -73,7 +81,12 @@ WITH target AS (
     DELETE FROM {schema}.holds h USING target t
     WHERE h.aggregate_type = t.aggregate_type AND h.aggregate_id = t.aggregate_id
       AND h.event_id = t.id
-    RETURNING h.event_id
+    RETURNING h.event_id, h.aggregate_type, h.aggregate_id
+), resumed AS (
+    UPDATE {schema}.{events} e SET next_attempt_at = NULL
+    FROM unheld u
+    WHERE e.aggregate_type = u.aggregate_type AND e.aggregate_id = u.aggregate_id
+      AND e.status = 'pending' AND e.next_attempt_at IS NOT NULL
 ), audited AS (
     INSERT INTO {schema}.audit (actor, action, event_ids, reason)
     SELECT $2, 'skip', array_agg(event_id ORDER BY event_id), $3 FROM unheld HAVING count(*) > 0

@@ -1,6 +1,9 @@
 -- Records failed attempts, fenced by lease epoch: increments attempts, stores the error, and
 -- either schedules a retry (the aggregate is held until then) or dead-letters the event (the
--- aggregate is parked when $9 is true, otherwise its hold is released).
+-- aggregate is parked when $8 is true, otherwise its hold is released). The failed event waits
+-- until its retry (`next_attempt_at`); the other pending rows of a held or parked aggregate are
+-- set waiting behind it ('infinity', see claim.sql), and set free again when the hold is
+-- released (mark_published.sql, or here when a dead head does not park).
 -- Permanent failures are also counted in `permanent_failures` (what `retry.max_attempts`
 -- counts); transient ones only in `attempts`.
 -- $1 ids, $2/$3 (partition, epoch) pairs, $4 relay id, $5 errors, $6 backoff seconds,
@@ -35,5 +38,20 @@ WITH fence AS (
     USING done
     WHERE NOT $8::boolean AND done.status = 'dead'
       AND h.aggregate_type = done.aggregate_type AND h.aggregate_id = done.aggregate_id
+    RETURNING h.aggregate_type, h.aggregate_id
+), behind AS (
+    -- The rest of a held or parked aggregate waits behind its head.
+    UPDATE {schema}.{events} e SET next_attempt_at = 'infinity'
+    FROM done
+    WHERE (done.status = 'pending' OR $8::boolean)
+      AND e.aggregate_type = done.aggregate_type AND e.aggregate_id = done.aggregate_id
+      AND e.status = 'pending' AND e.next_attempt_at IS NULL AND e.id > done.id
+      AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = e.id)
+), resumed AS (
+    UPDATE {schema}.{events} e SET next_attempt_at = NULL
+    FROM unheld r
+    WHERE e.aggregate_type = r.aggregate_type AND e.aggregate_id = r.aggregate_id
+      AND e.status = 'pending' AND e.next_attempt_at IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = e.id)
 )
 SELECT count(*)::bigint FROM done

@@ -23,15 +23,57 @@ UPDATE {leases} SET owner = NULL, expires_at = 0 WHERE partition = ?1 AND epoch 
 -- name: held
 SELECT count(*) FROM {leases} WHERE partition = ?1 AND epoch = ?2 AND owner = ?3;
 -- name: claim
--- As PostgreSQL's claim (store/sql/claim.sql and claim_columns.sql): payloads over ?3 bytes and
--- text columns over their limit (4 KiB, 64 KiB of headers) are not loaded, `unreadable` names
--- the column; the batch is cut to the byte budget ?6 (the first row always), `found` counts
--- the rows found before the cut.
+-- As PostgreSQL's claim (store/sql/claim.sql and claim_columns.sql): pending rows that are not
+-- waiting, from the floor ?5, in id order; a row behind a held head of its aggregate comes back
+-- with `behind` set (the store sets it waiting, in a write transaction); a head whose retry is
+-- due comes through its hold, with the pending rows after it. Payloads over ?3 bytes and text columns over their limit (4 KiB,
+-- 64 KiB of headers) are not loaded, `unreadable` names the column; the rows claimed are cut
+-- to the byte budget ?6 (the first always), `found` counts the rows met before the cut.
 -- ?1 partitions, ?2 limit, ?3 max payload bytes, ?4 now (ms), ?5 floor, ?6 byte budget
+WITH scanned AS (
+    SELECT e.id,
+           EXISTS (
+               SELECT 1 FROM {holds} h
+               WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
+                 AND h.event_id <= e.id) AS behind
+    FROM {events} e
+    WHERE e.status = 'pending' AND e.next_attempt_at IS NULL
+      AND e.partition IN (SELECT value FROM json_each(?1))
+      AND e.id >= ?5
+      AND NOT EXISTS (
+          SELECT 1 FROM {events} w
+          WHERE w.aggregate_type = e.aggregate_type AND w.aggregate_id = e.aggregate_id
+            AND w.status = 'pending' AND w.next_attempt_at IS NOT NULL AND w.id < e.id)
+      AND (?5 = 0 OR NOT EXISTS (
+          SELECT 1 FROM {events} b
+          WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+            AND b.status = 'pending' AND b.id < ?5))
+    ORDER BY e.id
+    LIMIT ?2
+), due AS (
+    SELECT e.id, 0 AS behind
+    FROM {holds} h
+    JOIN {events} hd ON hd.id = h.event_id AND hd.status = 'pending'
+    JOIN {events} e
+      ON e.aggregate_type = hd.aggregate_type AND e.aggregate_id = hd.aggregate_id
+     AND e.status = 'pending' AND e.id >= hd.id
+    WHERE h.partition IN (SELECT value FROM json_each(?1))
+      AND h.held_until IS NOT NULL AND h.held_until <= ?4
+      AND NOT EXISTS (
+          SELECT 1 FROM {events} b
+          WHERE b.aggregate_type = hd.aggregate_type AND b.aggregate_id = hd.aggregate_id
+            AND b.status = 'pending' AND b.id < hd.id)
+    ORDER BY e.id
+    LIMIT ?2
+), picked AS (
+    SELECT * FROM scanned UNION ALL SELECT * FROM due
+)
 SELECT * FROM (
-SELECT x.*, sum(x.row_bytes) OVER (ORDER BY x.id) AS running, count(*) OVER () AS found
+SELECT x.*,
+       sum(CASE WHEN x.behind THEN 0 ELSE x.row_bytes END) OVER (ORDER BY x.id) AS running,
+       count(*) OVER () AS found
 FROM (
-SELECT e.id, e.event_id,
+SELECT e.id, e.event_id, p.behind,
        CASE WHEN length(e.aggregate_type) <= 4096 THEN e.aggregate_type
             ELSE 'oversized:' || substr(e.aggregate_type, 1, 64) || ':' || length(e.aggregate_type)
             END AS aggregate_type,
@@ -69,23 +111,44 @@ SELECT e.id, e.event_id,
         + min(length(e.aggregate_id), 4096) + min(length(e.event_type), 4096)
         + min(length(e.content_type), 4096) + coalesce(min(length(e.destination), 4096), 0))
            AS row_bytes
-FROM {events} e
-WHERE e.status = 'pending'
-  AND e.partition IN (SELECT value FROM json_each(?1))
-  AND e.id >= ?5
+FROM picked p JOIN {events} e ON e.id = p.id
+) x
+) WHERE behind OR running - row_bytes < ?6
+ORDER BY id;
+-- name: flag_behind
+-- Sets waiting the rows a claim met behind a held head (while the hold is there).
+-- ?1 ids
+UPDATE {events} SET next_attempt_at = 'infinity'
+WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
+  AND next_attempt_at IS NULL
+  AND EXISTS (
+      SELECT 1 FROM {holds} h
+      WHERE h.aggregate_type = {events}.aggregate_type
+        AND h.aggregate_id = {events}.aggregate_id AND h.event_id <= {events}.id);
+-- name: wait_behind
+-- The rest of a held or parked aggregate waits behind its head. ?1 type, ?2 id, ?3 head id
+UPDATE {events} SET next_attempt_at = 'infinity'
+WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND status = 'pending'
+  AND next_attempt_at IS NULL AND id > ?3;
+-- name: resume
+-- Sets free the rows waiting behind a released hold. ?1 type, ?2 id
+UPDATE {events} SET next_attempt_at = NULL
+WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND status = 'pending'
+  AND next_attempt_at IS NOT NULL;
+-- name: drop_stale_holds
+-- A retry hold whose head is no longer pending. ?1 now (ms)
+DELETE FROM {holds}
+WHERE held_until IS NOT NULL AND held_until <= ?1
+  AND NOT EXISTS (
+      SELECT 1 FROM {events} e WHERE e.id = {holds}.event_id AND e.status = 'pending');
+-- name: release_stale
+-- Waiting rows of aggregates without a hold (see PostgreSQL's waiting.sql).
+UPDATE {events} SET next_attempt_at = NULL
+WHERE status = 'pending' AND next_attempt_at IS NOT NULL
   AND NOT EXISTS (
       SELECT 1 FROM {holds} h
-      WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
-        AND (h.held_until IS NULL OR h.held_until > ?4))
-  AND (?5 = 0 OR NOT EXISTS (
-      SELECT 1 FROM {events} b
-      WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-        AND b.status = 'pending' AND b.id < ?5))
-ORDER BY e.id
-LIMIT ?2
-) x
-) WHERE running - row_bytes < ?6
-ORDER BY id;
+      WHERE h.aggregate_type = {events}.aggregate_type
+        AND h.aggregate_id = {events}.aggregate_id);
 -- name: mark_published
 UPDATE {events}
 SET status = 'published', published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
@@ -93,7 +156,8 @@ SET status = 'published', published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
 RETURNING id, aggregate_type, aggregate_id;
 -- name: release_hold
-DELETE FROM {holds} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND event_id = ?3;
+DELETE FROM {holds} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND event_id = ?3
+RETURNING event_id;
 -- name: mark_failed
 UPDATE {events}
 SET attempts = attempts + 1, permanent_failures = permanent_failures + ?5, last_error = ?2,

@@ -1,0 +1,196 @@
+//! What a claim costs when an aggregate waits behind a hold with a long backlog (PostgreSQL):
+//! the claim reads O(batch) rows, not the backlog, and the waiting rows come back in order when
+//! the hold goes, whichever way it goes (published head, operator skip, a hold deleted by hand
+//! and repaired by the safety net).
+
+use std::time::Duration;
+
+use outbox::Event;
+use outbox_relay::{
+    admin::Admin,
+    store::{Failure, PgStore, Store},
+};
+use outbox_testkit::TestDb;
+use sqlx::Executor;
+
+const TTL: Duration = Duration::from_secs(60);
+const MAX: usize = 1 << 20;
+
+async fn write(db: &TestDb, aggregate: &str, versions: std::ops::Range<i64>) {
+    let events: Vec<Event> = versions
+        .map(|v| Event::new("order", aggregate, "Happened").aggregate_version(v))
+        .collect();
+    for chunk in events.chunks(5_000) {
+        let mut tx = db.pool.begin().await.unwrap();
+        db.outbox().enqueue_batch(&mut tx, chunk).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+}
+
+/// Rows of the events table that one execution of the claim visited (returned by a scan
+/// node, or read and filtered out), from `EXPLAIN (ANALYZE, FORMAT JSON)`.
+async fn rows_visited_by_a_claim(db: &TestDb, store: &PgStore, partitions: &[i32]) -> f64 {
+    let mut conn = db.pool.acquire().await.unwrap();
+    let name = format!("claim_{}", outbox_testkit::unique("p"));
+    conn.execute(sqlx::raw_sql(&format!(
+        "PREPARE {name}(integer[], bigint, integer, bigint[], bigint) AS {}",
+        store.claim_statement()
+    )))
+    .await
+    .unwrap();
+    let parts: Vec<String> = partitions.iter().map(i32::to_string).collect();
+    let floors: Vec<&str> = partitions.iter().map(|_| "0").collect();
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}('{{{}}}', 100, {MAX}, '{{{}}}', {})",
+        parts.join(","),
+        floors.join(","),
+        i64::MAX
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    conn.execute(sqlx::raw_sql(&format!("DEALLOCATE {name}")))
+        .await
+        .unwrap();
+    fn visit(node: &serde_json::Value, table: &str) -> f64 {
+        let here = if node["Relation Name"] == table {
+            let loops = node["Actual Loops"].as_f64().unwrap_or(1.0);
+            let rows = node["Actual Rows"].as_f64().unwrap_or(0.0);
+            let removed = node["Rows Removed by Filter"].as_f64().unwrap_or(0.0)
+                + node["Rows Removed by Index Recheck"]
+                    .as_f64()
+                    .unwrap_or(0.0);
+            (rows + removed) * loops
+        } else {
+            0.0
+        };
+        here + node["Plans"]
+            .as_array()
+            .map_or(0.0, |plans| plans.iter().map(|p| visit(p, table)).sum())
+    }
+    if std::env::var_os("CLAIM_PLAN").is_some() {
+        eprintln!("{}", serde_json::to_string_pretty(&plan).unwrap());
+    }
+    visit(&plan[0]["Plan"], db.tables.events().as_str())
+}
+
+fn dead(id: i64) -> Failure {
+    Failure {
+        id,
+        error: "permanent: rejected".into(),
+        backoff: Duration::ZERO,
+        dead: true,
+        permanent: true,
+    }
+}
+
+#[tokio::test]
+async fn a_claim_reads_its_batch_not_the_backlog_of_a_parked_aggregate() {
+    let db = TestDb::new(1).await;
+    write(&db, "hot", 1..20_001).await;
+    let store = PgStore::open(db.pool.clone(), &db.tables).await.unwrap();
+    let fences = store.acquire("r1", 1, TTL).await.unwrap();
+    let parts = [(0, 0)];
+    let head = store.claim(&parts, 1, MAX, i64::MAX).await.unwrap().rows[0].id;
+    assert_eq!(
+        store
+            .mark_failed("r1", &fences, &[dead(head)], true)
+            .await
+            .unwrap(),
+        1
+    );
+    // Parked, 19,999 events behind its head; 10 others arrive, then 2,000 more of the
+    // parked aggregate.
+    for i in 0..10 {
+        write(&db, &format!("cold{i}"), 1..2).await;
+    }
+    write(&db, "hot", 20_001..22_001).await;
+    // The later arrivals are met once each by the claims that set them waiting...
+    let mut others = Vec::new();
+    for _ in 0..40 {
+        let claimed = store.claim(&parts, 100, MAX, i64::MAX).await.unwrap();
+        assert!(claimed.rows.iter().all(|r| r.aggregate_id != "hot"));
+        others.extend(claimed.rows.iter().map(|r| r.id));
+        if !claimed.cut && claimed.rows.is_empty() {
+            break;
+        }
+    }
+    others.sort_unstable();
+    others.dedup();
+    assert_eq!(others.len(), 10, "the other aggregates are claimed");
+    // ... and from then on a claim reads about what it returns: without the waiting rows out
+    // of its index it read every one of the 22,000 parked events, on every claim.
+    let visited = rows_visited_by_a_claim(&db, &store, &[0]).await;
+    assert!(visited < 200.0, "a claim visited {visited} rows");
+
+    // An operator skips the dead head: the aggregate comes back, in order.
+    let admin = Admin::new(db.pool.clone(), &db.tables);
+    assert_eq!(
+        admin
+            .skip(&[head], "test", "cannot be fixed")
+            .await
+            .unwrap(),
+        1
+    );
+    let rows = store.claim(&parts, 100, MAX, i64::MAX).await.unwrap().rows;
+    let versions: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.aggregate_id == "hot")
+        .filter_map(|r| r.aggregate_version)
+        .collect();
+    assert_eq!(
+        versions,
+        (2..102).collect::<Vec<_>>(),
+        "from the head's successor on"
+    );
+}
+
+#[tokio::test]
+async fn rows_left_waiting_by_a_hold_deleted_by_hand_are_set_free_by_the_safety_net() {
+    let db = TestDb::new(1).await;
+    write(&db, "a", 1..6).await;
+    let store = PgStore::open(db.pool.clone(), &db.tables).await.unwrap();
+    let fences = store.acquire("r1", 1, TTL).await.unwrap();
+    let parts = [(0, 0)];
+    let head = store.claim(&parts, 1, MAX, i64::MAX).await.unwrap().rows[0].id;
+    assert_eq!(
+        store
+            .mark_failed("r1", &fences, &[dead(head)], true)
+            .await
+            .unwrap(),
+        1
+    );
+    let waiting = "SELECT count(*) FROM {schema}.{events} \
+                   WHERE status = 'pending' AND next_attempt_at IS NOT NULL";
+    let count = || async {
+        sqlx::query_scalar::<_, i64>(&db.tables.render(waiting))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(count().await, 4, "the rest waits behind the dead head");
+    // Not how a hold should go (`outbox dead-letters skip` frees the rows too), but possible.
+    db.exec("DELETE FROM {schema}.holds").await;
+    assert!(store
+        .claim(&parts, 100, MAX, i64::MAX)
+        .await
+        .unwrap()
+        .rows
+        .is_empty());
+    assert_eq!(store.release_stale().await.unwrap(), 4);
+    assert_eq!(count().await, 0);
+    let versions: Vec<Option<i64>> = store
+        .claim(&parts, 100, MAX, i64::MAX)
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.aggregate_version)
+        .collect();
+    assert_eq!(versions, vec![Some(2), Some(3), Some(4), Some(5)]);
+    assert_eq!(
+        store.release_stale().await.unwrap(),
+        0,
+        "nothing left to repair"
+    );
+}
