@@ -1,4 +1,5 @@
-//! `outbox`: migrate the schema, run the relay, inspect the backlog.
+//! `outbox`: the demo, the schema, the relay and the operator's tools (status, dead letters,
+//! purge, verify, sagas, event schemas).
 
 mod commands;
 mod config;
@@ -10,8 +11,12 @@ use clap::{Parser, Subcommand};
 
 /// Transactional outbox: publish committed events to your broker, at least once, in order per
 /// aggregate.
+///
+/// `demo` runs the orders scenario end to end (no services needed). `migrate` creates or
+/// upgrades the schema, `relay` publishes. `status`, `dead-letters`, `purge`, `verify`,
+/// `sagas` and `schema` inspect and operate the outbox.
 #[derive(Parser, Debug)]
-#[command(name = "outbox", version, about)]
+#[command(name = "outbox", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -751,6 +751,11 @@ async fn maintain_periodically(
                     tracing::info!(kept = ?report.kept,
                         "expired time partitions kept: they still hold pending or dead events");
                 }
+                if !report.busy.is_empty() {
+                    tracing::info!(busy = ?report.busy,
+                        "expired time partitions left for the next run: another relay was \
+                         dropping partitions, or a transaction was using the events table");
+                }
             }
             Err(error) => {
                 metrics.database_errors.inc();

@@ -112,6 +112,12 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Summary, B
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     writer.await??;
+    // The consumers have applied every event, but the relay marks an event published only once
+    // acknowledged, in batches: wait for its marks, then stop it, so that nothing changes while
+    // counting.
+    if !summary::all_marked(pool, tables, Duration::from_secs(30)).await? {
+        println!("  timed out waiting for the relay to mark every event published");
+    }
     if let Some(relay) = relay {
         relay.shutdown().await?;
     }

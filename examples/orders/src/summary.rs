@@ -1,6 +1,10 @@
-//! The scenario's counts, from the database.
+//! The scenario's counts, from the database once the relay has stopped, and checked for
+//! agreement between them.
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    time::{Duration, Instant},
+};
 
 use outbox::Tables;
 use sqlx::PgPool;
@@ -12,6 +16,27 @@ pub(crate) async fn applied_pairs(pool: &PgPool, tables: &Tables) -> Result<i64,
     ))
     .fetch_one(pool)
     .await
+}
+
+/// Waits until no event is pending, that is until the relay has marked published every event
+/// it delivered, for at most `timeout`; returns whether that happened.
+pub(crate) async fn all_marked(
+    pool: &PgPool,
+    tables: &Tables,
+    timeout: Duration,
+) -> Result<bool, sqlx::Error> {
+    let sql = tables.render("SELECT count(*) FROM {schema}.{events} WHERE status = 'pending'");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let pending: i64 = sqlx::query_scalar(&sql).fetch_one(pool).await?;
+        if pending == 0 {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// What happened, counted.
@@ -69,21 +94,52 @@ impl Summary {
         })
     }
 
-    /// Nothing lost, nothing applied twice, stock reserved once per order.
+    /// Nothing lost, nothing applied twice, and every count agrees with the others.
     pub fn guarantees_hold(&self) -> bool {
-        self.lost == 0
-            && self.applied_twice == 0
-            && self.reserved == self.ordered
-            && self.notifications == self.orders
+        self.lost == 0 && self.applied_twice == 0 && self.disagreements().is_empty()
+    }
+
+    /// The counts that disagree, each said in words; empty when one event was written per
+    /// order and published, and each order reserved its stock and sent its notification once.
+    pub fn disagreements(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        if self.events != self.orders {
+            found.push(format!(
+                "events written {} for {} orders",
+                self.events, self.orders
+            ));
+        }
+        if self.published != self.events {
+            found.push(format!(
+                "events published {} of {} written",
+                self.published, self.events
+            ));
+        }
+        if self.reserved != self.ordered {
+            found.push(format!(
+                "stock reserved {} for {} ordered",
+                self.reserved, self.ordered
+            ));
+        }
+        if self.notifications != self.orders {
+            found.push(format!(
+                "notifications sent {} for {} orders",
+                self.notifications, self.orders
+            ));
+        }
+        found
     }
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let disagreements = self.disagreements();
         let verdict = if self.guarantees_hold() {
-            "OK"
+            "OK".to_owned()
+        } else if disagreements.is_empty() {
+            "BROKEN".to_owned()
         } else {
-            "BROKEN"
+            format!("BROKEN ({})", disagreements.join("; "))
         };
         writeln!(f, "summary ({:.1}s)", self.elapsed.as_secs_f64())?;
         writeln!(f, "  orders created                 {:>7}", self.orders)?;

@@ -59,6 +59,12 @@ pub async fn run(args: Args) -> CommandResult {
             "partition {name} kept: it still holds pending or dead events\n"
         ));
     }
+    for name in &partitions.busy {
+        super::print(&format!(
+            "partition {name} left for a later run: another process was dropping partitions, \
+             or a transaction was using the events table (the drop never waits for a lock)\n"
+        ));
+    }
     let due = admin.purgeable(args.older_than).await?;
     if args.dry_run {
         super::print(&format!(

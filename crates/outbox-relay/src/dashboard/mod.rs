@@ -9,16 +9,20 @@
 //! | `POST /api/dead-letters/skip` `{"ids": [..], "reason": ".."}` | yes | skip (audited, reason required) |
 //!
 //! Reading needs no token; every mutating call needs `Authorization: Bearer <admin_token>`.
-//! Without a configured token the mutating calls are refused (403). The token travels in a
-//! header the page sets from an input field, never in a cookie, so another site cannot make a
-//! browser send it (CSRF); requests whose `Origin` is not this server are refused too. Bound to
-//! localhost unless `--listen` says otherwise. No secret is ever returned.
+//! Without a configured token the mutating calls are refused (403). The token and the origin
+//! are checked before the body is read, so a refused caller learns nothing about its body (401
+//! or 403, never a validation error); an authorised caller with a malformed body gets 400 or
+//! 422 and a message naming what is wrong. The token travels in a header the page sets from an
+//! input field, never in a cookie, so another site cannot make a browser send it (CSRF);
+//! requests whose `Origin` is not this server are refused too. Bound to localhost unless
+//! `--listen` says otherwise. No secret is ever returned.
 
 use std::sync::Arc;
 
 use axum::{
-    extract::{Query, State},
+    extract::{rejection::JsonRejection, Query, Request, State},
     http::{header, HeaderMap, StatusCode},
+    middleware::{self, Next},
     response::{Html, IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -48,13 +52,20 @@ pub struct Dashboard {
 
 /// The dashboard's routes, to merge with the metrics router.
 pub fn router(dashboard: Dashboard) -> Router {
+    let dashboard = Arc::new(dashboard);
+    let actions = Router::new()
+        .route("/api/dead-letters/replay", post(replay))
+        .route("/api/dead-letters/skip", post(skip))
+        .route_layer(middleware::from_fn_with_state(
+            dashboard.clone(),
+            authorized,
+        ));
     Router::new()
         .route("/", get(|| async { Html(PAGE) }))
         .route("/api/status", get(status))
         .route("/api/dead-letters", get(dead_letters))
-        .route("/api/dead-letters/replay", post(replay))
-        .route("/api/dead-letters/skip", post(skip))
-        .with_state(Arc::new(dashboard))
+        .merge(actions)
+        .with_state(dashboard)
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -115,6 +126,14 @@ struct Action {
 /// Why a mutating call is refused: the status and a message.
 type Refusal = (StatusCode, &'static str);
 
+/// Runs a mutating call only for an authorised caller, before its body is read.
+async fn authorized(State(d): State<Arc<Dashboard>>, request: Request, next: Next) -> Response {
+    match authorize(&d, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err((status, message)) => error(status, message),
+    }
+}
+
 /// Checks the bearer token (constant-time) and the request's origin.
 fn authorize(d: &Dashboard, headers: &HeaderMap) -> Result<(), Refusal> {
     let Some(expected) = &d.token else {
@@ -145,24 +164,30 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn check_action(action: &Action) -> Result<(), Refusal> {
+/// The action in a body, or the status and a message naming what is wrong with it (400 for
+/// JSON that does not parse, 422 for JSON of the wrong shape, 415 without a JSON content type).
+fn check_action(body: Result<Json<Action>, JsonRejection>) -> Result<Action, (StatusCode, String)> {
+    let Json(action) = body.map_err(|rejection| (rejection.status(), rejection.body_text()))?;
     if action.ids.is_empty() || action.ids.len() > 10_000 {
-        return Err((StatusCode::BAD_REQUEST, "ids: give 1 to 10000 row ids"));
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "ids: give 1 to 10000 row ids".into(),
+        ));
     }
     if action.reason.trim().is_empty() {
-        return Err((StatusCode::BAD_REQUEST, "reason: say why"));
+        return Err((StatusCode::BAD_REQUEST, "reason: say why".into()));
     }
-    Ok(())
+    Ok(action)
 }
 
 async fn replay(
     State(d): State<Arc<Dashboard>>,
-    headers: HeaderMap,
-    Json(action): Json<Action>,
+    body: Result<Json<Action>, JsonRejection>,
 ) -> Response {
-    if let Err((status, message)) = authorize(&d, &headers).and_then(|()| check_action(&action)) {
-        return error(status, message);
-    }
+    let action = match check_action(body) {
+        Ok(action) => action,
+        Err((status, message)) => return error(status, message),
+    };
     match d
         .admin
         .replay(&action.ids, "dashboard", &action.reason)
@@ -175,12 +200,12 @@ async fn replay(
 
 async fn skip(
     State(d): State<Arc<Dashboard>>,
-    headers: HeaderMap,
-    Json(action): Json<Action>,
+    body: Result<Json<Action>, JsonRejection>,
 ) -> Response {
-    if let Err((status, message)) = authorize(&d, &headers).and_then(|()| check_action(&action)) {
-        return error(status, message);
-    }
+    let action = match check_action(body) {
+        Ok(action) => action,
+        Err((status, message)) => return error(status, message),
+    };
     match d.admin.skip(&action.ids, "dashboard", &action.reason).await {
         Ok(n) => Json(serde_json::json!({ "released": n })).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),

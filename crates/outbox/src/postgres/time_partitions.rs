@@ -5,7 +5,9 @@
 //!
 //! A partition is dropped only when it ends before the retention cut-off **and** holds no
 //! pending or dead event; one that still does keeps its rows (row purge removes its published
-//! ones) and is dropped on a later run.
+//! ones) and is dropped on a later run. Dropping never waits for a lock (see
+//! [`drop_expired`]): every relay runs it periodically, and a drop queued for the events
+//! table's lock would stall every writer behind it.
 
 use chrono::{DateTime, Days, NaiveDate, Utc};
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
@@ -33,6 +35,10 @@ pub struct DropReport {
     pub dropped: Vec<(String, i64)>,
     /// Expired partitions kept because they still hold pending or dead events.
     pub kept: Vec<String>,
+    /// Expired partitions left for a later run because a lock the drop needs was not free at
+    /// once: another process was dropping partitions of this outbox, or a transaction was using
+    /// the events table. The drop never waits for a lock.
+    pub busy: Vec<String>,
 }
 
 fn err(why: impl Into<String>) -> Error {
@@ -209,9 +215,21 @@ pub async fn list(pool: &PgPool, tables: &Tables) -> Result<Vec<TimePartition>, 
 }
 
 /// Drops every partition that ends at or before `cutoff` and holds only published events
-/// (moving its rows to the archive table first when `archive`). Each partition is handled in
-/// its own short transaction that waits at most `lock_timeout` for the table lock, so a busy
-/// outbox delays the drop to the next run rather than queueing writers behind it.
+/// (moving its rows to the archive table first when `archive`), without ever waiting for a
+/// lock:
+///
+/// - one process at a time: each partition's transaction first takes the advisory lock
+///   `hashtextextended('outbox.drop_partitions."<schema>"."<table>"', 0)` if it is free;
+///   when another relay (or `outbox purge`) holds it, this run stops and reports the
+///   partitions it did not handle as [`DropReport::busy`];
+/// - a partition that still holds a pending or dead event is found without any lock on the
+///   events table and reported as kept;
+/// - the events table is then locked with `NOWAIT` (SHARE ROW EXCLUSIVE to check the partition
+///   again, since an event may have become pending meanwhile; ACCESS EXCLUSIVE to detach it).
+///   When a transaction holds a conflicting lock (any open writer does), the partition is
+///   reported as busy and left for the next run: queueing for the lock would stall every
+///   writer behind the request. `lock_timeout` (50 ms) bounds the few locks the statements
+///   take on other tables.
 pub async fn drop_expired(
     pool: &PgPool,
     tables: &Tables,
@@ -220,63 +238,145 @@ pub async fn drop_expired(
     dry_run: bool,
 ) -> Result<DropReport, Error> {
     let mut report = DropReport::default();
-    for partition in list(pool, tables).await? {
-        let ends = partition
+    let mut expired = list(pool, tables).await?.into_iter().filter(|partition| {
+        partition
             .to
             .and_hms_opt(0, 0, 0)
             .expect("midnight")
-            .and_utc();
-        if ends > cutoff {
-            continue;
-        }
-        let qualified = format!("{}.{}", tables.schema(), partition.name);
-        let mut tx = pool.begin().await.map_err(Error::Database)?;
-        tx.execute("SET LOCAL lock_timeout = '2s'")
-            .await
-            .map_err(Error::Database)?;
-        // Writers and the relay reach the partition through the parent: lock it first, so no
-        // event can become pending in it between the check and the drop.
-        tx.execute(sqlx::raw_sql(&tables.render(
-            "LOCK TABLE {schema}.{events} IN SHARE ROW EXCLUSIVE MODE",
-        )))
-        .await
-        .map_err(Error::Database)?;
-        let row = sqlx::query(&format!(
-            "SELECT count(*) AS total, count(*) FILTER (WHERE status <> 'published') AS open
-             FROM {qualified}"
-        ))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
-        let (total, open): (i64, i64) = (row.get("total"), row.get("open"));
-        if open > 0 {
-            // Release the lock now, not when the pool next hands out the connection.
-            tx.rollback().await.map_err(Error::Database)?;
-            report.kept.push(partition.name);
-            continue;
-        }
-        if dry_run {
-            tx.rollback().await.map_err(Error::Database)?;
-        } else {
-            if archive && total > 0 {
-                tx.execute(sqlx::raw_sql(&format!(
-                    "{} SELECT * FROM {qualified}",
-                    tables.render("INSERT INTO {schema}.{events_name}_archive")
-                )))
-                .await
-                .map_err(Error::Database)?;
+            .and_utc()
+            <= cutoff
+    });
+    while let Some(partition) = expired.next() {
+        match drop_one(pool, tables, &partition.name, archive, dry_run).await? {
+            Outcome::Dropped(rows) => report.dropped.push((partition.name, rows)),
+            Outcome::Kept => report.kept.push(partition.name),
+            Outcome::Busy => report.busy.push(partition.name),
+            Outcome::Gone => {}
+            Outcome::Elsewhere => {
+                report.busy.push(partition.name);
+                report.busy.extend(expired.map(|partition| partition.name));
+                break;
             }
-            tx.execute(sqlx::raw_sql(&format!(
-                "{} DETACH PARTITION {qualified}; DROP TABLE {qualified};",
-                tables.render("ALTER TABLE {schema}.{events}")
-            )))
-            .await
-            .map_err(Error::Database)?;
-            tx.commit().await.map_err(Error::Database)?;
         }
-        report.dropped.push((partition.name, total));
     }
     Ok(report)
+}
+
+/// What became of one expired partition.
+enum Outcome {
+    /// Dropped (or, in a dry run, would be), with the rows it held.
+    Dropped(i64),
+    /// It still holds a pending or dead event.
+    Kept,
+    /// A lock on the events table was not free at once.
+    Busy,
+    /// Another process dropped it since it was listed.
+    Gone,
+    /// Another process holds the drop's advisory lock.
+    Elsewhere,
+}
+
+/// Handles one expired partition in a short transaction of its own, committed only when it
+/// drops the partition; a lock that is not free at once makes it [`Outcome::Busy`].
+async fn drop_one(
+    pool: &PgPool,
+    tables: &Tables,
+    name: &str,
+    archive: bool,
+    dry_run: bool,
+) -> Result<Outcome, Error> {
+    let mut tx = pool.begin().await.map_err(Error::Database)?;
+    let outcome = match examine_and_drop(&mut tx, tables, name, archive, dry_run).await {
+        Ok(outcome) => outcome,
+        Err(error) if lock_not_available(&error) => Outcome::Busy,
+        Err(error) => return Err(Error::Database(error)),
+    };
+    if matches!(outcome, Outcome::Dropped(_)) && !dry_run {
+        tx.commit().await.map_err(Error::Database)?;
+    } else {
+        // Releases the locks now, not when the pool next hands out the connection.
+        tx.rollback().await.map_err(Error::Database)?;
+    }
+    Ok(outcome)
+}
+
+/// `NOWAIT` and `lock_timeout` both fail with `lock_not_available`.
+fn lock_not_available(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "55P03")
+}
+
+/// The checks and (unless `dry_run`) the drop, inside `tx`; the caller commits or rolls back.
+async fn examine_and_drop(
+    tx: &mut Transaction<'_, Postgres>,
+    tables: &Tables,
+    name: &str,
+    archive: bool,
+    dry_run: bool,
+) -> Result<Outcome, sqlx::Error> {
+    let parent = tables.render("{schema}.{events}");
+    let qualified = format!("{}.{name}", tables.schema());
+    tx.execute("SET LOCAL lock_timeout = '50ms'").await?;
+    let ours: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox.drop_partitions.' || $1, 0))",
+    )
+    .bind(&parent)
+    .fetch_one(&mut **tx)
+    .await?;
+    if !ours {
+        return Ok(Outcome::Elsewhere);
+    }
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&qualified)
+        .fetch_one(&mut **tx)
+        .await?;
+    if !exists {
+        return Ok(Outcome::Gone);
+    }
+    // Without the table lock: reading the partition itself conflicts with no writer.
+    let open: bool = sqlx::query_scalar(&format!(
+        "SELECT EXISTS (SELECT 1 FROM {qualified} WHERE status <> 'published')"
+    ))
+    .fetch_one(&mut **tx)
+    .await?;
+    if open {
+        return Ok(Outcome::Kept);
+    }
+    // Writers and the relay reach the partition through the parent: with the parent locked, no
+    // event can become pending in it between this check and the drop.
+    tx.execute(sqlx::raw_sql(&format!(
+        "LOCK TABLE {parent} IN SHARE ROW EXCLUSIVE MODE NOWAIT"
+    )))
+    .await?;
+    let row = sqlx::query(&format!(
+        "SELECT count(*) AS total, count(*) FILTER (WHERE status <> 'published') AS open
+         FROM {qualified}"
+    ))
+    .fetch_one(&mut **tx)
+    .await?;
+    let (total, open): (i64, i64) = (row.get("total"), row.get("open"));
+    if open > 0 {
+        return Ok(Outcome::Kept);
+    }
+    if dry_run {
+        return Ok(Outcome::Dropped(total));
+    }
+    if archive && total > 0 {
+        tx.execute(sqlx::raw_sql(&format!(
+            "{} SELECT * FROM {qualified}",
+            tables.render("INSERT INTO {schema}.{events_name}_archive")
+        )))
+        .await?;
+    }
+    tx.execute(sqlx::raw_sql(&format!(
+        "LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT;
+         ALTER TABLE {parent} DETACH PARTITION {qualified};
+         DROP TABLE {qualified};"
+    )))
+    .await?;
+    Ok(Outcome::Dropped(total))
 }
 
 #[cfg(test)]

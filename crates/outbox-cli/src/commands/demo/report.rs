@@ -1,6 +1,11 @@
-//! The demo's summary, counted from the database and the consumers' counters.
+//! The demo's summary, counted from the database and the consumers' counters once the relay
+//! has stopped, and checked for agreement between its figures.
 
-use std::{fmt, sync::atomic::Ordering, time::Duration};
+use std::{
+    fmt,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
 
 use sqlx::SqlitePool;
 
@@ -13,6 +18,25 @@ pub async fn applied_events(pool: &SqlitePool) -> Result<i64, sqlx::Error> {
     )
     .fetch_one(pool)
     .await
+}
+
+/// Waits until no event is pending, that is until the relay has marked published every event
+/// it delivered, for at most `timeout`; returns whether that happened.
+pub async fn all_marked(pool: &SqlitePool, timeout: Duration) -> Result<bool, sqlx::Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_events WHERE status = 'pending'")
+                .fetch_one(pool)
+                .await?;
+        if pending == 0 {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// What happened, from counting.
@@ -76,21 +100,52 @@ impl Summary {
         })
     }
 
-    /// No event lost, none applied twice, stock reserved exactly once per order.
+    /// No event lost, none applied twice, and every figure agrees with the others.
     pub fn guarantees_hold(&self) -> bool {
-        self.lost == 0
-            && self.applied_twice == 0
-            && self.reserved == self.ordered
-            && self.notifications == self.orders
+        self.lost == 0 && self.applied_twice == 0 && self.disagreements().is_empty()
+    }
+
+    /// The figures that disagree, each said in words; empty when one event was written per
+    /// order and published, and each order reserved its stock and sent its notification once.
+    fn disagreements(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        if self.events_written != self.orders {
+            found.push(format!(
+                "events written {} for {} orders",
+                self.events_written, self.orders
+            ));
+        }
+        if self.events_published != self.events_written {
+            found.push(format!(
+                "events published {} of {} written",
+                self.events_published, self.events_written
+            ));
+        }
+        if self.reserved != self.ordered {
+            found.push(format!(
+                "stock reserved {} for {} ordered",
+                self.reserved, self.ordered
+            ));
+        }
+        if self.notifications != self.orders {
+            found.push(format!(
+                "notifications sent {} for {} orders",
+                self.notifications, self.orders
+            ));
+        }
+        found
     }
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let disagreements = self.disagreements();
         let verdict = if self.guarantees_hold() {
-            "OK"
+            "OK".to_owned()
+        } else if disagreements.is_empty() {
+            "BROKEN".to_owned()
         } else {
-            "BROKEN"
+            format!("BROKEN ({})", disagreements.join("; "))
         };
         writeln!(f)?;
         writeln!(f, "summary ({:.1}s)", self.elapsed.as_secs_f64())?;
@@ -138,5 +193,66 @@ impl fmt::Display for Summary {
             "  {} lost, {} applied twice: {verdict}",
             self.lost, self.applied_twice
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agreeing() -> Summary {
+        Summary {
+            orders: 300,
+            events_written: 300,
+            events_published: 300,
+            deliveries: 328,
+            dropped_acks: 21,
+            duplicates_discarded: 55,
+            lost: 0,
+            applied_twice: 0,
+            reserved: 600,
+            ordered: 600,
+            notifications: 300,
+            lag_p50: Duration::from_millis(2136),
+            lag_max: Duration::from_millis(2787),
+            elapsed: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn a_summary_whose_figures_agree_says_ok() {
+        let summary = agreeing();
+        assert!(summary.guarantees_hold());
+        assert!(summary
+            .to_string()
+            .ends_with("  0 lost, 0 applied twice: OK\n"));
+    }
+
+    #[test]
+    fn a_summary_with_fewer_events_published_than_written_does_not_say_ok() {
+        let summary = Summary {
+            events_published: 296,
+            ..agreeing()
+        };
+        assert!(!summary.guarantees_hold());
+        let text = summary.to_string();
+        assert!(!text.contains(": OK"), "{text}");
+        assert!(
+            text.contains("events published 296 of 300 written"),
+            "the verdict names the figure that disagrees: {text}"
+        );
+    }
+
+    #[test]
+    fn a_summary_with_events_missing_for_orders_does_not_say_ok() {
+        let summary = Summary {
+            events_written: 299,
+            events_published: 299,
+            ..agreeing()
+        };
+        assert!(!summary.guarantees_hold());
+        assert!(summary
+            .to_string()
+            .contains("events written 299 for 300 orders"));
     }
 }
