@@ -7,6 +7,7 @@ mod dbbound;
 mod drain;
 mod kafka;
 mod naive;
+mod parked;
 mod process;
 mod progress;
 mod rabbitmq;
@@ -47,6 +48,9 @@ enum Command {
     /// (e) Polling and the three CDC write modes side by side on `--cdc-database-url`: drain,
     /// latency at `--rate` (default 1000/s), WAL and row writes per event, table left behind.
     Cdc,
+    /// (f) One claim's time and rows visited with `--parked` events behind a dead head, next
+    /// to the same with nothing parked.
+    Parked,
 }
 
 /// Settings shared by every scenario. Flags may come before or after the subcommand.
@@ -161,6 +165,12 @@ pub struct Options {
     /// Fraction of the measured maximum rate used when `--rate` is not given.
     #[arg(long, global = true, default_value_t = 0.5)]
     pub rate_fraction: f64,
+    /// (f) parked: events waiting behind the dead head.
+    #[arg(long, global = true, default_value_t = 100_000)]
+    pub parked: u64,
+    /// (f) parked: claims timed in each measurement.
+    #[arg(long, global = true, default_value_t = 200)]
+    pub claims: usize,
 }
 
 /// The broker of (a) drain.
@@ -190,7 +200,7 @@ async fn run(cli: Cli) -> common::Result<()> {
     // NATS is needed by (a) unless it drains into Kafka, and always by (c) and (d).
     let needs_nats = match cli.command {
         Command::Drain => cli.options.broker == Broker::Nats,
-        Command::Dbbound => false,
+        Command::Dbbound | Command::Parked => false,
         Command::Naive | Command::Steady | Command::All | Command::Cdc => true,
     };
     if cli.command == Command::Cdc {
@@ -213,6 +223,25 @@ async fn run(cli: Cli) -> common::Result<()> {
         );
         println!("{text}");
         let path = bench.out_dir().join("cdc.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
+    }
+    if cli.command == Command::Parked {
+        let bench = Bench::connect(cli.options, false, false, false).await?;
+        bench.settle("parked").await;
+        let rows = parked::run(&bench, bench.options.parked, bench.options.claims).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# Claims with a parked aggregate\n\nMachine: nproc {} ({}), PostgreSQL {}.\n\n{}\n`{}`\n",
+            m.nproc,
+            m.cpu_model,
+            m.postgres,
+            parked::render(&rows),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("parked.md");
         std::fs::write(&path, &text)?;
         eprintln!("results written to {}", path.display());
         return Ok(());

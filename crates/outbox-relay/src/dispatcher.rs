@@ -134,15 +134,24 @@ async fn publish_one(
         )));
     }
     let wait = timeout.min(lease_left);
-    let publish = std::panic::AssertUnwindSafe(publisher.publish(message)).catch_unwind();
-    match tokio::time::timeout(wait, publish).await {
-        Ok(Ok(Ok(()))) => Outcome::Published(Instant::now()),
-        Ok(Ok(Err(e))) => Outcome::Failed(e),
-        Ok(Err(panic)) => Outcome::Failed(PublishError::permanent(format!(
+    let panicked = |panic: Box<dyn std::any::Any + Send>| {
+        Outcome::Failed(PublishError::permanent(format!(
             "the {} publisher panicked: {}",
             publisher.name(),
             panic_message(&panic)
-        ))),
+        )))
+    };
+    // A panic when the publish starts or while it runs.
+    let publish =
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| publisher.publish(message)))
+        {
+            Ok(publish) => std::panic::AssertUnwindSafe(publish).catch_unwind(),
+            Err(panic) => return panicked(panic),
+        };
+    match tokio::time::timeout(wait, publish).await {
+        Ok(Ok(Ok(()))) => Outcome::Published(Instant::now()),
+        Ok(Ok(Err(e))) => Outcome::Failed(e),
+        Ok(Err(panic)) => panicked(panic),
         Err(_) if wait < timeout => Outcome::Failed(PublishError::transient(format!(
             "no acknowledgement from {} before the partition lease ran out ({wait:?})",
             publisher.name()
@@ -265,6 +274,51 @@ mod tests {
         .await;
         assert_eq!(*publisher.log.lock().unwrap(), vec![3]);
         assert_eq!(results.len(), 3);
+    }
+
+    /// Never acknowledges.
+    struct Silent;
+
+    impl Publisher for Silent {
+        fn publish<'a>(&'a self, _: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
+            Box::pin(futures::future::pending())
+        }
+        fn name(&self) -> &'static str {
+            "silent"
+        }
+        fn max_payload_bytes(&self) -> usize {
+            1024
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_waits_no_longer_than_its_lease_stays_valid() {
+        let leases = Leases::default();
+        leases.add_for_test_lasting(&[(0, 1)], Duration::from_secs(2));
+        let started = Instant::now();
+        let results = dispatch(
+            vec![item(1, "a"), item(2, "a")],
+            Arc::new(Silent),
+            Arc::new(leases),
+            8,
+            Duration::from_secs(30),
+        )
+        .await;
+        // The attempt ends when the lease would lapse, not after the 30 s publish timeout: a
+        // successor can take the partition only after that, so it never publishes the
+        // aggregate's next event while this relay still waits for the previous one's ack.
+        assert!(started.elapsed() <= Duration::from_secs(2));
+        match &results[0].1 {
+            Outcome::Failed(e) => {
+                assert!(e.is_transient(), "maybe delivered: {e}");
+                assert!(
+                    e.message.contains("before the partition lease ran out"),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(results[1].1, Outcome::Skipped);
     }
 
     #[tokio::test]

@@ -342,7 +342,12 @@ async fn tick_exclusive(
 impl Leases {
     /// Test helper: holds `fences` for a minute.
     pub(crate) fn add_for_test(&self, fences: &[Fence]) {
-        self.add(fences, Instant::now() + Duration::from_secs(60));
+        self.add_for_test_lasting(fences, Duration::from_secs(60));
+    }
+
+    /// Test helper: holds `fences`, valid for `validity` from now.
+    pub(crate) fn add_for_test_lasting(&self, fences: &[Fence], validity: Duration) {
+        self.add(fences, Instant::now() + validity);
     }
 }
 

@@ -213,12 +213,14 @@ impl Relay {
             background.clone(),
         ));
         let wake = Arc::new(tokio::sync::Notify::new());
+        // The relay's background tasks: none outlives `run` (see the end).
+        let mut upkeep = tokio::task::JoinSet::new();
         if !cdc {
             if let Some(listener) = this.store.notifications(wake.clone(), background.clone()) {
-                tokio::spawn(listener);
+                upkeep.spawn(listener);
             }
         }
-        tokio::spawn(sample_stats(
+        upkeep.spawn(sample_stats(
             this.store.clone(),
             this.metrics.clone(),
             this.health.clone(),
@@ -227,7 +229,7 @@ impl Relay {
             background.clone(),
         ));
         if let Some(admin) = this.admin.clone() {
-            tokio::spawn(maintain_periodically(
+            upkeep.spawn(maintain_periodically(
                 admin,
                 this.config.purge_retention,
                 this.config.purge_interval,
@@ -257,6 +259,16 @@ impl Relay {
         // partitions (freed by relays shutting down alongside) after the release below.
         background.cancel();
         let _ = lease_task.await;
+        // Background tasks stop at their next wait; one in the middle of a long purge gets a
+        // few seconds to finish its statement, then is aborted (each purge batch commits on its
+        // own; a partition drop in progress rolls back).
+        let finished = async { while upkeep.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(5), finished)
+            .await
+            .is_err()
+        {
+            upkeep.shutdown().await;
+        }
         let leases = this.leases.take_all();
         if let Err(error) = this.store.release(&this.relay_id, &leases).await {
             tracing::warn!(%error, "could not release leases; they expire by themselves");

@@ -1,0 +1,215 @@
+//! Rows that used to be published wrong or take the relay down: on SQLite, an event id that is
+//! not a UUID (published as the nil UUID, which the broker's deduplication and every inbox then
+//! took for one event) and a time that cannot be parsed (published as "now"); anywhere, a
+//! publisher that panics on one event. Each ends as a dead letter naming the reason, after a
+//! bounded number of attempts, and the other events flow.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::future::BoxFuture;
+use outbox::{sqlite::SqliteOutbox, Event, Tables};
+use outbox_relay::{retry::RetryPolicy, Message, PublishError, Publisher, Relay, RelayConfig};
+use outbox_testkit::{unique, wait_until};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+
+/// Records what it acknowledges; panics on the events whose aggregate id is `panic` (when the
+/// publish starts) or `panic-later` (while it runs).
+#[derive(Default)]
+struct Recorder(Mutex<Vec<Message>>);
+
+impl Publisher for Recorder {
+    fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
+        if message.aggregate_id == "panic" {
+            panic!("a publisher bug this event triggers");
+        }
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            if message.aggregate_id == "panic-later" {
+                panic!("a bug while publishing");
+            }
+            self.0.lock().unwrap().push(message.clone());
+            Ok(())
+        })
+    }
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+    fn max_payload_bytes(&self) -> usize {
+        1 << 20
+    }
+}
+
+fn config() -> RelayConfig {
+    RelayConfig {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat_interval: Duration::from_millis(500),
+        poll_interval: Duration::from_millis(100),
+        stats_interval: Duration::from_millis(500),
+        retry: RetryPolicy {
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(100),
+            max_transient_backoff: Duration::from_millis(100),
+            max_attempts: 3,
+        },
+        ..Default::default()
+    }
+}
+
+struct SqliteFile {
+    pool: SqlitePool,
+    path: std::path::PathBuf,
+}
+
+impl SqliteFile {
+    async fn new() -> Self {
+        let path = std::env::temp_dir().join(format!("{}.db", unique("poison")));
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .unwrap();
+        SqliteOutbox::new(Tables::default())
+            .migrate(&pool)
+            .await
+            .unwrap();
+        Self { pool, path }
+    }
+
+    async fn status(&self, aggregate_id: &str) -> (String, Option<String>, i32) {
+        sqlx::query_as(&Tables::default().render_sqlite(
+            "SELECT status, last_error, attempts FROM {events} WHERE aggregate_id = ?",
+        ))
+        .bind(aggregate_id)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+impl Drop for SqliteFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
+        }
+    }
+}
+
+#[tokio::test]
+async fn sqlite_rows_with_an_id_or_a_time_the_relay_cannot_read_are_dead_letters() {
+    let db = SqliteFile::new().await;
+    let insert = Tables::default().render_sqlite(
+        "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type, payload, \
+         occurred_at) VALUES (?, 'order', ?, 'Placed', X'7B7D', coalesce(?, \
+         strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+    );
+    for (event_id, aggregate_id, occurred_at) in [
+        ("not-a-uuid", "bad-id", None),
+        ("42", "numeric-id", None),
+        (
+            "0192f0c4-7d1e-7b3a-9c55-1d2e3f405162",
+            "bad-time",
+            Some("yesterday"),
+        ),
+        ("0192f0c4-7d1e-7b3a-9c55-1d2e3f405163", "good", None),
+    ] {
+        sqlx::query(&insert)
+            .bind(event_id)
+            .bind(aggregate_id)
+            .bind(occurred_at)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let recorder = Arc::new(Recorder::default());
+    let relay = Relay::sqlite(db.pool.clone(), recorder.clone(), config())
+        .await
+        .unwrap()
+        .spawn();
+    wait_until(
+        "the readable event published, the others dead",
+        Duration::from_secs(20),
+        || async {
+            db.status("good").await.0 == "published"
+                && db.status("bad-id").await.0 == "dead"
+                && db.status("numeric-id").await.0 == "dead"
+                && db.status("bad-time").await.0 == "dead"
+        },
+    )
+    .await;
+    relay.shutdown().await.unwrap();
+    for (aggregate_id, reason) in [
+        ("bad-id", "event_id \"not-a-uuid\" is not a UUID"),
+        ("numeric-id", "event_id \"42\" is not a UUID"),
+        (
+            "bad-time",
+            "occurred_at \"yesterday\" is not a time the relay can read",
+        ),
+    ] {
+        let error = db.status(aggregate_id).await.1.unwrap_or_default();
+        assert!(error.contains(reason), "{aggregate_id}: {error}");
+    }
+    let published = recorder.0.lock().unwrap();
+    assert_eq!(
+        published.len(),
+        1,
+        "only the readable event reached the broker"
+    );
+    assert_eq!(
+        published[0].event_id.to_string(),
+        "0192f0c4-7d1e-7b3a-9c55-1d2e3f405163"
+    );
+}
+
+#[tokio::test]
+async fn an_event_that_makes_the_publisher_panic_is_dead_lettered_and_the_rest_flow() {
+    let db = SqliteFile::new().await;
+    let outbox = SqliteOutbox::new(Tables::default());
+    let mut tx = db.pool.begin().await.unwrap();
+    let events: Vec<Event> = ["panic", "a", "panic-later", "b", "c"]
+        .iter()
+        .map(|id| Event::new("order", *id, "Placed").payload(b"{}".to_vec(), "application/json"))
+        .collect();
+    outbox.enqueue_batch(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let relay = Relay::sqlite(db.pool.clone(), recorder.clone(), config())
+        .await
+        .unwrap()
+        .spawn();
+    wait_until(
+        "the panicking events dead",
+        Duration::from_secs(20),
+        || async {
+            db.status("panic").await.0 == "dead" && db.status("panic-later").await.0 == "dead"
+        },
+    )
+    .await;
+    wait_until("the others published", Duration::from_secs(20), || async {
+        recorder.0.lock().unwrap().len() == 3
+    })
+    .await;
+    assert!(!relay.is_finished(), "the relay is still running");
+    relay.shutdown().await.unwrap();
+    let (_, error, attempts) = db.status("panic").await;
+    let error = error.unwrap_or_default();
+    assert!(
+        error.contains("the recorder publisher panicked: a publisher bug this event triggers"),
+        "{error}"
+    );
+    assert_eq!(
+        attempts, 3,
+        "dead after max_attempts permanent failures, not a crash loop"
+    );
+    let (_, error, _) = db.status("panic-later").await;
+    assert!(error
+        .unwrap_or_default()
+        .contains("the recorder publisher panicked: a bug while publishing"));
+}
