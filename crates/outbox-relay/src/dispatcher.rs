@@ -138,7 +138,7 @@ async fn publish_one(
         Outcome::Failed(PublishError::permanent(format!(
             "the {} publisher panicked: {}",
             publisher.name(),
-            panic_message(&panic)
+            crate::error::panic_message(&panic)
         )))
     };
     // A panic when the publish starts or while it runs.
@@ -161,16 +161,6 @@ async fn publish_one(
             publisher.name()
         ))),
     }
-}
-
-/// The text of a caught panic, cut to 200 characters (it is stored in `last_error`).
-pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into());
-    text.chars().take(200).collect()
 }
 
 #[cfg(test)]

@@ -25,3 +25,13 @@ pub enum Error {
         source: std::io::Error,
     },
 }
+
+/// The text of a caught panic, cut to 200 characters (it is stored in `last_error`).
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    text.chars().take(200).collect()
+}

@@ -49,15 +49,12 @@ struct Marks {
 /// Why a relay is not ready.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotReady {
-    /// One word, the `reason` label of `outbox_unready`: `database`, `loop`, `claim` or
-    /// `stalled`.
+    /// One word, the `reason` label of `outbox_unready`: one of
+    /// [`crate::telemetry::UNREADY_REASONS`].
     pub reason: &'static str,
     /// What `/readyz` says.
     pub message: String,
 }
-
-/// Every `reason` a [`NotReady`] can give.
-pub const UNREADY_REASONS: [&str; 4] = ["database", "loop", "claim", "stalled"];
 
 impl Health {
     /// Fresh markers: ready until proven otherwise.
@@ -191,7 +188,7 @@ pub fn router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     state
         .metrics
-        .set_readiness(state.health.readiness().err().as_ref());
+        .set_readiness(state.health.readiness().err().map(|n| n.reason));
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -58,10 +58,13 @@ pub struct FailureLabels {
     pub class: String,
 }
 
+/// Every `reason` of `outbox_unready` (why `/readyz` fails; see [`crate::http`]).
+pub const UNREADY_REASONS: [&str; 4] = ["database", "loop", "claim", "stalled"];
+
 /// `reason` label of `outbox_unready`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// One of [`crate::http::UNREADY_REASONS`].
+    /// One of [`UNREADY_REASONS`].
     pub reason: String,
 }
 
@@ -147,7 +150,7 @@ impl Metrics {
         let cdc_spilled = Counter::default();
         let ready = Gauge::default();
         let unready = Family::<ReasonLabel, Gauge<i64, AtomicI64>>::default();
-        for reason in crate::http::UNREADY_REASONS {
+        for reason in UNREADY_REASONS {
             let _ = unready.get_or_create(&ReasonLabel {
                 reason: reason.into(),
             });
@@ -278,11 +281,12 @@ impl Metrics {
         }
     }
 
-    /// Sets `outbox_ready` and `outbox_unready` from a readiness check.
-    pub fn set_readiness(&self, not_ready: Option<&crate::http::NotReady>) {
+    /// Sets `outbox_ready` and `outbox_unready` from a readiness check: `None` when ready,
+    /// else the reason it failed.
+    pub fn set_readiness(&self, not_ready: Option<&str>) {
         self.ready.set(i64::from(not_ready.is_none()));
-        for reason in crate::http::UNREADY_REASONS {
-            let on = not_ready.is_some_and(|n| n.reason == reason);
+        for reason in UNREADY_REASONS {
+            let on = not_ready == Some(reason);
             self.unready
                 .get_or_create(&ReasonLabel {
                     reason: reason.into(),

@@ -125,7 +125,7 @@ impl ClaimedRow {
         .unwrap_or_else(|panic| {
             Err(PublishError::permanent(format!(
                 "the relay panicked decoding this row: {}",
-                crate::dispatcher::panic_message(&panic)
+                crate::error::panic_message(&panic)
             )))
         })
     }
