@@ -128,21 +128,22 @@ impl Health {
         let m = self.marks();
         let t = self.stall_timeout;
         let not_ready = |reason, message| Err(NotReady { reason, message });
-        if m.database_ok.elapsed() > t {
-            return not_ready(
-                "database",
-                format!(
-                    "database unreachable for {}s",
-                    m.database_ok.elapsed().as_secs()
-                ),
-            );
-        }
+        // The most specific cause first: a stuck loop also starves the other markers.
         if m.loop_turned.elapsed() > t {
             return not_ready(
                 "loop",
                 format!(
                     "relay loop stuck for {}s (a call that does not return)",
                     m.loop_turned.elapsed().as_secs()
+                ),
+            );
+        }
+        if m.database_ok.elapsed() > t {
+            return not_ready(
+                "database",
+                format!(
+                    "database unreachable for {}s (no relay statement succeeded)",
+                    m.database_ok.elapsed().as_secs()
                 ),
             );
         }

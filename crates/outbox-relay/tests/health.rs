@@ -285,3 +285,65 @@ async fn leases_are_renewed_while_a_blocked_claim_holds_the_only_connection() {
     common::drained(&db, Duration::from_secs(20)).await;
     relay.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_relay_whose_loop_is_stuck_gives_its_leases_up_and_takes_them_back_after() {
+    let db = TestDb::new(2).await;
+    let mut config = common::fast_config(&db, &unique("p"));
+    // A claim may block for a minute: the loop does not turn meanwhile.
+    config.lock_timeout = Duration::from_secs(60);
+    config.statement_timeout = Duration::from_secs(60);
+    config.stall_timeout = Duration::from_secs(2);
+    let relay = Relay::new(db.pool.clone(), Arc::new(Switch::default()), config)
+        .await
+        .unwrap();
+    let (relay_id, health) = (relay.relay_id().to_owned(), relay.health());
+    let relay = relay.spawn();
+    let owned =
+        || async {
+            sqlx::query_scalar::<_, i64>(&db.tables.render(
+                "SELECT count(*) FROM {schema}.leases WHERE owner = $1 AND expires_at > now()",
+            ))
+            .bind(&relay_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        };
+    let live = || async {
+        sqlx::query_scalar::<_, i64>(
+            &db.tables
+                .render("SELECT count(*) FROM {schema}.relays WHERE relay_id = $1"),
+        )
+        .bind(&relay_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    wait_until(
+        "the relay to own both partitions",
+        Duration::from_secs(10),
+        || async { owned().await == 2 },
+    )
+    .await;
+    let locker = lock_holds(&db).await;
+    write(&db, "blocked", 3).await;
+    // Stuck for stall_timeout: not ready ("loop"), every lease released, out of the live set,
+    // so that any other relay takes the partitions over at once.
+    wait_until(
+        "the stuck relay to give its leases up",
+        Duration::from_secs(20),
+        || async { owned().await == 0 && live().await == 0 },
+    )
+    .await;
+    assert_eq!(health.readiness().unwrap_err().reason, "loop");
+    unlock(locker).await;
+    // The claim returns, the loop turns: the relay takes part again and publishes.
+    wait_until(
+        "the relay to take its partitions back",
+        Duration::from_secs(20),
+        || async { owned().await == 2 },
+    )
+    .await;
+    common::drained(&db, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+}
