@@ -8,7 +8,7 @@ use std::{collections::HashSet, time::Duration};
 use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::future::BoxFuture;
 use outbox::Tables;
-use sqlx::{Executor, Row, SqlitePool};
+use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
 use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Store};
@@ -94,22 +94,27 @@ impl SqliteStore {
         sqlx::query_scalar(&self.sql.now_ms).fetch_one(conn).await
     }
 
-    /// A connection inside a write transaction (`BEGIN IMMEDIATE` takes the write lock up
-    /// front, so the lease check and the update cannot interleave with another writer).
-    async fn begin_write(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
-        conn.execute("BEGIN IMMEDIATE").await?;
-        Ok(conn)
+    /// A write transaction (`BEGIN IMMEDIATE` takes the write lock up front, so the lease
+    /// check and the update cannot interleave with another writer). A transaction sqlx tracks:
+    /// if the relay is aborted mid-way (a crash, as `RelayHandle::abort`), it is rolled back
+    /// before its connection is used again, instead of going back to the pool still holding
+    /// the database's write lock and blocking every other writer.
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
     /// Commits when `result` is Ok, else rolls back; returns `result`.
-    async fn finish_ref<T>(
-        conn: &mut sqlx::SqliteConnection,
+    async fn finish<T>(
+        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         result: Result<T, sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        conn.execute(end).await?;
-        result
+        match result {
+            Ok(value) => tx.commit().await.map(|()| value),
+            Err(error) => {
+                let _ = tx.rollback().await;
+                Err(error)
+            }
+        }
     }
 
     async fn fenced(
@@ -248,8 +253,8 @@ impl Store for SqliteStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<i32>, sqlx::Error>> {
         Box::pin(async move {
-            let mut conn = self.begin_write().await?;
-            let conn = &mut *conn;
+            let mut tx = self.begin_write().await?;
+            let conn: &mut sqlx::SqliteConnection = &mut tx;
             let result = async {
                 let now: i64 = sqlx::query_scalar(&self.sql.now_ms)
                     .fetch_one(&mut *conn)
@@ -268,7 +273,7 @@ impl Store for SqliteStore {
                 Ok(still)
             }
             .await;
-            Self::finish_ref(conn, result).await
+            Self::finish(tx, result).await
         })
     }
 
@@ -279,8 +284,8 @@ impl Store for SqliteStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>> {
         Box::pin(async move {
-            let mut conn = self.begin_write().await?;
-            let conn = &mut *conn;
+            let mut tx = self.begin_write().await?;
+            let conn: &mut sqlx::SqliteConnection = &mut tx;
             let result = async {
                 let now: i64 = sqlx::query_scalar(&self.sql.now_ms)
                     .fetch_one(&mut *conn)
@@ -297,7 +302,7 @@ impl Store for SqliteStore {
                     .collect()
             }
             .await;
-            Self::finish_ref(conn, result).await
+            Self::finish(tx, result).await
         })
     }
 
@@ -307,8 +312,8 @@ impl Store for SqliteStore {
         leases: &'a [Fence],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let mut conn = self.begin_write().await?;
-            let conn = &mut *conn;
+            let mut tx = self.begin_write().await?;
+            let conn: &mut sqlx::SqliteConnection = &mut tx;
             let result = async {
                 for (partition, epoch) in leases {
                     sqlx::query(&self.sql.release)
@@ -321,7 +326,7 @@ impl Store for SqliteStore {
                 Ok(())
             }
             .await;
-            Self::finish_ref(conn, result).await
+            Self::finish(tx, result).await
         })
     }
 
@@ -362,13 +367,13 @@ impl Store for SqliteStore {
             drop(conn);
             if !behind.is_empty() {
                 // Met once: set waiting, so that later claims do not walk them again.
-                let mut conn = self.begin_write().await?;
+                let mut tx = self.begin_write().await?;
                 let flagged = sqlx::query(&self.sql.flag_behind)
                     .bind(serde_json::to_string(&behind).expect("integers"))
-                    .execute(&mut *conn)
+                    .execute(&mut *tx)
                     .await
                     .map(drop);
-                Self::finish_ref(&mut conn, flagged).await?;
+                Self::finish(tx, flagged).await?;
             }
             let cut = found > claimed_rows.len() as i64;
             Ok(Claimed {
@@ -385,8 +390,8 @@ impl Store for SqliteStore {
         ids: &'a [i64],
     ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
         Box::pin(async move {
-            let mut conn = self.begin_write().await?;
-            let conn = &mut *conn;
+            let mut tx = self.begin_write().await?;
+            let conn: &mut sqlx::SqliteConnection = &mut tx;
             let result = async {
                 if self.fenced(conn, relay_id, fences).await?.is_empty() {
                     return Ok(0);
@@ -415,7 +420,7 @@ impl Store for SqliteStore {
                 Ok(done.len() as i64)
             }
             .await;
-            Self::finish_ref(conn, result).await
+            Self::finish(tx, result).await
         })
     }
 
@@ -427,8 +432,8 @@ impl Store for SqliteStore {
         park_on_dead: bool,
     ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
         Box::pin(async move {
-            let mut conn = self.begin_write().await?;
-            let conn = &mut *conn;
+            let mut tx = self.begin_write().await?;
+            let conn: &mut sqlx::SqliteConnection = &mut tx;
             let result = async {
                 if self.fenced(conn, relay_id, fences).await?.is_empty() {
                     return Ok(0);
@@ -481,14 +486,14 @@ impl Store for SqliteStore {
                 Ok(n)
             }
             .await;
-            Self::finish_ref(conn, result).await
+            Self::finish(tx, result).await
         })
     }
 
     fn release_stale(&self) -> BoxFuture<'_, Result<u64, sqlx::Error>> {
         Box::pin(async move {
-            let mut conn = self.begin_write().await?;
-            let conn = &mut *conn;
+            let mut tx = self.begin_write().await?;
+            let conn: &mut sqlx::SqliteConnection = &mut tx;
             let result = async {
                 let now = self.now_ms(conn).await?;
                 sqlx::query(&self.sql.drop_stale_holds)
@@ -501,7 +506,7 @@ impl Store for SqliteStore {
                     .map(|done| done.rows_affected())
             }
             .await;
-            Self::finish_ref(conn, result).await
+            Self::finish(tx, result).await
         })
     }
 

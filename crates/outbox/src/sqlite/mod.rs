@@ -76,14 +76,20 @@ impl SqliteOutbox {
     /// Creates or upgrades the tables (idempotent; concurrent callers serialise on SQLite's
     /// write lock).
     pub async fn migrate(&self, pool: &SqlitePool) -> Result<(), Error> {
-        let mut conn = pool.acquire().await.map_err(Error::Database)?;
-        conn.execute("BEGIN IMMEDIATE")
+        // A transaction sqlx tracks: rolled back if this future is dropped half-way, rather
+        // than left open on a pooled connection, holding the write lock.
+        let mut tx = pool
+            .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(Error::Database)?;
-        let result = migrate_locked(&mut conn, &self.tables).await;
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        conn.execute(end).await.map_err(Error::Database)?;
-        result
+        let result = migrate_locked(&mut tx, &self.tables).await;
+        match result {
+            Ok(()) => tx.commit().await.map_err(Error::Database),
+            Err(error) => {
+                let _ = tx.rollback().await;
+                Err(error)
+            }
+        }
     }
 
     /// Writes one event inside the caller's transaction and returns its id. Never commits.
