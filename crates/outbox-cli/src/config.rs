@@ -12,6 +12,7 @@ use outbox_relay::{
     publishers::{
         kafka::KafkaConfig, mqtt::MqttConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig,
         redis::RedisConfig, servicebus::ServiceBusConfig, sqs::SqsConfig, webhook::WebhookConfig,
+        BrokerSettings,
     },
     RelayConfig,
 };
@@ -55,6 +56,22 @@ pub struct FileConfig {
     pub servicebus: ServiceBusConfig,
     /// Kafka settings.
     pub kafka: KafkaConfig,
+}
+
+impl FileConfig {
+    /// The publishers' settings, for `outbox_relay::publishers::connect`.
+    pub fn broker_settings(&self) -> BrokerSettings {
+        let mut settings = BrokerSettings::default();
+        settings.nats = self.nats.clone();
+        settings.rabbitmq = self.rabbitmq.clone();
+        settings.webhook = self.webhook.clone();
+        settings.redis = self.redis.clone();
+        settings.mqtt = self.mqtt.clone();
+        settings.sqs = self.sqs.clone();
+        settings.servicebus = self.servicebus.clone();
+        settings.kafka = self.kafka.clone();
+        settings
+    }
 }
 
 /// Serde-friendly wrapper of [`LogFormat`].

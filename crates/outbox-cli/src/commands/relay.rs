@@ -1,16 +1,8 @@
 //! `outbox relay`.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
-use outbox_relay::{
-    http,
-    publishers::{
-        kafka::KafkaPublisher, mqtt::MqttPublisher, nats::NatsPublisher,
-        rabbitmq::RabbitMqPublisher, redis::RedisPublisher, servicebus::ServiceBusPublisher,
-        sqs::SqsPublisher, webhook::WebhookPublisher,
-    },
-    Publisher, Relay,
-};
+use outbox_relay::{http, Relay};
 use tokio_util::sync::CancellationToken;
 
 use super::{connect_waiting, CommandResult, Db};
@@ -100,53 +92,7 @@ pub async fn run(args: Args) -> CommandResult {
          broker_url in the config file",
     )?;
     let db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches)).await?;
-    let publisher: Arc<dyn Publisher> = match broker_url.split_once("://").map(|(s, _)| s) {
-        Some("nats" | "tls") => {
-            cfg.nats.url = broker_url;
-            Arc::new(NatsPublisher::connect(cfg.nats.clone()).await?)
-        }
-        Some("amqp" | "amqps") => {
-            cfg.rabbitmq.url = broker_url;
-            Arc::new(RabbitMqPublisher::connect(cfg.rabbitmq.clone()).await?)
-        }
-        Some("redis" | "rediss") => {
-            cfg.redis.url = broker_url;
-            Arc::new(RedisPublisher::connect(cfg.redis.clone())?)
-        }
-        Some("mqtt" | "mqtts") => {
-            cfg.mqtt.url = broker_url;
-            Arc::new(MqttPublisher::connect(cfg.mqtt.clone())?)
-        }
-        Some("sqs" | "sqs+http" | "sqs+https") => {
-            cfg.sqs.apply_broker_url(&broker_url)?;
-            Arc::new(SqsPublisher::connect(cfg.sqs.clone()).await?)
-        }
-        Some("sb" | "amqp1" | "amqps1") => {
-            cfg.servicebus.set_broker_url(broker_url);
-            Arc::new(ServiceBusPublisher::connect(cfg.servicebus.clone()).await?)
-        }
-        _ if broker_url.to_ascii_lowercase().contains("endpoint=") => {
-            cfg.servicebus.set_broker_url(broker_url);
-            Arc::new(ServiceBusPublisher::connect(cfg.servicebus.clone()).await?)
-        }
-        Some("kafka") => {
-            cfg.kafka.brokers = kafka_brokers(&broker_url)?;
-            Arc::new(KafkaPublisher::connect(cfg.kafka.clone()).await?)
-        }
-        Some("http" | "https") => {
-            cfg.webhook.url = broker_url;
-            Arc::new(WebhookPublisher::new(cfg.webhook.clone())?)
-        }
-        other => {
-            return Err(format!(
-                "broker URL scheme {:?} is not supported: use nats://, amqp(s)://, redis(s)://, \
-                 mqtt(s)://, sqs://, sqs+http(s)://, sb://, amqp1://, amqps1://, http(s):// \
-                 kafka:// or an Azure Service Bus connection string",
-                other.unwrap_or("")
-            )
-            .into())
-        }
-    };
+    let publisher = outbox_relay::publishers::connect(&broker_url, cfg.broker_settings()).await?;
     let (relay, dashboard) = match db {
         Db::Postgres(pool) => {
             let mut relay = Relay::new(pool.clone(), publisher, cfg.relay.clone()).await?;
@@ -193,21 +139,6 @@ fn pool_size(max_inflight_batches: usize) -> u32 {
     max_inflight_batches.saturating_add(4).min(32) as u32
 }
 
-/// The bootstrap list of `kafka://host:port[,host:port]` (a trailing `/` is allowed).
-fn kafka_brokers(url: &str) -> Result<String, String> {
-    let list = url
-        .strip_prefix("kafka://")
-        .unwrap_or(url)
-        .trim_end_matches('/');
-    if list.is_empty() || list.contains(['/', '@', '?']) {
-        return Err(format!(
-            "broker URL {url:?}: expected kafka://host:port[,host:port] (credentials go in \
-             [kafka] sasl_username / sasl_password)"
-        ));
-    }
-    Ok(list.to_owned())
-}
-
 async fn stop_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
@@ -220,7 +151,7 @@ async fn stop_on_signal(shutdown: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use super::{kafka_brokers, pool_size};
+    use super::pool_size;
 
     /// A `max_inflight_batches` near 2^32 overflowed `as u32 + 4` (a panic in debug builds,
     /// a pool of 0 to 3 connections in release ones).
@@ -229,23 +160,6 @@ mod tests {
         assert_eq!(pool_size(4), 8);
         for n in [28, 4_294_967_292, u32::MAX as usize, usize::MAX] {
             assert_eq!(pool_size(n), 32, "{n}");
-        }
-    }
-
-    #[test]
-    fn kafka_urls_give_the_bootstrap_list() {
-        assert_eq!(kafka_brokers("kafka://k1:9092").unwrap(), "k1:9092");
-        assert_eq!(
-            kafka_brokers("kafka://k1:9092,k2:9093/").unwrap(),
-            "k1:9092,k2:9093"
-        );
-        for bad in [
-            "kafka://",
-            "kafka://user:pw@k1:9092",
-            "kafka://k1:9092/topic",
-        ] {
-            let e = kafka_brokers(bad).unwrap_err();
-            assert!(e.contains("expected kafka://host:port"), "{bad}: {e}");
         }
     }
 }

@@ -175,7 +175,21 @@ fn event_id_of(value: Option<&str>) -> Option<Uuid> {
     value.and_then(|v| Uuid::parse_str(v).ok())
 }
 
+#[cfg(not(feature = "nats"))]
+async fn read_nats(_: &Args) -> Result<(Vec<Seen>, usize), Box<dyn std::error::Error>> {
+    Err("this build of outbox cannot read NATS: build it with the cargo feature `nats`".into())
+}
+
+#[cfg(not(feature = "rabbitmq"))]
+async fn read_rabbitmq(_: &Args) -> Result<(Vec<Seen>, usize), Box<dyn std::error::Error>> {
+    Err(
+        "this build of outbox cannot read RabbitMQ: build it with the cargo feature `rabbitmq`"
+            .into(),
+    )
+}
+
 /// Reads the whole stream (from `--since` when given), without consuming it.
+#[cfg(feature = "nats")]
 async fn read_nats(args: &Args) -> Result<(Vec<Seen>, usize), Box<dyn std::error::Error>> {
     use async_nats::jetstream::{self, consumer};
     let js = jetstream::new(async_nats::connect(&args.broker_url).await?);
@@ -228,6 +242,7 @@ async fn read_nats(args: &Args) -> Result<(Vec<Seen>, usize), Box<dyn std::error
 }
 
 /// Consumes the audit queue until it is empty.
+#[cfg(feature = "rabbitmq")]
 async fn read_rabbitmq(args: &Args) -> Result<(Vec<Seen>, usize), Box<dyn std::error::Error>> {
     use lapin::{
         options::{BasicAckOptions, BasicGetOptions},

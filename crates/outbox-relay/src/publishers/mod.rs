@@ -1,21 +1,19 @@
-//! One folder per broker, each behind its cargo feature.
+//! One folder per broker, and the registry that picks one from a broker URL ([`connect`]).
+//! A broker's settings (`config.rs`) are always built, so that a config file reads the same
+//! whatever the build; its publisher is behind the broker's cargo feature.
 
-#[cfg(feature = "kafka")]
 pub mod kafka;
-#[cfg(feature = "mqtt")]
 pub mod mqtt;
-#[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
-#[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "servicebus")]
 pub mod servicebus;
-#[cfg(feature = "sqs")]
 pub mod sqs;
-#[cfg(feature = "webhook")]
 pub mod webhook;
+
+mod registry;
+
+pub use registry::{connect, BrokerKind, BrokerSettings};
 
 /// Replaces the password in `scheme://user:password@host…` with `***`, for logs. The last `@`
 /// ends the user info, so a password containing `@` is hidden whole.

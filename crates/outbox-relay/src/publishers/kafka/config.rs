@@ -334,6 +334,22 @@ fn scalar_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String
         .collect())
 }
 
+/// The bootstrap list of a broker URL `kafka://host:port[,host:port]` (a trailing `/` is
+/// allowed); credentials go in the config (`sasl_username` / `sasl_password`), never in it.
+pub fn bootstrap_list(url: &str) -> Result<String, String> {
+    let list = url
+        .strip_prefix("kafka://")
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    if list.is_empty() || list.contains(['/', '@', '?']) {
+        return Err(format!(
+            "broker URL {url:?}: expected kafka://host:port[,host:port] (credentials go in \
+             [kafka] sasl_username / sasl_password)"
+        ));
+    }
+    Ok(list.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,5 +461,22 @@ mod tests {
         assert_eq!(c.properties["x"], "y");
         let e = serde_json::from_str::<KafkaConfig>(r#"{"compression": "zstd"}"#).unwrap_err();
         assert!(e.to_string().contains("zstd"), "{e}");
+    }
+
+    #[test]
+    fn kafka_urls_give_the_bootstrap_list() {
+        assert_eq!(bootstrap_list("kafka://k1:9092").unwrap(), "k1:9092");
+        assert_eq!(
+            bootstrap_list("kafka://k1:9092,k2:9093/").unwrap(),
+            "k1:9092,k2:9093"
+        );
+        for bad in [
+            "kafka://",
+            "kafka://user:pw@k1:9092",
+            "kafka://k1:9092/topic",
+        ] {
+            let e = bootstrap_list(bad).unwrap_err();
+            assert!(e.contains("expected kafka://host:port"), "{bad}: {e}");
+        }
     }
 }

@@ -12,8 +12,12 @@
 //! authorization failures are permanent; timeouts, transport failures, all brokers down,
 //! queue full, leader changes and the rest are transient.
 
+// Parts only its publisher uses are dead in a build without it.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 mod config;
+#[cfg(feature = "kafka")]
 mod publisher;
 
-pub use config::{Compression, KafkaConfig, SaslMechanism, SecurityProtocol};
+pub use config::{bootstrap_list, Compression, KafkaConfig, SaslMechanism, SecurityProtocol};
+#[cfg(feature = "kafka")]
 pub use publisher::{is_valid_topic, KafkaPublisher};

@@ -8,8 +8,12 @@
 //! arrives twice and the consumer's inbox drops it by the `event-id` property. Each publish has
 //! a connection of its own until its PUBACK, so an ack is never attributed to another message.
 
+// Parts only its publisher uses are dead in a build without it.
+#[cfg_attr(not(feature = "mqtt"), allow(dead_code))]
 mod config;
+#[cfg(feature = "mqtt")]
 mod publisher;
 
 pub use config::MqttConfig;
+#[cfg(feature = "mqtt")]
 pub use publisher::{is_valid_topic, MqttPublisher};

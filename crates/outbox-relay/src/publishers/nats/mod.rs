@@ -1,8 +1,12 @@
 //! NATS JetStream: waits for the PubAck; `Nats-Msg-Id` is the event id, so JetStream drops a
 //! duplicate published within the stream's duplicate window (2 minutes by default).
 
+// Parts only its publisher uses are dead in a build without it.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
 mod config;
+#[cfg(feature = "nats")]
 mod publisher;
 
 pub use config::NatsConfig;
+#[cfg(feature = "nats")]
 pub use publisher::{is_valid_subject, NatsPublisher};

@@ -6,8 +6,12 @@
 //! returns the first entry instead of adding a second. Entries of one stream are totally
 //! ordered, so an aggregate's events (published one after the other) stay in order.
 
+// Parts only its publisher uses are dead in a build without it.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 mod config;
+#[cfg(feature = "redis")]
 mod publisher;
 
 pub use config::RedisConfig;
+#[cfg(feature = "redis")]
 pub use publisher::RedisPublisher;

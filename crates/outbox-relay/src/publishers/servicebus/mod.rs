@@ -29,8 +29,12 @@
 //! it), or ANONYMOUS for a generic broker without credentials. CBS token authentication
 //! (SAS tokens, Entra ID) is not implemented.
 
+// Parts only its publisher uses are dead in a build without it.
+#[cfg_attr(not(feature = "servicebus"), allow(dead_code))]
 mod config;
+#[cfg(feature = "servicebus")]
 mod publisher;
 
 pub use config::{ServiceBusConfig, GENERIC_ADDRESS, SERVICE_BUS_ADDRESS};
+#[cfg(feature = "servicebus")]
 pub use publisher::ServiceBusPublisher;

@@ -17,11 +17,17 @@
 //! * **Batching**: concurrent publishes to one queue share requests of up to 10 entries (see the
 //!   `batch` module); a failed entry fails only its own publish, classified on its own error code.
 
+#[cfg(feature = "sqs")]
 mod batch;
+// Parts only its publisher uses are dead in a build without it.
+#[cfg_attr(not(feature = "sqs"), allow(dead_code))]
 mod config;
+#[cfg_attr(not(feature = "sqs"), allow(dead_code))]
 mod encode;
+#[cfg(feature = "sqs")]
 mod publisher;
 
 pub use config::SqsConfig;
 pub use encode::{decode_body, decode_headers, BODY_ENCODING_ATTRIBUTE, HEADERS_ATTRIBUTE};
+#[cfg(feature = "sqs")]
 pub use publisher::SqsPublisher;

@@ -3,8 +3,12 @@
 //! the receiver can check it came from this relay. 2xx is the acknowledgement; 408, 429, 5xx,
 //! timeouts and connection errors are transient; any other status is permanent.
 
+// Parts only its publisher uses are dead in a build without it.
+#[cfg_attr(not(feature = "webhook"), allow(dead_code))]
 mod config;
+#[cfg(feature = "webhook")]
 mod publisher;
 
 pub use config::WebhookConfig;
+#[cfg(feature = "webhook")]
 pub use publisher::{sign, WebhookPublisher, SIGNATURE_HEADER};
