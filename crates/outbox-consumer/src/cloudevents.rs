@@ -29,23 +29,10 @@ use serde_json::Value;
 
 use crate::DecodeError;
 
-/// Binary-mode prefixes of the protocol bindings, lowercase.
-const PREFIXES: &[&str] = &["ce-", "ce_", "cloudevents:", "cloudevents_"];
-
-/// The media type of a structured-mode message.
-pub(crate) const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json";
-
-/// CloudEvents attribute → native header.
-const NATIVE: &[(&str, &str)] = &[
-    ("id", "event-id"),
-    ("type", "event-type"),
-    ("subject", "aggregate-id"),
-    ("time", "occurred-at"),
-    ("datacontenttype", "content-type"),
-    ("schemaversion", "schema-version"),
-    ("aggregatetype", "aggregate-type"),
-    ("aggregateversion", "aggregate-version"),
-];
+// The mapping is the wire contract's, written once for the relay and the consumers.
+use outbox::wire::cloudevents::{
+    ATTRIBUTES as NATIVE, BINARY_PREFIXES as PREFIXES, STRUCTURED_CONTENT_TYPE,
+};
 
 /// What a CloudEvents message turns into: native headers and the data bytes.
 pub(crate) struct Native {

@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use chrono::{DateTime, FixedOffset, Utc};
+use outbox::wire::header;
 use uuid::Uuid;
 
 use crate::cloudevents;
@@ -88,21 +89,22 @@ struct Fields {
 impl Fields {
     fn parse(headers: &BTreeMap<String, String>) -> Result<Self, DecodeError> {
         let get = |name: &str| headers.get(name).map(String::as_str);
-        let event_id = get("event-id").ok_or_else(|| DecodeError("no event-id header".into()))?;
+        let event_id =
+            get(header::EVENT_ID).ok_or_else(|| DecodeError("no event-id header".into()))?;
         let event_id = Uuid::parse_str(event_id)
             .map_err(|e| DecodeError(format!("event-id {event_id:?} is not a UUID: {e}")))?;
-        let event_type = get("event-type")
+        let event_type = get(header::EVENT_TYPE)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| DecodeError("no event-type header".into()))?
             .to_owned();
-        let schema_version = match get("schema-version") {
+        let schema_version = match get(header::SCHEMA_VERSION) {
             None => 1,
             Some(v) => v.parse().ok().filter(|v: &i32| *v >= 1).ok_or_else(|| {
                 DecodeError(format!("schema-version {v:?} is not a positive integer"))
             })?,
         };
         let aggregate_version =
-            match get("aggregate-version") {
+            match get(header::AGGREGATE_VERSION) {
                 None => None,
                 Some(v) => Some(v.parse().map_err(|_| {
                     DecodeError(format!("aggregate-version {v:?} is not an integer"))
@@ -110,7 +112,7 @@ impl Fields {
             };
         // RFC 3339, or the signed years chrono writes past 9999 and before year 1
         // (`+10000-01-01T…`), which PostgreSQL's timestamptz can hold.
-        let occurred_at = get("occurred-at")
+        let occurred_at = get(header::OCCURRED_AT)
             .and_then(|v| {
                 DateTime::parse_from_rfc3339(v)
                     .or_else(|_| v.parse::<DateTime<FixedOffset>>())
@@ -121,8 +123,8 @@ impl Fields {
             event_id,
             event_type,
             schema_version,
-            aggregate_type: get("aggregate-type").map(str::to_owned),
-            aggregate_id: get("aggregate-id").map(str::to_owned),
+            aggregate_type: get(header::AGGREGATE_TYPE).map(str::to_owned),
+            aggregate_id: get(header::AGGREGATE_ID).map(str::to_owned),
             aggregate_version,
             occurred_at,
         })

@@ -35,10 +35,11 @@ use chrono::SecondsFormat;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use outbox::wire::cloudevents::BINARY_PREFIXES;
+
 use crate::{message::header, Message};
 
-/// The media type of structured-mode messages.
-pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json";
+pub use outbox::wire::cloudevents::STRUCTURED_CONTENT_TYPE;
 
 /// How events go on the wire (`envelope` in `[relay]`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,25 +131,13 @@ fn attributes(message: &Message, source: &str) -> Vec<(&'static str, String)> {
 /// The writer's headers that may travel beside the attributes: not one that a consumer would
 /// read as an attribute or a native header (a writer cannot forge the event id that way).
 fn writer_headers(message: &Message) -> BTreeMap<String, String> {
-    const NATIVE: &[&str] = &[
-        header::EVENT_ID,
-        header::EVENT_TYPE,
-        header::SCHEMA_VERSION,
-        header::AGGREGATE_TYPE,
-        header::AGGREGATE_ID,
-        header::AGGREGATE_VERSION,
-        header::OCCURRED_AT,
-        header::CONTENT_TYPE,
-    ];
     message
         .headers
         .iter()
         .filter(|(name, _)| {
             let lower = name.to_ascii_lowercase();
-            !NATIVE.contains(&lower.as_str())
-                && !["ce-", "ce_", "cloudevents:", "cloudevents_"]
-                    .iter()
-                    .any(|p| lower.starts_with(p))
+            !header::ALL.contains(&lower.as_str())
+                && !BINARY_PREFIXES.iter().any(|p| lower.starts_with(p))
         })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()

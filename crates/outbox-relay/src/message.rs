@@ -6,25 +6,8 @@ use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
 use uuid::Uuid;
 
-/// Header names the relay sets on every message. User headers with the same name are replaced.
-pub mod header {
-    /// The event id (UUID): the consumer's idempotency key.
-    pub const EVENT_ID: &str = "event-id";
-    /// The event type (`OrderPlaced`).
-    pub const EVENT_TYPE: &str = "event-type";
-    /// The payload's schema version, for upcasting.
-    pub const SCHEMA_VERSION: &str = "schema-version";
-    /// The aggregate type (first half of the ordering key).
-    pub const AGGREGATE_TYPE: &str = "aggregate-type";
-    /// The aggregate id (second half of the ordering key; the partition key).
-    pub const AGGREGATE_ID: &str = "aggregate-id";
-    /// The aggregate version, when the writer gave one.
-    pub const AGGREGATE_VERSION: &str = "aggregate-version";
-    /// When the event was written (RFC 3339, UTC).
-    pub const OCCURRED_AT: &str = "occurred-at";
-    /// The payload's content type.
-    pub const CONTENT_TYPE: &str = "content-type";
-}
+/// Header names the relay sets on every message (the wire contract, [`outbox::wire`]).
+pub use outbox::wire::header;
 
 /// One event on its way to the broker.
 #[derive(Clone, Debug, PartialEq)]
