@@ -37,6 +37,7 @@ mod inbox;
 mod migration;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod wal;

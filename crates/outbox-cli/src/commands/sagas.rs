@@ -3,7 +3,8 @@
 use std::{fmt::Write, process::ExitCode};
 
 use chrono::{DateTime, Utc};
-use sqlx::{types::Json, PgPool};
+use outbox_consumer::saga::inspect::{self, InstanceFilter};
+use sqlx::PgPool;
 
 use super::{connect, print, require_url, CommandResult, DatabaseArgs};
 
@@ -56,35 +57,6 @@ enum Action {
     },
 }
 
-#[derive(sqlx::FromRow, serde::Serialize)]
-struct Instance {
-    saga_type: String,
-    correlation_id: String,
-    state: String,
-    version: i64,
-    finished: bool,
-    deadline: Option<DateTime<Utc>>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    problems: i64,
-}
-
-#[derive(sqlx::FromRow, serde::Serialize)]
-struct StepRow {
-    at: DateTime<Utc>,
-    trigger: String,
-    event_id: Option<uuid::Uuid>,
-    from_state: Option<String>,
-    to_state: Option<String>,
-    outcome: String,
-    emitted: Vec<uuid::Uuid>,
-    detail: Option<String>,
-}
-
-const PROBLEMS: &str = "(SELECT count(*) FROM {schema}.saga_steps p \
-     WHERE p.saga_type = s.saga_type AND p.correlation_id = s.correlation_id \
-       AND p.outcome IN ('unexpected', 'orphan'))";
-
 /// Runs `outbox sagas …`.
 pub async fn run(args: Args) -> CommandResult {
     match args.action {
@@ -100,28 +72,18 @@ pub async fn run(args: Args) -> CommandResult {
         } => {
             let tables = db.tables()?;
             let pool = connect(require_url(db.database_url.as_deref())?, 2).await?;
-            let sql = tables.render(&format!(
-                "SELECT * FROM (SELECT saga_type, correlation_id, state, version, finished, \
-                        deadline, created_at, updated_at, {PROBLEMS} AS problems \
-                     FROM {{schema}}.sagas s \
-                     WHERE ($1::text IS NULL OR saga_type = $1) \
-                       AND ($2::text IS NULL OR state = $2) \
-                       AND (NOT $3 OR NOT finished) \
-                       AND (NOT $4 OR deadline <= now())) i \
-                 WHERE NOT $5 OR problems > 0 \
-                 ORDER BY updated_at DESC LIMIT $6"
-            ));
-            let instances: Vec<Instance> = sqlx::query_as(&sql)
-                .bind(&saga_type)
-                .bind(&state)
-                .bind(open)
-                .bind(overdue)
-                .bind(problems)
-                .bind(limit.clamp(1, 10_000))
-                .fetch_all(&pool)
+            let filter = InstanceFilter {
+                saga_type: saga_type.clone(),
+                state,
+                open,
+                overdue,
+                problems,
+                limit,
+            };
+            let instances = inspect::list(&pool, &tables, &filter)
                 .await
                 .map_err(|e| missing_tables(e, &tables))?;
-            let counts = counts(&pool, &tables, saga_type.as_deref()).await?;
+            let counts = inspect::counts(&pool, &tables, saga_type.as_deref()).await?;
             if json {
                 let doc = serde_json::json!({ "counts": counts, "instances": instances });
                 print(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
@@ -170,36 +132,11 @@ pub async fn run(args: Args) -> CommandResult {
         } => {
             let tables = db.tables()?;
             let pool = connect(require_url(db.database_url.as_deref())?, 2).await?;
-            let found: Option<(Instance, Json<serde_json::Value>)> = {
-                let sql = tables.render(&format!(
-                    "SELECT saga_type, correlation_id, state, version, finished, deadline, \
-                            created_at, updated_at, {PROBLEMS} AS problems, data \
-                     FROM {{schema}}.sagas s WHERE saga_type = $1 AND correlation_id = $2"
-                ));
-                let row: Option<sqlx::postgres::PgRow> = sqlx::query(&sql)
-                    .bind(&saga_type)
-                    .bind(&correlation_id)
-                    .fetch_optional(&pool)
-                    .await
-                    .map_err(|e| missing_tables(e, &tables))?;
-                match row {
-                    Some(row) => {
-                        use sqlx::{FromRow, Row};
-                        Some((Instance::from_row(&row)?, row.try_get("data")?))
-                    }
-                    None => None,
-                }
-            };
-            let steps: Vec<StepRow> = sqlx::query_as(&tables.render(
-                "SELECT at, trigger, event_id, from_state, to_state, outcome, emitted, detail \
-                 FROM {schema}.saga_steps WHERE saga_type = $1 AND correlation_id = $2 \
-                 ORDER BY id",
-            ))
-            .bind(&saga_type)
-            .bind(&correlation_id)
-            .fetch_all(&pool)
-            .await?;
-            let Some((instance, Json(data))) = found else {
+            let found = inspect::find(&pool, &tables, &saga_type, &correlation_id)
+                .await
+                .map_err(|e| missing_tables(e, &tables))?;
+            let steps = inspect::steps(&pool, &tables, &saga_type, &correlation_id).await?;
+            let Some((instance, data)) = found else {
                 if steps.is_empty() {
                     return Err(format!("no saga {saga_type} {correlation_id:?}").into());
                 }
@@ -236,34 +173,10 @@ pub async fn run(args: Args) -> CommandResult {
     }
 }
 
-#[derive(sqlx::FromRow, serde::Serialize)]
-struct Count {
-    saga_type: String,
-    state: String,
-    instances: i64,
-    overdue: i64,
-}
-
-async fn counts(
-    pool: &PgPool,
-    tables: &outbox::Tables,
-    saga_type: Option<&str>,
-) -> Result<Vec<Count>, sqlx::Error> {
-    sqlx::query_as(&tables.render(
-        "SELECT saga_type, state, count(*) AS instances, \
-                count(*) FILTER (WHERE deadline <= now()) AS overdue \
-         FROM {schema}.sagas WHERE $1::text IS NULL OR saga_type = $1 \
-         GROUP BY saga_type, state ORDER BY saga_type, state",
-    ))
-    .bind(saga_type)
-    .fetch_all(pool)
-    .await
-}
-
 fn print_steps_only(
     saga_type: &str,
     correlation_id: &str,
-    steps: &[StepRow],
+    steps: &[inspect::SagaStep],
     json: bool,
 ) -> CommandResult {
     if json {
@@ -277,7 +190,7 @@ fn print_steps_only(
     Ok(ExitCode::SUCCESS)
 }
 
-fn write_steps(out: &mut String, steps: &[StepRow]) -> std::fmt::Result {
+fn write_steps(out: &mut String, steps: &[inspect::SagaStep]) -> std::fmt::Result {
     writeln!(out, "\n{} step(s):", steps.len())?;
     for s in steps {
         writeln!(
@@ -322,62 +235,15 @@ fn missing_tables(e: sqlx::Error, tables: &outbox::Tables) -> Box<dyn std::error
 }
 
 /// Deletes finished instances not changed for `retention`, with their steps, and steps
-/// recorded for no instance (orphan, uncorrelated) older than it, `batch` at a time. Open
-/// instances are never deleted. Returns (instances, steps) deleted.
+/// recorded for no instance older than it (see `outbox_consumer::saga::inspect`). Returns
+/// (instances, steps) deleted.
 pub async fn purge_finished(
     pool: &PgPool,
     tables: &outbox::Tables,
     retention: std::time::Duration,
     batch: i64,
 ) -> Result<(u64, u64), Box<dyn std::error::Error>> {
-    let finished = tables.render(
-        "WITH gone AS (
-             DELETE FROM {schema}.sagas WHERE (saga_type, correlation_id) IN (
-                 SELECT saga_type, correlation_id FROM {schema}.sagas
-                 WHERE finished AND updated_at < now() - make_interval(secs => $1)
-                 LIMIT $2 FOR UPDATE SKIP LOCKED)
-             RETURNING saga_type, correlation_id),
-         steps AS (
-             DELETE FROM {schema}.saga_steps s USING gone g
-             WHERE s.saga_type = g.saga_type AND s.correlation_id = g.correlation_id
-             RETURNING 1)
-         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM steps)",
-    );
-    let stray = tables.render(
-        "DELETE FROM {schema}.saga_steps WHERE id IN (
-             SELECT id FROM {schema}.saga_steps s
-             WHERE at < now() - make_interval(secs => $1)
-               AND NOT EXISTS (SELECT 1 FROM {schema}.sagas i
-                               WHERE i.saga_type = s.saga_type
-                                 AND i.correlation_id = s.correlation_id)
-             LIMIT $2)",
-    );
-    let secs = retention.as_secs_f64();
-    let (mut instances, mut steps) = (0u64, 0u64);
-    loop {
-        let (i, s): (i64, i64) = sqlx::query_as(&finished)
-            .bind(secs)
-            .bind(batch)
-            .fetch_one(pool)
-            .await
-            .map_err(|e| missing_tables(e, tables))?;
-        instances += i as u64;
-        steps += s as u64;
-        if i < batch {
-            break;
-        }
-    }
-    loop {
-        let n = sqlx::query(&stray)
-            .bind(secs)
-            .bind(batch)
-            .execute(pool)
-            .await?
-            .rows_affected();
-        steps += n;
-        if (n as i64) < batch {
-            break;
-        }
-    }
-    Ok((instances, steps))
+    inspect::purge_finished(pool, tables, retention, batch)
+        .await
+        .map_err(|e| missing_tables(e, tables))
 }

@@ -17,6 +17,7 @@
 
 mod definition;
 mod handler;
+pub mod inspect;
 mod runtime;
 mod timeouts;
 

@@ -87,14 +87,7 @@ pub(crate) fn render_fenced(tables: &Tables, text: &str) -> String {
     tables.render(&text)
 }
 
-/// The statement that follows `-- name: {name}` in a file of named statements.
-pub(crate) fn named<'a>(file: &'a str, name: &str) -> &'a str {
-    let marker = format!("-- name: {name}\n");
-    let start = file.find(&marker).expect("statement exists") + marker.len();
-    let rest = &file[start..];
-    let end = rest.find("-- name: ").unwrap_or(rest.len());
-    rest[..end].trim().trim_end_matches(';')
-}
+pub(crate) use outbox::sql::named;
 
 /// Backlog figures for the lag gauges.
 #[derive(Clone, Debug, Default, PartialEq)]

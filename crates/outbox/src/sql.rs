@@ -1,0 +1,25 @@
+//! Helpers for SQL kept in `.sql` files: a file holds named statements, each after a
+//! `-- name: …` line, rendered with [`crate::Tables::render`] before use.
+
+/// The statement that follows `-- name: {name}` in a file of named statements, without its
+/// trailing `;`. Panics when there is none: the files are compiled in, so a missing name is a
+/// bug of this build, found by the first test that renders it.
+pub fn named<'a>(file: &'a str, name: &str) -> &'a str {
+    let marker = format!("-- name: {name}\n");
+    let start = file.find(&marker).expect("statement exists") + marker.len();
+    let rest = &file[start..];
+    let end = rest.find("-- name: ").unwrap_or(rest.len());
+    rest[..end].trim().trim_end_matches(';')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::named;
+
+    #[test]
+    fn finds_each_statement_up_to_the_next_name() {
+        let file = "-- name: a\nSELECT 1;\n-- name: b\n-- a comment\nSELECT 2;\n";
+        assert_eq!(named(file, "a"), "SELECT 1");
+        assert_eq!(named(file, "b"), "-- a comment\nSELECT 2");
+    }
+}
