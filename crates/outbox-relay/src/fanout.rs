@@ -36,52 +36,13 @@
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use crate::routing::FanOutCopy;
 use crate::{Message, PublishError};
 
-/// One extra copy of a routed event (`fan_out = [{ … }]` in a routing rule).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FanOutCopy {
-    /// Destination template of the copy; `{schema_version}` is the copy's version.
-    pub destination: String,
-    /// The copy's schema version (1 or more), sent in its `schema-version` header.
-    pub schema_version: i32,
-    /// Top-level fields to keep (every other one is removed). Exclusive with `drop_fields`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keep_fields: Option<Vec<String>>,
-    /// Top-level fields to remove: those added after `schema_version`. Default none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub drop_fields: Vec<String>,
-}
-
 impl FanOutCopy {
-    /// Checks the copy without I/O; `field` is its place in the config, for the error.
-    pub(crate) fn check(&self, field: &str) -> Result<(), String> {
-        crate::routing::check_template(&format!("{field}.destination"), &self.destination)?;
-        if self.schema_version < 1 {
-            return Err(format!("{field}.schema_version: must be 1 or more"));
-        }
-        if self.keep_fields.is_some() && !self.drop_fields.is_empty() {
-            return Err(format!("{field}: set keep_fields or drop_fields, not both"));
-        }
-        let names = self
-            .keep_fields
-            .iter()
-            .flatten()
-            .map(|n| ("keep_fields", n));
-        let names = names.chain(self.drop_fields.iter().map(|n| ("drop_fields", n)));
-        for (list, name) in names {
-            if name.trim().is_empty() {
-                return Err(format!("{field}.{list}: field names must not be empty"));
-            }
-        }
-        Ok(())
-    }
-
     /// Whether a payload change is configured.
     fn reshapes(&self) -> bool {
         self.keep_fields.is_some() || !self.drop_fields.is_empty()

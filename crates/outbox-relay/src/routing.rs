@@ -5,8 +5,6 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fanout::FanOutCopy;
-
 /// Placeholders a destination template may use.
 const PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type", "schema_version"];
 
@@ -162,6 +160,47 @@ pub(crate) fn check_template(field: &str, template: &str) -> Result<(), String> 
         rest = &after[end + 1..];
     }
     Ok(())
+}
+
+/// One extra copy of a routed event (`fan_out = [{ … }]` in a routing rule).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FanOutCopy {
+    /// Destination template of the copy; `{schema_version}` is the copy's version.
+    pub destination: String,
+    /// The copy's schema version (1 or more), sent in its `schema-version` header.
+    pub schema_version: i32,
+    /// Top-level fields to keep (every other one is removed). Exclusive with `drop_fields`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_fields: Option<Vec<String>>,
+    /// Top-level fields to remove: those added after `schema_version`. Default none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_fields: Vec<String>,
+}
+
+impl FanOutCopy {
+    /// Checks the copy without I/O; `field` is its place in the config, for the error.
+    pub(crate) fn check(&self, field: &str) -> Result<(), String> {
+        check_template(&format!("{field}.destination"), &self.destination)?;
+        if self.schema_version < 1 {
+            return Err(format!("{field}.schema_version: must be 1 or more"));
+        }
+        if self.keep_fields.is_some() && !self.drop_fields.is_empty() {
+            return Err(format!("{field}: set keep_fields or drop_fields, not both"));
+        }
+        let names = self
+            .keep_fields
+            .iter()
+            .flatten()
+            .map(|n| ("keep_fields", n));
+        let names = names.chain(self.drop_fields.iter().map(|n| ("drop_fields", n)));
+        for (list, name) in names {
+            if name.trim().is_empty() {
+                return Err(format!("{field}.{list}: field names must not be empty"));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -100,7 +100,7 @@ impl Marks {
                 }
             }
             Ok(Err(end)) => self.failed = Some(end),
-            Err(e) => self.failed = Some(End::Failed(format!("mark task: {e}"))),
+            Err(e) => self.failed = Some(End::failed("mark task", e)),
         }
     }
 

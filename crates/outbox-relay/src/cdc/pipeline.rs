@@ -145,7 +145,7 @@ impl Session {
             Some(done) => done,
             None => batch.task.await,
         }
-        .map_err(|e| End::Failed(format!("publishing task: {e}")))?;
+        .map_err(|e| End::failed("publishing task", e))?;
         self.settle(results, shutdown).await?;
         if let Some(lsn) = batch.end {
             self.marks.confirm_after(lsn);
@@ -242,7 +242,7 @@ impl Session {
     pub(super) async fn dispatch(&self, events: Vec<Streamed>) -> Result<Results, End> {
         self.dispatch_task(events)
             .await
-            .map_err(|e| End::Failed(format!("publishing task: {e}")))
+            .map_err(|e| End::failed("publishing task", e))
     }
 
     /// Hands `events` to the dispatcher in a task of their own; it yields each with its routed

@@ -93,7 +93,52 @@ pub(super) enum End {
     /// The exclusive lease was lost (or never complete): back to standby.
     LeaseLost,
     /// The stream or the database failed: reconnect after a pause.
-    Failed(String),
+    Failed(StreamFailure),
+}
+
+/// Why a streaming session failed: what it was doing, and the error that stopped it (kept as
+/// the source, so that the log shows the whole chain).
+#[derive(Debug, thiserror::Error)]
+#[error("{context}")]
+pub(super) struct StreamFailure {
+    context: &'static str,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl End {
+    /// A failure while doing `context`, caused by `source`.
+    pub(super) fn failed(
+        context: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Failed(StreamFailure {
+            context,
+            source: Some(source.into()),
+        })
+    }
+
+    /// A failure with no underlying error.
+    pub(super) fn failed_because(context: &'static str) -> Self {
+        Self::Failed(StreamFailure {
+            context,
+            source: None,
+        })
+    }
+}
+
+impl StreamFailure {
+    /// The context and every cause, `a: b: c`, for a log line.
+    pub(super) fn chain(&self) -> String {
+        let mut text = self.context.to_owned();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        text
+    }
 }
 
 /// One streamed event.
@@ -186,7 +231,7 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             End::Failed(error) => {
                 ctx.metrics.database_errors.inc();
                 let delay = pause.next();
-                tracing::warn!(%error, ?delay, "CDC stream failed; reconnecting");
+                tracing::warn!(error = %error.chain(), ?delay, "CDC stream failed; reconnecting");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(()),
                     () = tokio::time::sleep(delay) => {}
@@ -273,7 +318,7 @@ impl Session {
             return end;
         }
         if let Err(e) = self.reload_holds().await {
-            return End::Failed(format!("loading holds: {e}"));
+            return End::failed("loading holds", e);
         }
         // A walsender left by a relay whose lease expired (paused, partitioned) still holds
         // the slot: this relay owns the lease now, so it ends that session.
@@ -282,7 +327,7 @@ impl Session {
             .execute(&self.ctx.pool)
             .await
         {
-            return End::Failed(format!("ending the previous streamer: {e}"));
+            return End::failed("ending the previous streamer", e);
         }
         let config = self.ctx.target.config(
             slot,
@@ -291,7 +336,7 @@ impl Session {
         );
         let mut client = match ReplicationClient::connect(config).await {
             Ok(c) => c,
-            Err(e) => return End::Failed(format!("starting replication: {e}")),
+            Err(e) => return End::failed("starting replication", e),
         };
         let end = self.stream(&mut client, shutdown).await;
         match end {
@@ -355,8 +400,8 @@ impl Session {
             };
             let flush_now = match received {
                 None => true,
-                Some(Err(e)) => return End::Failed(e.to_string()),
-                Some(Ok(None)) => return End::Failed("the server ended the stream".into()),
+                Some(Err(e)) => return End::failed("receiving the stream", e),
+                Some(Ok(None)) => return End::failed_because("the server ended the stream"),
                 Some(Ok(Some(event))) => {
                     if !started {
                         started = true;
@@ -394,7 +439,7 @@ impl Session {
                                     t.deleted.insert(id);
                                 }
                                 Ok(Change::Other) => {}
-                                Err(e) => return End::Failed(format!("decoding pgoutput: {e}")),
+                                Err(e) => return End::failed("decoding pgoutput", e),
                             }
                             false
                         }
@@ -460,7 +505,7 @@ impl Session {
                             false
                         }
                         ReplicationEvent::StoppedAt { .. } => {
-                            return End::Failed("the stream stopped".into())
+                            return End::failed_because("the stream stopped")
                         }
                     }
                 }
@@ -546,7 +591,7 @@ impl Session {
         {
             self.reload_holds()
                 .await
-                .map_err(|e| End::Failed(format!("loading holds: {e}")))?;
+                .map_err(|e| End::failed("loading holds", e))?;
         }
         let now = Instant::now();
         let due: Vec<Key> = self
@@ -563,7 +608,7 @@ impl Session {
                 .bind(heartbeat_prefix)
                 .execute(&self.ctx.pool)
                 .await
-                .map_err(|e| End::Failed(format!("writing a heartbeat: {e}")))?;
+                .map_err(|e| End::failed("writing a heartbeat", e))?;
         }
         Ok(())
     }

@@ -464,7 +464,7 @@ impl Session {
             .await?;
         self.reload_holds()
             .await
-            .map_err(|e| End::Failed(format!("loading holds: {e}")))
+            .map_err(|e| End::failed("loading holds", e))
     }
 
     /// Publishes, from the table, the pending rows that may predate the slot.
@@ -477,7 +477,7 @@ impl Session {
             .bind(slot)
             .fetch_optional(&self.ctx.pool)
             .await
-            .map_err(|e| End::Failed(format!("reading the slot record: {e}")))?
+            .map_err(|e| End::failed("reading the slot record", e))?
             .flatten();
         let Some(max_id) = max_id else {
             return Ok(());

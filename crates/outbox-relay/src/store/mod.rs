@@ -55,7 +55,7 @@ impl Sql {
             deregister: render(named(leases, "deregister")),
             renew: render(named(leases, "renew")),
             acquire: render(named(leases, "acquire")),
-            acquire_all: render(named(crate::cdc::SQL, "acquire_all")),
+            acquire_all: render(named(leases, "acquire_all")),
             release: render(named(leases, "release")),
             backlog: render(named(stats, "backlog")),
             partitions: render(named(stats, "partitions")),

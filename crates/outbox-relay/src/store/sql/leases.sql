@@ -32,3 +32,20 @@ RETURNING l.partition, l.epoch;
 UPDATE {schema}.leases l SET owner = NULL, expires_at = '-infinity'
 FROM unnest($1::integer[], $2::bigint[]) AS f(partition, epoch)
 WHERE l.partition = f.partition AND l.epoch = f.epoch AND l.owner = $3;
+-- name: acquire_all
+-- Takes every partition lease at once, or none: the streamer of a slot must own the whole
+-- outbox. Rows are locked in partition order (no deadlock between standbys). $1 relay id,
+-- $2 TTL seconds.
+WITH locked AS (
+    SELECT partition, owner, expires_at FROM {schema}.leases ORDER BY partition FOR UPDATE
+), free AS (
+    SELECT NOT EXISTS (
+        SELECT 1 FROM locked WHERE owner IS NOT NULL AND owner <> $1 AND expires_at >= now()
+    ) AS ok
+)
+UPDATE {schema}.leases l
+SET owner = $1, epoch = l.epoch + 1, expires_at = now() + make_interval(secs => $2),
+    acquired_at = now()
+FROM free
+WHERE free.ok
+RETURNING l.partition, l.epoch;
