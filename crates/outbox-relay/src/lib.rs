@@ -17,7 +17,7 @@
 //! * **Claim by state** ([`store`]): a claim reads the *pending* rows of the partitions it owns,
 //!   whatever their id. There is no high-water mark, so a transaction that commits late is
 //!   published when it becomes visible.
-//! * **Ordered lanes** ([`dispatcher`]): within a batch, aggregates are published concurrently,
+//! * **Ordered lanes** ([`dispatch`]): within a batch, aggregates are published concurrently,
 //!   the events of one aggregate one after another, each only after the previous one's ack.
 //! * **Failures** ([`publisher::FailureClass`]): transient errors retry with backoff and never
 //!   dead-letter; permanent ones dead-letter after the configured attempts and park the aggregate.
@@ -29,24 +29,25 @@
 //! The entry point is [`Relay`].
 
 pub mod admin;
-pub mod cdc;
-pub mod cloudevents;
+mod complete;
 pub mod config;
 pub mod dashboard;
-pub mod dispatcher;
+pub mod dispatch;
 mod error;
-pub mod fanout;
 pub mod http;
 pub mod lease;
-pub mod message;
-pub mod outgoing;
+mod maintenance;
 pub mod publisher;
 pub mod publishers;
 mod relay;
 pub mod retry;
-pub mod routing;
+pub mod source;
 pub mod store;
 pub mod telemetry;
+pub mod wire;
+
+pub use source::cdc;
+pub use wire::{cloudevents, fanout, message, outgoing, routing};
 
 pub use config::{Mode, RelayConfig};
 pub use error::Error;

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::source::{End, Key, Session, Streamed};
 use crate::{
-    dispatcher::{self, Item, Outcome},
+    dispatch::{self, Item, Outcome},
     PublishError,
 };
 
@@ -253,23 +253,14 @@ impl Session {
         let items: Vec<Item> = events
             .into_iter()
             .map(|e| {
-                let message = e
-                    .row
-                    .decode_guarded(&self.ctx.config.routing, self.ctx.max_payload);
-                let destination = message
-                    .as_ref()
-                    .map_or_else(|_| "(undecodable)".to_owned(), |m| m.destination.clone());
-                let item = Item {
-                    id: e.seq as i64,
-                    // Table-less events have no partition: any held lease fences them.
-                    partition: e.row.partition,
-                    epoch: epoch_of(e.row.partition),
-                    attempts: e.row.attempts,
-                    permanent_failures: e.row.permanent_failures,
-                    key: key_of(&e),
-                    destination,
-                    message,
-                };
+                // Table-less events have partition 0: any held lease fences them.
+                let item = dispatch::item(
+                    &e.row,
+                    e.seq as i64,
+                    epoch_of(e.row.partition),
+                    &self.ctx.config.routing,
+                    self.ctx.max_payload,
+                );
                 by_seq.insert(e.seq as i64, e);
                 item
             })
@@ -279,7 +270,7 @@ impl Session {
         let lanes = self.ctx.config.lane_concurrency;
         let timeout = self.ctx.config.publish_timeout;
         tokio::spawn(async move {
-            dispatcher::dispatch(items, publisher, leases, lanes, timeout)
+            dispatch::dispatch(items, publisher, leases, lanes, timeout)
                 .await
                 .into_iter()
                 .map(|(item, outcome)| {

@@ -15,10 +15,10 @@ use super::{
     source::{End, Key, Session, Streamed},
 };
 use crate::{
+    complete::FailedRow,
     config::OnDead,
-    dispatcher::Outcome,
+    dispatch::Outcome,
     store::{ClaimedRow, Failure},
-    telemetry::DestinationLabel,
     PublishError,
 };
 
@@ -40,7 +40,7 @@ impl Session {
         e: Streamed,
         error: &PublishError,
     ) -> Result<(), End> {
-        let failure = self.ctx.config.retry.failure(
+        let failure = self.ctx.completer.retry.failure(
             e.row.id,
             e.row.attempts,
             e.row.permanent_failures,
@@ -52,16 +52,7 @@ impl Session {
         if dead {
             tracing::error!(event_id = %e.row.event_id, aggregate_type = %key.0,
                 aggregate_id = %key.1, attempts, %error, "event dead-lettered");
-            self.ctx
-                .metrics
-                .dead_lettered
-                .get_or_create(&DestinationLabel {
-                    destination: self
-                        .ctx
-                        .metrics
-                        .destination_label(&self.destination_of(&e.row)),
-                })
-                .inc();
+            self.ctx.completer.count_dead(&self.destination_of(&e.row));
             self.ctx.health.progressed();
         } else {
             tracing::debug!(event_id = %e.row.event_id, attempts, %error, "publish failed; handed to the table path");
@@ -340,7 +331,6 @@ impl Session {
                 .collect();
             let results = self.dispatch(events).await?;
             let mut published = Vec::new();
-            let policy = &self.ctx.config.retry;
             for (e, destination, outcome) in results {
                 match outcome {
                     Outcome::Published(at) => {
@@ -348,19 +338,17 @@ impl Session {
                         published.push(e.row.id);
                     }
                     Outcome::Failed(error) => {
-                        self.count_failure(&e, &error);
-                        let failure = policy.failure(
-                            e.row.id,
-                            e.row.attempts,
-                            e.row.permanent_failures,
+                        let failure = self.ctx.completer.judge_row(
+                            FailedRow {
+                                id: e.row.id,
+                                attempts: e.row.attempts,
+                                permanent_failures: e.row.permanent_failures,
+                                destination: &destination,
+                                key: (&e.row.aggregate_type, &e.row.aggregate_id),
+                            },
                             &error,
                         );
-                        let (attempts, dead, backoff) =
-                            (e.row.attempts + 1, failure.dead, failure.backoff);
-                        if dead {
-                            tracing::error!(event_id = %e.row.event_id, attempts, %error,
-                                "event dead-lettered");
-                        }
+                        let (dead, backoff) = (failure.dead, failure.backoff);
                         failed_keys.insert(
                             (e.row.aggregate_type.clone(), e.row.aggregate_id.clone()),
                             (!dead).then_some(backoff),

@@ -27,12 +27,14 @@ use crate::{
     lease::Leases,
     retry::Backoff,
     store::{named, render_fenced, ClaimedRow, Fence, Store},
-    telemetry::{DestinationLabel, Metrics},
+    telemetry::Metrics,
     Error, PublishError, Publisher,
 };
 
 /// Everything the CDC loop needs from the relay.
 pub(crate) struct Context {
+    /// Completion, shared with the polling source: metrics of outcomes and failure decisions.
+    pub completer: Arc<crate::complete::Completer>,
     pub pool: PgPool,
     pub tables: Tables,
     pub store: Arc<dyn Store>,
@@ -614,18 +616,10 @@ impl Session {
     }
 
     pub(super) fn observe_published(&self, e: &Streamed, destination: &str, at: Instant) {
-        let m = &self.ctx.metrics;
-        if let Some(occurred) = e.row.occurred_at {
-            let acked = Utc::now() - chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
-            let latency = acked - occurred;
-            m.latency
-                .observe(latency.num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
-        }
-        m.published
-            .get_or_create(&DestinationLabel {
-                destination: m.destination_label(destination),
-            })
-            .inc();
+        let clock = crate::complete::Clock::now();
+        self.ctx
+            .completer
+            .observe_published(&clock, destination, e.row.occurred_at, at);
     }
 
     pub(super) fn destination_of(&self, row: &ClaimedRow) -> String {
@@ -638,18 +632,9 @@ impl Session {
     }
 
     pub(super) fn count_failure(&self, e: &Streamed, error: &PublishError) {
-        let m = &self.ctx.metrics;
-        m.failed
-            .get_or_create(&crate::telemetry::FailureLabels {
-                destination: m.destination_label(&self.destination_of(&e.row)),
-                class: if error.is_transient() {
-                    "transient"
-                } else {
-                    "permanent"
-                }
-                .into(),
-            })
-            .inc();
+        self.ctx
+            .completer
+            .count_failure(&self.destination_of(&e.row), error);
     }
 
     /// Retries a database statement with backoff while the lease lasts.

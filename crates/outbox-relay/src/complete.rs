@@ -1,0 +1,273 @@
+//! Completion: what became of dispatched events, counted in the metrics and recorded in the
+//! outbox. One implementation, used by both sources:
+//!
+//! * [`Completer::observe_published`], [`Completer::count_failure`], [`Completer::judge`]: the
+//!   metrics of an outcome (latency from `occurred_at` to the ack, counters by destination and
+//!   failure class, dead letters) and the decision for a failure (`RetryPolicy::failure`:
+//!   retry with backoff, or dead letter).
+//! * [`Completer::record`]: outcomes written to the table, fenced by the lease epochs
+//!   (`mark_published`, `mark_failed`), the write retried while any of those leases lasts. If
+//!   they all lapse first, the successor publishes the unrecorded events again: duplicates,
+//!   never losses.
+//! * [`Completer::complete`]: the two together, for a batch of claimed rows (polling). The CDC
+//!   source settles streamed events itself (its position must move only after their outcomes
+//!   are recorded, and events without a row go to the table first), with the same parts.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+
+use crate::{
+    dispatch::{Item, Outcome},
+    http::Health,
+    lease::Leases,
+    retry::{Backoff, RetryPolicy},
+    store::{within, Failure, Fence, Store},
+    telemetry::{DestinationLabel, FailureLabels, Metrics},
+    FailureClass, PublishError,
+};
+
+/// One reading of both clocks, to turn the monotonic instant of an ack into wall-clock time
+/// (one reading per batch instead of one per event).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    mono: Instant,
+    wall: DateTime<Utc>,
+}
+
+impl Clock {
+    /// Both clocks, now.
+    pub(crate) fn now() -> Self {
+        Self {
+            mono: Instant::now(),
+            wall: Utc::now(),
+        }
+    }
+
+    fn wall_at(&self, at: Instant) -> DateTime<Utc> {
+        self.wall
+            - chrono::Duration::from_std(self.mono.saturating_duration_since(at))
+                .unwrap_or_default()
+    }
+}
+
+/// What became of a batch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally {
+    /// Events the broker acknowledged.
+    pub(crate) published: usize,
+    /// Events dead-lettered.
+    pub(crate) dead: usize,
+    /// Transient failures.
+    pub(crate) transient: usize,
+}
+
+/// A row whose publish failed, as [`Completer::judge_row`] needs it.
+pub(crate) struct FailedRow<'a> {
+    pub(crate) id: i64,
+    pub(crate) attempts: i32,
+    pub(crate) permanent_failures: i32,
+    pub(crate) destination: &'a str,
+    pub(crate) key: (&'a str, &'a str),
+}
+
+/// Counts outcomes and records them for one relay.
+pub(crate) struct Completer {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) relay_id: String,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) health: Arc<Health>,
+    pub(crate) leases: Arc<Leases>,
+    pub(crate) retry: RetryPolicy,
+    /// Whether a dead head parks its aggregate (`on_dead = "park"`).
+    pub(crate) park: bool,
+    /// Longest wait for one statement's answer.
+    pub(crate) answer_within: Duration,
+}
+
+impl Completer {
+    /// The commit-to-ack latency of an event acknowledged at `at`.
+    pub(crate) fn observe_latency(
+        &self,
+        clock: &Clock,
+        occurred_at: Option<DateTime<Utc>>,
+        at: Instant,
+    ) {
+        if let Some(occurred_at) = occurred_at {
+            let latency = clock.wall_at(at) - occurred_at;
+            self.metrics
+                .latency
+                .observe(latency.num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
+        }
+    }
+
+    /// `n` events acknowledged for `destination`.
+    pub(crate) fn count_published(&self, destination: &str, n: u64) {
+        self.metrics
+            .published
+            .get_or_create(&DestinationLabel {
+                destination: self.metrics.destination_label(destination),
+            })
+            .inc_by(n);
+    }
+
+    /// One event acknowledged at `at`: its latency and the published counter.
+    pub(crate) fn observe_published(
+        &self,
+        clock: &Clock,
+        destination: &str,
+        occurred_at: Option<DateTime<Utc>>,
+        at: Instant,
+    ) {
+        self.observe_latency(clock, occurred_at, at);
+        self.count_published(destination, 1);
+    }
+
+    /// One failed attempt, counted by destination and class.
+    pub(crate) fn count_failure(&self, destination: &str, error: &PublishError) {
+        let class = match error.class {
+            FailureClass::Transient => "transient",
+            FailureClass::Permanent => "permanent",
+        };
+        self.metrics
+            .failed
+            .get_or_create(&FailureLabels {
+                destination: self.metrics.destination_label(destination),
+                class: class.into(),
+            })
+            .inc();
+    }
+
+    /// What to record for an item that failed with `error` (retry or dead letter, see
+    /// `RetryPolicy::failure`), with the failure and a dead letter counted and logged.
+    pub(crate) fn judge(&self, item: &Item, error: &PublishError) -> Failure {
+        self.judge_row(
+            FailedRow {
+                id: item.id,
+                attempts: item.attempts,
+                permanent_failures: item.permanent_failures,
+                destination: &item.destination,
+                key: (&item.key.0, &item.key.1),
+            },
+            error,
+        )
+    }
+
+    /// [`Completer::judge`] for a row known by its parts (the CDC table path).
+    pub(crate) fn judge_row(&self, row: FailedRow<'_>, error: &PublishError) -> Failure {
+        let failure = self
+            .retry
+            .failure(row.id, row.attempts, row.permanent_failures, error);
+        self.count_failure(row.destination, error);
+        let attempts = row.attempts + 1;
+        if failure.dead {
+            self.count_dead(row.destination);
+            tracing::error!(id = row.id, aggregate_type = %row.key.0,
+                aggregate_id = %row.key.1, attempts, %error, "event dead-lettered");
+        } else {
+            tracing::debug!(id = row.id, attempts, %error, "publish failed; will retry");
+        }
+        failure
+    }
+
+    /// One event dead-lettered for `destination`.
+    pub(crate) fn count_dead(&self, destination: &str) {
+        self.metrics
+            .dead_lettered
+            .get_or_create(&DestinationLabel {
+                destination: self.metrics.destination_label(destination),
+            })
+            .inc();
+    }
+
+    /// The outcomes of a batch claimed under `fences`: counted, then recorded.
+    pub(crate) async fn complete(&self, results: &[(Item, Outcome)], fences: &[Fence]) -> Tally {
+        let mut tally = Tally::default();
+        let mut published = Vec::new();
+        let mut failures = Vec::new();
+        // Counted per destination for the whole batch, then added to the metrics once each.
+        let mut by_destination: HashMap<&str, u64> = HashMap::new();
+        let clock = Clock::now();
+        for (item, outcome) in results {
+            match outcome {
+                Outcome::Published(at) => {
+                    published.push(item.id);
+                    let occurred_at = item.message.as_ref().ok().map(|m| m.occurred_at);
+                    self.observe_latency(&clock, occurred_at, *at);
+                    *by_destination.entry(item.destination.as_str()).or_insert(0) += 1;
+                }
+                Outcome::Failed(error) => {
+                    if error.is_transient() {
+                        tally.transient += 1;
+                    }
+                    let failure = self.judge(item, error);
+                    if failure.dead {
+                        tally.dead += 1;
+                    }
+                    failures.push(failure);
+                }
+                Outcome::Skipped => {}
+            }
+        }
+        for (destination, n) in by_destination {
+            self.count_published(destination, n);
+        }
+        tally.published = published.len();
+        self.record(fences, &published, &failures).await;
+        tally
+    }
+
+    /// Writes outcomes (fenced by `fences`), retrying while any of those leases lasts; counts
+    /// the outcomes the fence refused (the lease went to another relay).
+    pub(crate) async fn record(&self, fences: &[Fence], published: &[i64], failures: &[Failure]) {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        loop {
+            let marked = async {
+                let mut n = 0;
+                if !published.is_empty() {
+                    n += within(
+                        self.answer_within,
+                        self.store.mark_published(&self.relay_id, fences, published),
+                    )
+                    .await?;
+                }
+                if !failures.is_empty() {
+                    n += within(
+                        self.answer_within,
+                        self.store
+                            .mark_failed(&self.relay_id, fences, failures, self.park),
+                    )
+                    .await?;
+                }
+                Ok::<i64, sqlx::Error>(n)
+            }
+            .await;
+            match marked {
+                Ok(n) => {
+                    self.health.database_ok();
+                    let expected = (published.len() + failures.len()) as i64;
+                    if n < expected {
+                        self.metrics.fenced_out.inc_by((expected - n) as u64);
+                        tracing::warn!(
+                            lost = expected - n,
+                            "outcomes not recorded: partition lease lost to another relay"
+                        );
+                    }
+                    return;
+                }
+                Err(error) => {
+                    self.metrics.database_errors.inc();
+                    let alive = fences.iter().any(|(p, e)| self.leases.is_valid(*p, *e));
+                    if !alive {
+                        tracing::warn!(%error, "could not record outcomes and the leases lapsed");
+                        return;
+                    }
+                    let delay = backoff.next();
+                    tracing::warn!(%error, ?delay, "could not record outcomes; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
