@@ -160,7 +160,7 @@ impl Completer {
             .retry
             .failure(row.id, row.attempts, row.permanent_failures, error);
         self.count_failure(row.destination, error);
-        let attempts = row.attempts + 1;
+        let attempts = row.attempts.saturating_add(1);
         if failure.dead {
             self.count_dead(row.destination);
             tracing::error!(id = row.id, aggregate_type = %row.key.0,
@@ -219,8 +219,50 @@ impl Completer {
     }
 
     /// Writes outcomes (fenced by `fences`), retrying while any of those leases lasts; counts
-    /// the outcomes the fence refused (the lease went to another relay).
+    /// the outcomes the fence refused (the lease went to another relay). When the database
+    /// refuses the batch's statement for something in its data (SQLSTATE classes 22, 23, 54:
+    /// a retry cannot help), the outcomes are written one at a time, so that one row the
+    /// database refuses does not leave the others unrecorded and stall the partition; that row
+    /// stays pending (it will be published again) and the refusal is logged and counted.
     pub(crate) async fn record(&self, fences: &[Fence], published: &[i64], failures: &[Failure]) {
+        let Err(error) = self.write(fences, published, failures).await else {
+            return;
+        };
+        if published.len() + failures.len() > 1 {
+            tracing::warn!(%error, "the database refused a batch's outcomes; writing them one by one");
+            for id in published {
+                if let Err(error) = self.write(fences, std::slice::from_ref(id), &[]).await {
+                    self.refused(&error, *id);
+                }
+            }
+            for failure in failures {
+                if let Err(error) = self.write(fences, &[], std::slice::from_ref(failure)).await {
+                    self.refused(&error, failure.id);
+                }
+            }
+        } else {
+            let id = published
+                .first()
+                .copied()
+                .or(failures.first().map(|f| f.id));
+            self.refused(&error, id.unwrap_or_default());
+        }
+    }
+
+    fn refused(&self, error: &sqlx::Error, id: i64) {
+        self.metrics.database_errors.inc();
+        tracing::error!(%error, id,
+            "the database refuses to record this event's outcome: it stays pending");
+    }
+
+    /// One attempt to write outcomes, retried while a lease of `fences` lasts unless the
+    /// database refuses it for its data (returned as the error).
+    async fn write(
+        &self,
+        fences: &[Fence],
+        published: &[i64],
+        failures: &[Failure],
+    ) -> Result<(), sqlx::Error> {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         loop {
             let marked = async {
@@ -254,14 +296,15 @@ impl Completer {
                             "outcomes not recorded: partition lease lost to another relay"
                         );
                     }
-                    return;
+                    return Ok(());
                 }
+                Err(error) if refused_for_its_data(&error) => return Err(error),
                 Err(error) => {
                     self.metrics.database_errors.inc();
                     let alive = fences.iter().any(|(p, e)| self.leases.is_valid(*p, *e));
                     if !alive {
                         tracing::warn!(%error, "could not record outcomes and the leases lapsed");
-                        return;
+                        return Ok(());
                     }
                     let delay = backoff.next();
                     tracing::warn!(%error, ?delay, "could not record outcomes; retrying");
@@ -270,4 +313,17 @@ impl Completer {
             }
         }
     }
+}
+
+/// Whether the database refused a statement for the data it touches (SQLSTATE classes 22 data
+/// exception, 23 integrity constraint, 54 program limit): the same statement fails again.
+fn refused_for_its_data(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| {
+            ["22", "23", "54"]
+                .iter()
+                .any(|class| code.starts_with(class))
+        })
 }

@@ -77,9 +77,9 @@ impl RetryPolicy {
     ) -> crate::store::Failure {
         let permanent = error.class == FailureClass::Permanent;
         let count = if permanent {
-            permanent_failures + 1
+            permanent_failures.saturating_add(1)
         } else {
-            attempts + 1
+            attempts.saturating_add(1)
         };
         crate::store::Failure {
             id,

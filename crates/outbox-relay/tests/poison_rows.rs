@@ -4,6 +4,8 @@
 //! publisher that panics on one event. Each ends as a dead letter naming the reason, after a
 //! bounded number of attempts, and the other events flow.
 
+mod common;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -212,4 +214,84 @@ async fn an_event_that_makes_the_publisher_panic_is_dead_lettered_and_the_rest_f
     assert!(error
         .unwrap_or_default()
         .contains("the recorder publisher panicked: a bug while publishing"));
+}
+
+/// PostgreSQL rows the relay's own statements used to stumble on.
+mod postgres {
+    use outbox_testkit::TestDb;
+
+    use super::*;
+
+    async fn insert(db: &TestDb, aggregate_id: &str, attempts: i32) {
+        db.exec(&format!(
+            "INSERT INTO {{schema}}.{{events}} (event_id, aggregate_type, aggregate_id, \
+             event_type, payload, attempts, permanent_failures) VALUES (gen_random_uuid(), \
+             'order', '{aggregate_id}', 'Placed', '\\x7b7d', {attempts}, {attempts})"
+        ))
+        .await;
+    }
+
+    /// A writer may store anything in the relay's columns: `attempts` at i32::MAX made the
+    /// batch's `mark_published` fail ("integer out of range"), for ever, and with it every other
+    /// event of the batch stayed unrecorded and was published again and again.
+    #[tokio::test]
+    async fn a_row_whose_counters_are_at_their_limit_is_published_and_recorded() {
+        let db = TestDb::new(1).await;
+        insert(&db, "at-the-limit", i32::MAX).await;
+        for i in 0..5 {
+            insert(&db, &format!("a{i}"), 0).await;
+        }
+        let recorder = Arc::new(Recorder::default());
+        let relay = common::start(&db, recorder.clone(), common::fast_config(&db, "p")).await;
+        common::drained(&db, Duration::from_secs(20)).await;
+        relay.shutdown().await.unwrap();
+        assert_eq!(db.count("published").await, 6);
+        let attempts: i32 =
+            sqlx::query_scalar(&db.tables.render(
+                "SELECT attempts FROM {schema}.{events} WHERE aggregate_id = 'at-the-limit'",
+            ))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(attempts, i32::MAX, "saturated, not overflowed");
+    }
+
+    /// When the database refuses a batch's record for one row (here a user's trigger; any
+    /// data exception, integrity or limit error alike), the other outcomes are written one by
+    /// one: the partition goes on, and the refused row stays pending until it can be recorded.
+    #[tokio::test]
+    async fn outcomes_the_database_refuses_for_one_row_do_not_hold_back_the_others() {
+        let db = TestDb::new(1).await;
+        db.exec(
+            "CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 RAISE EXCEPTION 'refused by a trigger' USING ERRCODE = '23514';
+             END $$;
+             CREATE TRIGGER refuse BEFORE UPDATE ON {schema}.{events} FOR EACH ROW
+                 WHEN (OLD.aggregate_id = 'refused' AND NEW.status = 'published')
+                 EXECUTE FUNCTION {schema}.refuse();",
+        )
+        .await;
+        insert(&db, "refused", 0).await;
+        for i in 0..5 {
+            insert(&db, &format!("a{i}"), 0).await;
+        }
+        let recorder = Arc::new(Recorder::default());
+        let relay = common::start(&db, recorder.clone(), common::fast_config(&db, "p")).await;
+        wait_until(
+            "the other events recorded",
+            Duration::from_secs(20),
+            || async { db.count("published").await == 5 },
+        )
+        .await;
+        assert_eq!(
+            db.count("pending").await,
+            1,
+            "the refused row stays pending"
+        );
+        db.exec("DROP TRIGGER refuse ON {schema}.{events}").await;
+        common::drained(&db, Duration::from_secs(20)).await;
+        relay.shutdown().await.unwrap();
+        assert_eq!(db.count("published").await, 6);
+    }
 }

@@ -46,8 +46,15 @@ impl Session {
             e.row.permanent_failures,
             error,
         );
-        let (attempts, dead, backoff) = (e.row.attempts + 1, failure.dead, failure.backoff);
-        let permanent_failures = e.row.permanent_failures + i32::from(failure.permanent);
+        let (attempts, dead, backoff) = (
+            e.row.attempts.saturating_add(1),
+            failure.dead,
+            failure.backoff,
+        );
+        let permanent_failures = e
+            .row
+            .permanent_failures
+            .saturating_add(i32::from(failure.permanent));
         let key: Key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
         if dead {
             tracing::error!(event_id = %e.row.event_id, aggregate_type = %key.0,

@@ -16,8 +16,10 @@ WITH fence AS (
         AS f(id, error, backoff, dead, permanent)
 ), done AS (
     UPDATE {schema}.{events} e
-    SET attempts = e.attempts + 1,
-        permanent_failures = e.permanent_failures + failure.permanent::integer,
+    -- Saturating: a writer may have stored any integer there (the column is the relay's, but
+    -- writable), and an overflow would make every record of the batch fail.
+    SET attempts = least(e.attempts, 2147483646) + 1,
+        permanent_failures = least(e.permanent_failures, 2147483646) + failure.permanent::integer,
         last_error = failure.error,
         status = CASE WHEN failure.dead THEN 'dead' ELSE 'pending' END,
         next_attempt_at = CASE WHEN failure.dead THEN NULL

@@ -6,7 +6,7 @@ WITH fence AS (
     {fence}
 ), done AS (
     UPDATE {schema}.{events} e
-    SET status = 'published', published_at = now(), attempts = e.attempts + 1,
+    SET status = 'published', published_at = now(), attempts = least(e.attempts, 2147483646) + 1,
         next_attempt_at = NULL
     FROM fence
     WHERE e.id = ANY($1::bigint[]) AND e.partition = fence.partition AND e.status = 'pending'

@@ -152,7 +152,7 @@ WHERE status = 'pending' AND next_attempt_at IS NOT NULL
 -- name: mark_published
 UPDATE {events}
 SET status = 'published', published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
-    attempts = attempts + 1, next_attempt_at = NULL
+    attempts = min(attempts, 2147483646) + 1, next_attempt_at = NULL
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
 RETURNING id, aggregate_type, aggregate_id;
 -- name: release_hold
@@ -160,7 +160,8 @@ DELETE FROM {holds} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND event_id
 RETURNING event_id;
 -- name: mark_failed
 UPDATE {events}
-SET attempts = attempts + 1, permanent_failures = permanent_failures + ?5, last_error = ?2,
+SET attempts = min(attempts, 2147483646) + 1,
+    permanent_failures = min(permanent_failures, 2147483646) + ?5, last_error = ?2,
     status = CASE WHEN ?3 THEN 'dead' ELSE 'pending' END,
     next_attempt_at = CASE WHEN ?3 THEN NULL
                            ELSE strftime('%Y-%m-%dT%H:%M:%fZ', ?4 / 1000.0, 'unixepoch') END
