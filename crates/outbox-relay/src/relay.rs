@@ -248,7 +248,7 @@ impl Relay {
             answer_within: this.answer_within(),
         });
         let result = if cdc {
-            let context = crate::cdc::source::Context {
+            let context = crate::cdc::context::Context {
                 completer,
                 pool: this.pool.clone().expect("checked"),
                 tables: this.config.tables(),

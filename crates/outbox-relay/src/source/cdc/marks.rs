@@ -11,7 +11,7 @@ use std::{sync::Arc, time::Duration};
 use pgwire_replication::Lsn;
 use tokio::task::JoinHandle;
 
-use super::source::{retry, Context, End, Sql};
+use super::context::{retry, Context, End, Sql};
 use crate::store::Fence;
 
 /// How many published ids may wait for the running mark before the stream waits for it.

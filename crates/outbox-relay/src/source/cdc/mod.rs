@@ -40,12 +40,14 @@
 //! would be ordered by commit in the stream but by id in the table path.
 
 mod connect;
+pub(crate) mod context;
+mod inflight;
 mod marks;
 mod messages;
 mod pgoutput;
 mod pipeline;
 mod slot;
-pub(crate) mod source;
+mod source;
 mod table_path;
 
 pub use connect::ReplicationTarget;

@@ -6,66 +6,21 @@
 //! finished in stream order: outcomes counted, failures handed to the table, published rows
 //! marked, then the batch's end position confirmed, never before an earlier batch's.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 
 use pgwire_replication::Lsn;
-use tokio::task::{JoinError, JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::source::{End, Key, Session, Streamed};
+use super::{
+    context::{End, Key, Streamed},
+    inflight::{key_of, Batch, Results},
+    source::Session,
+};
 use crate::{
     dispatch::{self, Item, Outcome},
     PublishError,
 };
-
-/// Each dispatched event with its routed destination and its outcome.
-pub(super) type Results = Vec<(Streamed, String, Outcome)>;
-
-/// A batch being published.
-struct Batch {
-    task: JoinHandle<Results>,
-    /// The task's output, once awaited by [`InFlight::front_done`].
-    done: Option<Result<Results, JoinError>>,
-    keys: HashSet<Key>,
-    /// Position confirmed once this batch and every earlier one are settled.
-    end: Option<Lsn>,
-}
-
-/// The batches in flight, in stream order.
-#[derive(Default)]
-pub(super) struct InFlight {
-    queue: VecDeque<Batch>,
-}
-
-impl InFlight {
-    /// Whether no batch is in flight.
-    pub(super) fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
-
-    /// Waits until the oldest batch is published (a branch of the stream's idle wait).
-    pub(super) async fn front_done(&mut self) {
-        if let Some(batch) = self.queue.front_mut() {
-            if batch.done.is_none() {
-                batch.done = Some((&mut batch.task).await);
-            }
-        }
-    }
-
-    fn front_ready(&self) -> bool {
-        self.queue
-            .front()
-            .is_some_and(|b| b.done.is_some() || b.task.is_finished())
-    }
-
-    fn overlaps(&self, keys: &HashSet<Key>) -> bool {
-        self.queue.iter().any(|b| !b.keys.is_disjoint(keys))
-    }
-}
-
-fn key_of(e: &Streamed) -> Key {
-    (e.row.aggregate_type.clone(), e.row.aggregate_id.clone())
-}
 
 impl Session {
     /// Publishes a batch of streamed events (in stream order), confirming `end` once it and

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
-use super::source::{Context, Sql};
+use super::context::{Context, Sql};
 
 /// Samples the slot: WAL not confirmed, WAL retained, the alarm.
 pub(super) async fn sample_slot(

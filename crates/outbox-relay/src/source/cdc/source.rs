@@ -1,174 +1,29 @@
 //! The CDC loop: wait for the exclusive lease, catch up from the table, stream, publish,
 //! settle, confirm. The design is in the module docs ([`crate::cdc`]).
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use outbox::Tables;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
-use sqlx::PgPool;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    context::{retry, Context, End, Held, Key, Sql, Streamed},
+    inflight::InFlight,
     marks::Marks,
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
     pgoutput::Change,
-    pipeline::InFlight,
-    ReplicationTarget,
 };
 use crate::{
-    config::RelayConfig,
-    http::Health,
-    lease::Leases,
     retry::Backoff,
-    store::{named, render_fenced, ClaimedRow, Fence, Store},
-    telemetry::Metrics,
-    Error, PublishError, Publisher,
+    store::{ClaimedRow, Fence},
+    Error, PublishError,
 };
-
-/// Everything the CDC loop needs from the relay.
-pub(crate) struct Context {
-    /// Completion, shared with the polling source: metrics of outcomes and failure decisions.
-    pub completer: Arc<crate::complete::Completer>,
-    pub pool: PgPool,
-    pub tables: Tables,
-    pub store: Arc<dyn Store>,
-    pub publisher: Arc<dyn Publisher>,
-    pub config: RelayConfig,
-    pub leases: Arc<Leases>,
-    pub metrics: Arc<Metrics>,
-    pub health: Arc<Health>,
-    pub relay_id: String,
-    pub target: ReplicationTarget,
-    pub max_payload: usize,
-}
-
-/// The CDC statements, rendered for one outbox.
-pub(super) struct Sql {
-    pub(super) mark_published: String,
-    pub(super) fence_count: String,
-    pub(super) spill: String,
-    pub(super) hold: String,
-    pub(super) pending_of: String,
-    pub(super) catch_up: String,
-    pub(super) catch_up_max_id: String,
-    pub(super) catch_up_done: String,
-    pub(super) holds: String,
-    pub(super) unpark: String,
-    pub(super) slot: String,
-    pub(super) terminate: String,
-    pub(super) heartbeat: String,
-    pub(super) relay_write: String,
-}
-
-impl Sql {
-    fn new(tables: &Tables) -> Self {
-        let r = |name: &str| render_fenced(tables, named(super::SQL, name));
-        Self {
-            mark_published: r("mark_published"),
-            fence_count: r("fence_count"),
-            spill: r("spill"),
-            hold: r("hold"),
-            pending_of: r("pending_of"),
-            catch_up: r("catch_up"),
-            catch_up_max_id: r("catch_up_max_id"),
-            catch_up_done: r("catch_up_done"),
-            holds: r("holds"),
-            unpark: r("unpark"),
-            slot: r("slot"),
-            terminate: r("terminate"),
-            heartbeat: r("heartbeat"),
-            relay_write: r("relay_write"),
-        }
-    }
-}
-
-/// Why a streaming session ended.
-pub(super) enum End {
-    /// Shutdown requested.
-    Stop,
-    /// The exclusive lease was lost (or never complete): back to standby.
-    LeaseLost,
-    /// The stream or the database failed: reconnect after a pause.
-    Failed(StreamFailure),
-}
-
-/// Why a streaming session failed: what it was doing, and the error that stopped it (kept as
-/// the source, so that the log shows the whole chain).
-#[derive(Debug, thiserror::Error)]
-#[error("{context}")]
-pub(super) struct StreamFailure {
-    context: &'static str,
-    #[source]
-    source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-impl End {
-    /// A failure while doing `context`, caused by `source`.
-    pub(super) fn failed(
-        context: &'static str,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Self::Failed(StreamFailure {
-            context,
-            source: Some(source.into()),
-        })
-    }
-
-    /// A failure with no underlying error.
-    pub(super) fn failed_because(context: &'static str) -> Self {
-        Self::Failed(StreamFailure {
-            context,
-            source: None,
-        })
-    }
-}
-
-impl StreamFailure {
-    /// The context and every cause, `a: b: c`, for a log line.
-    pub(super) fn chain(&self) -> String {
-        let mut text = self.context.to_owned();
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
-        while let Some(c) = cause {
-            text.push_str(": ");
-            text.push_str(&c.to_string());
-            cause = c.source();
-        }
-        text
-    }
-}
-
-/// One streamed event.
-#[derive(Debug, Clone)]
-pub(super) struct Streamed {
-    /// Position in the stream (orders lanes).
-    pub(super) seq: u64,
-    /// The row as the stream carried it; `id` 0 for a table-less event.
-    pub(super) row: ClaimedRow,
-    /// Whether the row is in the table (not table-less, not deleted in its transaction).
-    pub(super) in_table: bool,
-}
-
-/// An aggregate whose events are in the table path.
-#[derive(Debug, Default)]
-pub(super) struct Held {
-    /// When to publish it from the table; `None`: parked until an operator acts.
-    pub(super) due: Option<Instant>,
-    /// Ids of its rows the stream passed while it was held (they must be seen in the table
-    /// before the aggregate goes back to the stream).
-    pub(super) skipped: BTreeSet<i64>,
-    /// Since when skipped rows were not found in the table.
-    pub(super) missing_since: Option<Instant>,
-}
 
 /// A transaction being received.
 #[derive(Default)]
-pub(super) struct Txn {
+struct Txn {
     events: Vec<Streamed>,
     /// Rows of the table published in chunks before the commit arrived (marked at commit,
     /// when the deletes of a zero-growth transaction are known).
@@ -177,8 +32,6 @@ pub(super) struct Txn {
     relay_write: bool,
     commit_time: Option<DateTime<Utc>>,
 }
-
-pub(super) type Key = (String, String);
 
 /// Events of one open transaction held before they are published in chunks: a transaction is
 /// published whole after its commit up to this size (its deletes are then known), in chunks of
@@ -644,32 +497,5 @@ impl Session {
         Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
     {
         retry(&self.ctx, &self.fences, f).await
-    }
-}
-
-/// Retries a database statement with backoff while the leases `fences` last.
-pub(super) async fn retry<T, F, Fut>(ctx: &Context, fences: &[Fence], mut f: F) -> Result<T, End>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
-{
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    loop {
-        ctx.health.loop_turned();
-        match f().await {
-            Ok(v) => {
-                ctx.health.database_ok();
-                return Ok(v);
-            }
-            Err(error) => {
-                ctx.metrics.database_errors.inc();
-                if !fences.iter().all(|(p, e)| ctx.leases.is_valid(*p, *e)) {
-                    return Err(End::LeaseLost);
-                }
-                let delay = backoff.next();
-                tracing::warn!(%error, ?delay, "CDC statement failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-        }
     }
 }

@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    context::{End, Key, Streamed},
     messages::relay_write_prefix,
-    source::{End, Key, Session, Streamed},
+    source::Session,
 };
 use crate::{
     complete::FailedRow,

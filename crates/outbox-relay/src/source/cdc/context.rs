@@ -1,0 +1,184 @@
+//! What the CDC source's parts share: the relay's handles (`Context`), the rendered
+//! statements, how a session ends, the streamed events, and the retry of a statement while the
+//! leases last.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use outbox::Tables;
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use super::ReplicationTarget;
+use crate::{
+    config::RelayConfig,
+    http::Health,
+    lease::Leases,
+    retry::Backoff,
+    store::{named, render_fenced, ClaimedRow, Fence, Store},
+    telemetry::Metrics,
+    Publisher,
+};
+
+/// Everything the CDC loop needs from the relay.
+pub(crate) struct Context {
+    /// Completion, shared with the polling source: metrics of outcomes and failure decisions.
+    pub completer: Arc<crate::complete::Completer>,
+    pub pool: PgPool,
+    pub tables: Tables,
+    pub store: Arc<dyn Store>,
+    pub publisher: Arc<dyn Publisher>,
+    pub config: RelayConfig,
+    pub leases: Arc<Leases>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub relay_id: String,
+    pub target: ReplicationTarget,
+    pub max_payload: usize,
+}
+
+/// The CDC statements, rendered for one outbox.
+pub(super) struct Sql {
+    pub(super) mark_published: String,
+    pub(super) fence_count: String,
+    pub(super) spill: String,
+    pub(super) hold: String,
+    pub(super) pending_of: String,
+    pub(super) catch_up: String,
+    pub(super) catch_up_max_id: String,
+    pub(super) catch_up_done: String,
+    pub(super) holds: String,
+    pub(super) unpark: String,
+    pub(super) slot: String,
+    pub(super) terminate: String,
+    pub(super) heartbeat: String,
+    pub(super) relay_write: String,
+}
+
+impl Sql {
+    pub(super) fn new(tables: &Tables) -> Self {
+        let r = |name: &str| render_fenced(tables, named(super::SQL, name));
+        Self {
+            mark_published: r("mark_published"),
+            fence_count: r("fence_count"),
+            spill: r("spill"),
+            hold: r("hold"),
+            pending_of: r("pending_of"),
+            catch_up: r("catch_up"),
+            catch_up_max_id: r("catch_up_max_id"),
+            catch_up_done: r("catch_up_done"),
+            holds: r("holds"),
+            unpark: r("unpark"),
+            slot: r("slot"),
+            terminate: r("terminate"),
+            heartbeat: r("heartbeat"),
+            relay_write: r("relay_write"),
+        }
+    }
+}
+
+/// Why a streaming session ended.
+pub(super) enum End {
+    /// Shutdown requested.
+    Stop,
+    /// The exclusive lease was lost (or never complete): back to standby.
+    LeaseLost,
+    /// The stream or the database failed: reconnect after a pause.
+    Failed(StreamFailure),
+}
+
+/// Why a streaming session failed: what it was doing, and the error that stopped it (kept as
+/// the source, so that the log shows the whole chain).
+#[derive(Debug, thiserror::Error)]
+#[error("{context}")]
+pub(super) struct StreamFailure {
+    context: &'static str,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl End {
+    /// A failure while doing `context`, caused by `source`.
+    pub(super) fn failed(
+        context: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Failed(StreamFailure {
+            context,
+            source: Some(source.into()),
+        })
+    }
+
+    /// A failure with no underlying error.
+    pub(super) fn failed_because(context: &'static str) -> Self {
+        Self::Failed(StreamFailure {
+            context,
+            source: None,
+        })
+    }
+}
+
+impl StreamFailure {
+    /// The context and every cause, `a: b: c`, for a log line.
+    pub(super) fn chain(&self) -> String {
+        let mut text = self.context.to_owned();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        text
+    }
+}
+
+/// One streamed event.
+#[derive(Debug, Clone)]
+pub(super) struct Streamed {
+    /// Position in the stream (orders lanes).
+    pub(super) seq: u64,
+    /// The row as the stream carried it; `id` 0 for a table-less event.
+    pub(super) row: ClaimedRow,
+    /// Whether the row is in the table (not table-less, not deleted in its transaction).
+    pub(super) in_table: bool,
+}
+
+/// An aggregate whose events are in the table path.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// When to publish it from the table; `None`: parked until an operator acts.
+    pub(super) due: Option<Instant>,
+    /// Ids of its rows the stream passed while it was held (they must be seen in the table
+    /// before the aggregate goes back to the stream).
+    pub(super) skipped: BTreeSet<i64>,
+    /// Since when skipped rows were not found in the table.
+    pub(super) missing_since: Option<Instant>,
+}
+
+pub(super) type Key = (String, String);
+
+/// Retries a database statement with backoff while the leases `fences` last.
+pub(super) async fn retry<T, F, Fut>(ctx: &Context, fences: &[Fence], mut f: F) -> Result<T, End>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        ctx.health.loop_turned();
+        match f().await {
+            Ok(v) => {
+                ctx.health.database_ok();
+                return Ok(v);
+            }
+            Err(error) => {
+                ctx.metrics.database_errors.inc();
+                if !fences.iter().all(|(p, e)| ctx.leases.is_valid(*p, *e)) {
+                    return Err(End::LeaseLost);
+                }
+                let delay = backoff.next();
+                tracing::warn!(%error, ?delay, "CDC statement failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The batches in flight, in stream order (see `pipeline.rs`, which publishes and settles them).
+
+use std::collections::{HashSet, VecDeque};
+
+use pgwire_replication::Lsn;
+use tokio::task::{JoinError, JoinHandle};
+
+use super::context::{Key, Streamed};
+use crate::dispatch::Outcome;
+
+/// Each dispatched event with its routed destination and its outcome.
+pub(super) type Results = Vec<(Streamed, String, Outcome)>;
+
+/// A batch being published.
+pub(super) struct Batch {
+    pub(super) task: JoinHandle<Results>,
+    /// The task's output, once awaited by [`InFlight::front_done`].
+    pub(super) done: Option<Result<Results, JoinError>>,
+    pub(super) keys: HashSet<Key>,
+    /// Position confirmed once this batch and every earlier one are settled.
+    pub(super) end: Option<Lsn>,
+}
+
+/// The batches in flight, in stream order.
+#[derive(Default)]
+pub(super) struct InFlight {
+    pub(super) queue: VecDeque<Batch>,
+}
+
+impl InFlight {
+    /// Whether no batch is in flight.
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Waits until the oldest batch is published (a branch of the stream's idle wait).
+    pub(super) async fn front_done(&mut self) {
+        if let Some(batch) = self.queue.front_mut() {
+            if batch.done.is_none() {
+                batch.done = Some((&mut batch.task).await);
+            }
+        }
+    }
+
+    pub(super) fn front_ready(&self) -> bool {
+        self.queue
+            .front()
+            .is_some_and(|b| b.done.is_some() || b.task.is_finished())
+    }
+
+    pub(super) fn overlaps(&self, keys: &HashSet<Key>) -> bool {
+        self.queue.iter().any(|b| !b.keys.is_disjoint(keys))
+    }
+}
+
+pub(super) fn key_of(e: &Streamed) -> Key {
+    (e.row.aggregate_type.clone(), e.row.aggregate_id.clone())
+}
