@@ -1,6 +1,8 @@
 //! Shared set-up of the relay integration tests.
 #![allow(dead_code)]
 
+pub mod cdc;
+
 use std::{sync::Arc, time::Duration};
 
 use outbox_relay::{

@@ -47,50 +47,93 @@ LIMIT $7;
 -- name: payload
 SELECT payload FROM {schema}.{events} WHERE id = $1;
 -- name: replay
--- Dead events become pending again, attempts and permanent failures reset; their holds go and
--- the rows waiting behind them are set free, so the aggregate resumes with them first. Audited
--- in the same statement. $1 ids, $2 actor, $3 reason
+-- Dead events become pending again, attempts and permanent failures reset. Each aggregate
+-- concerned gets its hold on its first pending row, due at once: it resumes with that row,
+-- in id order (the polling claim's due path, the CDC source's table path). A hold is the
+-- record that an aggregate has events waiting in the table, so it moves rather than goes: a
+-- CDC relay that was stopped meanwhile finds it when it starts. Audited in the same
+-- statement. $1 ids, $2 actor, $3 reason
 WITH replayed AS (
     UPDATE {schema}.{events}
     SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
     WHERE id = ANY($1) AND status = 'dead'
-    RETURNING id, aggregate_type, aggregate_id
-), unheld AS (
-    DELETE FROM {schema}.holds h USING replayed r
-    WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id
-      AND h.event_id = r.id
-    RETURNING h.aggregate_type, h.aggregate_id
-), resumed AS (
-    UPDATE {schema}.{events} e SET next_attempt_at = NULL
-    FROM unheld u
-    WHERE e.aggregate_type = u.aggregate_type AND e.aggregate_id = u.aggregate_id
-      AND e.status = 'pending' AND e.next_attempt_at IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM replayed r WHERE r.id = e.id)
+    RETURNING id, partition, aggregate_type, aggregate_id
+), heads AS (
+    -- The first pending row of each aggregate: a replayed one, or one pending before (this
+    -- statement's snapshot still reads the replayed rows as dead).
+    SELECT DISTINCT ON (c.aggregate_type, c.aggregate_id)
+           c.aggregate_type, c.aggregate_id, c.id, c.partition
+    FROM (
+        SELECT id, partition, aggregate_type, aggregate_id FROM replayed
+        UNION ALL
+        SELECT p.id, p.partition, p.aggregate_type, p.aggregate_id
+        FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM replayed) r
+        CROSS JOIN LATERAL (
+            SELECT e.id, e.partition, e.aggregate_type, e.aggregate_id
+            FROM {schema}.{events} e
+            WHERE e.aggregate_type = r.aggregate_type AND e.aggregate_id = r.aggregate_id
+              AND e.status = 'pending'
+            ORDER BY e.id
+            LIMIT 1
+        ) p
+    ) c
+    ORDER BY c.aggregate_type, c.aggregate_id, c.id
+), held AS (
+    INSERT INTO {schema}.holds (aggregate_type, aggregate_id, partition, event_id, held_until)
+    SELECT aggregate_type, aggregate_id, partition, id, now() FROM heads
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
+        SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
+            held_until = EXCLUDED.held_until, created_at = now()
 ), audited AS (
     INSERT INTO {schema}.audit (actor, action, event_ids, reason)
     SELECT $2, 'replay', array_agg(id ORDER BY id), $3 FROM replayed HAVING count(*) > 0
 )
 SELECT count(*)::bigint FROM replayed;
 -- name: skip
--- The dead events stay dead (for the record) but stop parking their aggregates: the rows
--- waiting behind them are set free. Audited. $1 ids, $2 actor, $3 reason
+-- The dead events stay dead (for the record) but stop parking their aggregates: a hold on one
+-- of them moves to its aggregate's first pending row, due at once (the rows waiting behind
+-- it go on from there, in id order), or goes when nothing of the aggregate is pending. See
+-- `replay` for why a hold moves. Audited. $1 ids, $2 actor, $3 reason
 WITH target AS (
-    SELECT id, aggregate_type, aggregate_id FROM {schema}.{events}
-    WHERE id = ANY($1) AND status = 'dead'
+    SELECT h.aggregate_type, h.aggregate_id, h.event_id
+    FROM {schema}.holds h
+    JOIN {schema}.{events} e ON e.id = h.event_id
+    WHERE h.event_id = ANY($1) AND e.status = 'dead'
+      AND e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
+), heads AS (
+    SELECT t.aggregate_type, t.aggregate_id, t.event_id, p.id, p.partition
+    FROM target t
+    LEFT JOIN LATERAL (
+        SELECT e.id, e.partition FROM {schema}.{events} e
+        WHERE e.aggregate_type = t.aggregate_type AND e.aggregate_id = t.aggregate_id
+          AND e.status = 'pending'
+        ORDER BY e.id
+        LIMIT 1
+    ) p ON true
+), moved AS (
+    UPDATE {schema}.holds h
+    SET event_id = n.id, partition = n.partition, held_until = now(), created_at = now()
+    FROM heads n
+    WHERE n.id IS NOT NULL
+      AND h.aggregate_type = n.aggregate_type AND h.aggregate_id = n.aggregate_id
+    RETURNING n.event_id
 ), unheld AS (
-    DELETE FROM {schema}.holds h USING target t
-    WHERE h.aggregate_type = t.aggregate_type AND h.aggregate_id = t.aggregate_id
-      AND h.event_id = t.id
-    RETURNING h.event_id, h.aggregate_type, h.aggregate_id
+    DELETE FROM {schema}.holds h USING heads n
+    WHERE n.id IS NULL
+      AND h.aggregate_type = n.aggregate_type AND h.aggregate_id = n.aggregate_id
+    RETURNING n.event_id, h.aggregate_type, h.aggregate_id
 ), resumed AS (
     UPDATE {schema}.{events} e SET next_attempt_at = NULL
     FROM unheld u
     WHERE e.aggregate_type = u.aggregate_type AND e.aggregate_id = u.aggregate_id
       AND e.status = 'pending' AND e.next_attempt_at IS NOT NULL
+), released AS (
+    SELECT event_id FROM moved UNION ALL SELECT event_id FROM unheld
 ), audited AS (
     INSERT INTO {schema}.audit (actor, action, event_ids, reason)
-    SELECT $2, 'skip', array_agg(event_id ORDER BY event_id), $3 FROM unheld HAVING count(*) > 0
+    SELECT $2, 'skip', array_agg(event_id ORDER BY event_id), $3 FROM released
+    HAVING count(*) > 0
 )
-SELECT count(*)::bigint FROM unheld;
+SELECT count(*)::bigint FROM released;
 -- name: audit
 SELECT id, at, actor, action, event_ids, reason FROM {schema}.audit ORDER BY id DESC LIMIT $1;

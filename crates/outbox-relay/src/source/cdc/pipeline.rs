@@ -6,7 +6,10 @@
 //! finished in stream order: outcomes counted, failures handed to the table, published rows
 //! marked, then the batch's end position confirmed, never before an earlier batch's.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
 use pgwire_replication::Lsn;
 use tokio::task::JoinHandle;
@@ -19,8 +22,16 @@ use super::{
 };
 use crate::{
     dispatch::{self, Item, Outcome},
+    retry::Backoff,
     PublishError,
 };
+
+/// Rounds in which a batch's transiently failed events are published again in place (a blip
+/// of the broker) before they go to the table path with a backoff.
+const IN_PLACE_ROUNDS: u32 = 3;
+/// First and longest pause between those rounds.
+const IN_PLACE_FIRST_DELAY: Duration = Duration::from_millis(50);
+const IN_PLACE_MAX_DELAY: Duration = Duration::from_millis(400);
 
 impl Session {
     /// Publishes a batch of streamed events (in stream order), confirming `end` once it and
@@ -108,69 +119,68 @@ impl Session {
         Ok(())
     }
 
-    /// Counts a batch's outcomes, waits out a failing broker (publishing the failed events
-    /// again in place), hands other failures to the table, marks the published rows.
+    /// Counts a batch's outcomes, publishes transiently failed events again in place a few
+    /// times (a blip), hands what still fails to the table (attempt, backoff, hold: that
+    /// aggregate waits there while every other one streams on, as in polling), marks the
+    /// published rows, and pauses the stream when nothing of the batch went out (a broker that
+    /// is down is not hammered, as the polling relay pauses its claims).
     async fn settle(
         &mut self,
         mut results: Results,
         shutdown: &CancellationToken,
     ) -> Result<(), End> {
         let mut published: Vec<Streamed> = Vec::new();
-        let mut failed: Vec<(Streamed, PublishError)> = Vec::new();
-        let mut spill_after: Vec<Streamed> = Vec::new();
+        let mut in_place = Backoff::new(IN_PLACE_FIRST_DELAY, IN_PLACE_MAX_DELAY);
         let mut rounds = 0;
-        loop {
+        let (failed, behind) = loop {
             self.ctx.health.loop_turned();
-            let mut round_published = 0;
             let mut round_failed: Vec<(Streamed, PublishError)> = Vec::new();
             let mut round_skipped: Vec<Streamed> = Vec::new();
             for (e, destination, outcome) in results {
                 match outcome {
                     Outcome::Published(at) => {
                         self.observe_published(&e, &destination, at);
-                        round_published += 1;
                         published.push(e);
                     }
                     Outcome::Failed(error) => round_failed.push((e, error)),
                     Outcome::Skipped => round_skipped.push(e),
                 }
             }
+            // A skipped event is behind a failure of its own aggregate, or its lane stopped
+            // because the lease lapsed: then nothing of this batch may be confirmed.
+            let failed_keys: HashSet<Key> = round_failed.iter().map(|(e, _)| key_of(e)).collect();
+            if round_skipped
+                .iter()
+                .any(|e| !failed_keys.contains(&key_of(e)))
+            {
+                return Err(End::LeaseLost);
+            }
             if round_failed.is_empty() {
-                if !round_skipped.is_empty() {
-                    // Skipped without a failure: the lease lapsed mid-batch.
-                    return Err(End::LeaseLost);
-                }
-                self.circuit.reset();
-                break;
+                break (round_failed, round_skipped);
             }
             let all_transient = round_failed.iter().all(|(_, e)| e.is_transient());
-            // The broker is failing everything: wait it out here, in order, dead-lettering
-            // nothing. A few aggregates failing while others go: hand them to the table.
-            if all_transient && (round_published == 0 || rounds < 3) {
-                rounds += 1;
-                for (e, error) in &round_failed {
-                    self.count_failure(e, error);
-                }
-                let delay = self.circuit.next();
-                tracing::warn!(failed = round_failed.len(), ?delay, error = %round_failed[0].1,
-                    "broker failing; retrying the batch in place");
-                tokio::select! {
-                    () = shutdown.cancelled() => return Err(End::Stop),
-                    () = tokio::time::sleep(delay) => {}
-                }
-                if !self.lease_ok() {
-                    return Err(End::LeaseLost);
-                }
-                let mut todo: Vec<Streamed> = round_failed.into_iter().map(|(e, _)| e).collect();
-                todo.extend(round_skipped);
-                todo.sort_by_key(|e| e.seq);
-                results = self.dispatch(todo).await?;
-                continue;
+            if !all_transient || rounds >= IN_PLACE_ROUNDS {
+                break (round_failed, round_skipped);
             }
-            failed = round_failed;
-            spill_after = round_skipped;
-            break;
-        }
+            rounds += 1;
+            for (e, error) in &round_failed {
+                self.count_failure(e, error);
+            }
+            let delay = in_place.next();
+            tracing::debug!(failed = round_failed.len(), ?delay, error = %round_failed[0].1,
+                "publish failed; retrying in place");
+            tokio::select! {
+                () = shutdown.cancelled() => return Err(End::Stop),
+                () = tokio::time::sleep(delay) => {}
+            }
+            if !self.lease_ok() {
+                return Err(End::LeaseLost);
+            }
+            let mut todo: Vec<Streamed> = round_failed.into_iter().map(|(e, _)| e).collect();
+            todo.extend(round_skipped);
+            todo.sort_by_key(|e| e.seq);
+            results = self.dispatch(todo).await?;
+        };
         if !published.is_empty() {
             self.ctx.health.progressed();
         }
@@ -179,17 +189,33 @@ impl Session {
             Some(deferred) => deferred.extend(ids),
             None => self.marks.add(ids),
         }
-        if !failed.is_empty() || !spill_after.is_empty() {
-            // The table path reads pending rows: earlier marks must be written first, or it
-            // would publish again what the stream already did.
-            self.marks.reap(true).await?;
+        if failed.is_empty() {
+            self.circuit.reset();
+            return Ok(());
         }
+        // The table path reads pending rows: earlier marks must be written first, or it
+        // would publish again what the stream already did.
+        self.marks.reap(true).await?;
+        let nothing_went_out = published.is_empty();
+        let first_error = failed[0].1.to_string();
         for (e, error) in failed {
             self.count_failure(&e, &error);
             self.spill_failed(e, &error).await?;
         }
-        spill_after.sort_by_key(|e| e.seq);
-        self.spill_behind(spill_after).await?;
+        let mut behind = behind;
+        behind.sort_by_key(|e| e.seq);
+        self.spill_behind(behind).await?;
+        if nothing_went_out {
+            let delay = self.circuit.next();
+            tracing::warn!(?delay, error = %first_error,
+                "nothing of the batch was published; pausing the stream");
+            tokio::select! {
+                () = shutdown.cancelled() => return Err(End::Stop),
+                () = tokio::time::sleep(delay) => {}
+            }
+        } else {
+            self.circuit.reset();
+        }
         Ok(())
     }
 

@@ -324,6 +324,7 @@ impl Session {
                 .await?;
             items.extend(rows);
         }
+        let park = self.ctx.config.on_dead == OnDead::Park;
         let published_ids: std::collections::HashSet<i64>;
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_keys: HashMap<Key, Option<Duration>> = HashMap::new();
@@ -356,10 +357,16 @@ impl Session {
                             },
                             &error,
                         );
-                        let (dead, backoff) = (failure.dead, failure.backoff);
+                        // Due after the backoff; parked when dead, unless dead heads do not
+                        // park: then its later rows go on at once.
+                        let wait = match (failure.dead, park) {
+                            (false, _) => Some(failure.backoff),
+                            (true, true) => None,
+                            (true, false) => Some(Duration::ZERO),
+                        };
                         failed_keys.insert(
                             (e.row.aggregate_type.clone(), e.row.aggregate_id.clone()),
-                            (!dead).then_some(backoff),
+                            wait,
                         );
                         failures.push(failure);
                     }
@@ -388,7 +395,6 @@ impl Session {
                     .await?;
             }
             if !failures.is_empty() {
-                let park = self.ctx.config.on_dead == OnDead::Park;
                 self.retry_db(|| store.mark_failed(relay_id, fences, &failures, park))
                     .await?;
             }

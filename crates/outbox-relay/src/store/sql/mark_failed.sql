@@ -1,6 +1,8 @@
 -- Records failed attempts, fenced by lease epoch: increments attempts, stores the error, and
 -- either schedules a retry (the aggregate is held until then) or dead-letters the event (the
--- aggregate is parked when $8 is true, otherwise its hold is released). The failed event waits
+-- aggregate is parked when $8 is true; otherwise its hold moves to the aggregate's next
+-- pending row, due at once, or goes when there is none: a hold is the record that an
+-- aggregate has events waiting in the table, which the CDC source resumes from). The failed event waits
 -- until its retry (`next_attempt_at`); the other pending rows of a held or parked aggregate are
 -- set waiting behind it ('infinity', see claim.sql), and set free again when the hold is
 -- released (mark_published.sql, or here when a dead head does not park).
@@ -27,11 +29,32 @@ WITH fence AS (
     FROM failure, fence
     WHERE e.id = failure.id AND e.partition = fence.partition AND e.status = 'pending'
     RETURNING e.id, e.aggregate_type, e.aggregate_id, e.partition, e.status, e.next_attempt_at
+), next_head AS (
+    -- A dead head that does not park: the next pending row of its aggregate.
+    SELECT DISTINCT ON (d.aggregate_type, d.aggregate_id)
+           d.aggregate_type, d.aggregate_id, n.id, n.partition
+    FROM done d
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.partition FROM {schema}.{events} e
+        WHERE e.aggregate_type = d.aggregate_type AND e.aggregate_id = d.aggregate_id
+          AND e.status = 'pending' AND NOT EXISTS (SELECT 1 FROM done x WHERE x.id = e.id)
+        ORDER BY e.id
+        LIMIT 1
+    ) n
+    WHERE NOT $8::boolean AND d.status = 'dead'
+      AND NOT EXISTS (
+          SELECT 1 FROM done p
+          WHERE p.aggregate_type = d.aggregate_type AND p.aggregate_id = d.aggregate_id
+            AND p.status = 'pending'
+      )
+    ORDER BY d.aggregate_type, d.aggregate_id, n.id
 ), held AS (
     INSERT INTO {schema}.holds (aggregate_type, aggregate_id, partition, event_id, held_until)
     SELECT aggregate_type, aggregate_id, partition, id, next_attempt_at
     FROM done
     WHERE status = 'pending' OR $8::boolean
+    UNION ALL
+    SELECT aggregate_type, aggregate_id, partition, id, now() FROM next_head
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
         SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
             held_until = EXCLUDED.held_until, created_at = now()
@@ -40,6 +63,10 @@ WITH fence AS (
     USING done
     WHERE NOT $8::boolean AND done.status = 'dead'
       AND h.aggregate_type = done.aggregate_type AND h.aggregate_id = done.aggregate_id
+      AND NOT EXISTS (
+          SELECT 1 FROM next_head n
+          WHERE n.aggregate_type = done.aggregate_type AND n.aggregate_id = done.aggregate_id
+      )
     RETURNING h.aggregate_type, h.aggregate_id
 ), behind AS (
     -- The rest of a held or parked aggregate waits behind its head.

@@ -1,0 +1,238 @@
+//! The CDC relay's table path against a real PostgreSQL (`wal_level = logical`) and NATS
+//! JetStream, in the three write modes: an aggregate that cannot be published waits in the
+//! table while every other one streams on, and an aggregate in the table path resumes whatever
+//! happened to its relay meanwhile (a dead head replayed or skipped while the relay was
+//! stopped).
+
+mod common;
+
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
+
+use futures::future::BoxFuture;
+
+use common::cdc::{cdc_config, cdc_db, slot_caught_up, start, write, WAIT};
+use outbox::{postgres::WriteMode, Event};
+use outbox_relay::{admin::Admin, Message, PublishError, Publisher};
+use outbox_testkit::{unique, wait_until, NatsReader, Report, TestDb, NATS_URL};
+
+const MODES: [WriteMode; 3] = [WriteMode::Table, WriteMode::ZeroGrowth, WriteMode::WalOnly];
+
+/// The real NATS publisher, refusing the events of aggregate type `sick` while `failing` is
+/// set: transiently (503, a partition without a leader) or permanently.
+struct Sick {
+    inner: Arc<dyn Publisher>,
+    failing: AtomicBool,
+    permanent: bool,
+}
+
+impl Publisher for Sick {
+    fn publish<'a>(&'a self, m: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
+        Box::pin(async move {
+            if m.aggregate_type == "sick" && self.failing.load(Ordering::SeqCst) {
+                return Err(if self.permanent {
+                    PublishError::permanent("injected: sick rejected")
+                } else {
+                    PublishError::transient("injected: sick unavailable")
+                });
+            }
+            self.inner.publish(m).await
+        })
+    }
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn max_payload_bytes(&self) -> usize {
+        self.inner.max_payload_bytes()
+    }
+}
+
+/// Writes versions `versions` of aggregate `sick/1`, one transaction each.
+async fn write_sick(db: &TestDb, mode: WriteMode, versions: std::ops::RangeInclusive<i64>) {
+    let outbox = db.outbox().write_mode(mode);
+    for v in versions {
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox
+            .enqueue(
+                &mut tx,
+                &Event::new("sick", "1", "Happened").aggregate_version(v),
+            )
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+}
+
+async fn scalar(db: &TestDb, sql: &str) -> i64 {
+    sqlx::query_scalar(&db.tables.render(sql))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// How many rows of `sick/1` have `status`.
+async fn sick_rows(db: &TestDb, status: &str) -> i64 {
+    sqlx::query_scalar(&db.tables.render(
+        "SELECT count(*) FROM {schema}.{events} WHERE aggregate_type = 'sick' AND status = $1",
+    ))
+    .bind(status)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+async fn one_sick_aggregate_waits_in_the_table(mode: WriteMode) {
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let sick = Arc::new(Sick {
+        inner: common::nats(NATS_URL, &reader.stream).await,
+        failing: AtomicBool::new(true),
+        permanent: false,
+    });
+    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    // The sick aggregate first, alone in its transactions (batches of which nothing goes
+    // out), then 200 events of twenty healthy aggregates.
+    write_sick(&db, mode, 1..=3).await;
+    let healthy = write(&db, mode, "healthy", 20, 10, 10).await;
+    reader.wait_for(healthy, WAIT).await;
+    // The stream went past the sick events: they wait in the table, with their attempts and
+    // a hold, and the slot keeps no WAL for them.
+    wait_until("the sick events to wait in the table", WAIT, || async {
+        sick_rows(&db, "pending").await == 3
+            && scalar(
+                &db,
+                "SELECT count(*) FROM {schema}.holds WHERE aggregate_type = 'sick' \
+                 AND held_until IS NOT NULL",
+            )
+            .await
+                == 1
+    })
+    .await;
+    let attempted = scalar(
+        &db,
+        "SELECT coalesce(max(attempts), 0)::bigint FROM {schema}.{events} \
+         WHERE aggregate_type = 'sick'",
+    )
+    .await;
+    assert!(attempted >= 1, "the failed head has its attempts recorded");
+    slot_caught_up(&db).await;
+    assert_eq!(
+        db.count("dead").await,
+        0,
+        "a transient failure never dead-letters"
+    );
+    // Healed: the aggregate goes out from the table, in order, and back to the stream.
+    sick.failing.store(false, Ordering::SeqCst);
+    let got = reader.wait_for(healthy + 3, WAIT).await;
+    write_sick(&db, mode, 4..=5).await;
+    let got = if got.len() >= healthy + 5 {
+        got
+    } else {
+        reader.wait_for(healthy + 5, WAIT).await
+    };
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, healthy + 5, "{mode:?}: {report:?}");
+    assert_eq!(report.order_violations, 0, "{mode:?}: {report:?}");
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_aggregate_failing_for_ever_waits_in_the_table_while_the_others_stream_on() {
+    for mode in MODES {
+        one_sick_aggregate_waits_in_the_table(mode).await;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Replay,
+    Skip,
+}
+
+/// A dead head parks `sick/1` with two events behind it; the relay stops; the operator acts;
+/// a new relay publishes what the action released.
+async fn released_while_stopped(mode: WriteMode, action: Action) {
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let sick = Arc::new(Sick {
+        inner: common::nats(NATS_URL, &reader.stream).await,
+        failing: AtomicBool::new(true),
+        permanent: true,
+    });
+    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    write_sick(&db, mode, 1..=3).await;
+    let healthy = write(&db, mode, "healthy", 5, 4, 5).await;
+    reader.wait_for(healthy, WAIT).await;
+    wait_until(
+        "the head dead and the rest parked in the table",
+        WAIT,
+        || async { sick_rows(&db, "dead").await == 1 && sick_rows(&db, "pending").await == 2 },
+    )
+    .await;
+    slot_caught_up(&db).await;
+    relay.shutdown().await.unwrap();
+
+    sick.failing.store(false, Ordering::SeqCst);
+    let dead: i64 = scalar(
+        &db,
+        "SELECT id FROM {schema}.{events} WHERE aggregate_type = 'sick' AND status = 'dead'",
+    )
+    .await;
+    let admin = Admin::new(db.pool.clone(), &db.tables);
+    let (acted, released) = match action {
+        Action::Replay => (admin.replay(&[dead], "test", "fixed").await.unwrap(), 3),
+        Action::Skip => (admin.skip(&[dead], "test", "abandoned").await.unwrap(), 2),
+    };
+    assert_eq!(acted, 1, "{action:?}");
+
+    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    let got = reader.wait_for(healthy + released, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(
+        report.unique,
+        healthy + released,
+        "{mode:?} {action:?}: {report:?}"
+    );
+    assert_eq!(
+        report.order_violations, 0,
+        "{mode:?} {action:?}: {report:?}"
+    );
+    let versions: Vec<Option<i64>> = got
+        .iter()
+        .filter(|d| d.aggregate_type == "sick")
+        .map(|d| d.version)
+        .collect();
+    let expected = match action {
+        Action::Replay => vec![Some(1), Some(2), Some(3)],
+        Action::Skip => vec![Some(2), Some(3)],
+    };
+    assert_eq!(versions, expected, "{mode:?} {action:?}");
+    assert_eq!(
+        scalar(&db, "SELECT count(*) FROM {schema}.holds").await,
+        0,
+        "{mode:?} {action:?}: the aggregate is back with the stream"
+    );
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_head_replayed_while_the_relay_is_stopped_resumes_its_aggregate() {
+    for mode in MODES {
+        released_while_stopped(mode, Action::Replay).await;
+    }
+}
+
+#[tokio::test]
+async fn a_dead_head_skipped_while_the_relay_is_stopped_resumes_its_aggregate() {
+    for mode in MODES {
+        released_while_stopped(mode, Action::Skip).await;
+    }
+}
