@@ -317,7 +317,7 @@ impl Completer {
 
 /// Whether the database refused a statement for the data it touches (SQLSTATE classes 22 data
 /// exception, 23 integrity constraint, 54 program limit): the same statement fails again.
-fn refused_for_its_data(error: &sqlx::Error) -> bool {
+pub(crate) fn refused_for_its_data(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .and_then(|e| e.code())

@@ -236,3 +236,120 @@ async fn a_dead_head_skipped_while_the_relay_is_stopped_resumes_its_aggregate() 
         released_while_stopped(mode, Action::Skip).await;
     }
 }
+
+/// Emits table-less event content written by hand, as SQL text.
+async fn emit(db: &TestDb, content: &str) {
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_logical_emit_message(true, $1, $2::text)::text")
+        .bind(outbox::wal::prefix(&db.tables))
+        .bind(content)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// Table-less content with `fields` besides an event id and a payload.
+fn content(fields: &str) -> String {
+    format!(
+        r#"{{"v":1,"event_id":"{}","payload":"{{}}",{fields}}}"#,
+        uuid::Uuid::now_v7()
+    )
+}
+
+/// Hand-written table-less events the table would refuse, and a duplicate version of an
+/// aggregate in the table path (which nothing checks when it is written), on `db`: each ends
+/// as a dead letter naming what is wrong, and everything else flows.
+async fn hostile_table_less_events_on(db: TestDb) {
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let sick = Arc::new(Sick {
+        inner: common::nats(NATS_URL, &reader.stream).await,
+        failing: AtomicBool::new(true),
+        permanent: false,
+    });
+    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    let hostile = [
+        (
+            r#""aggregate_type":"","aggregate_id":"1","event_type":"T""#,
+            "aggregate_type",
+        ),
+        (
+            r#""aggregate_type":"h","aggregate_id":"1","event_type":"""#,
+            "event_type",
+        ),
+        (
+            r#""aggregate_type":"h","aggregate_id":"2","event_type":"T\u0000""#,
+            "event_type",
+        ),
+        (
+            r#""aggregate_type":"h","aggregate_id":"3","event_type":"T","schema_version":0"#,
+            "schema_version",
+        ),
+        (
+            r#""aggregate_type":"h","aggregate_id":"4","event_type":"T","headers":{"x":"\u0000"}"#,
+            "headers.x",
+        ),
+    ];
+    for (fields, _) in hostile {
+        emit(&db, &content(fields)).await;
+    }
+    // Two events claiming version 1 of sick/1: both fail (the destination is down) and go to
+    // the table, where the second cannot be written as it is.
+    let sick_event =
+        r#""aggregate_type":"sick","aggregate_id":"1","event_type":"T","aggregate_version":1"#;
+    emit(&db, &content(sick_event)).await;
+    emit(&db, &content(sick_event)).await;
+    let healthy = write(&db, WriteMode::WalOnly, "healthy", 10, 5, 10).await;
+    reader.wait_for(healthy, WAIT).await;
+    wait_until("every hostile event to be a dead letter", WAIT, || async {
+        db.count("dead").await == hostile.len() as i64 + 1
+    })
+    .await;
+    let errors: Vec<(String, String)> = sqlx::query_as(&db.tables.render(
+        "SELECT aggregate_type, last_error FROM {schema}.{events} WHERE status = 'dead' ORDER BY id",
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for (fields, field) in hostile {
+        assert!(
+            errors
+                .iter()
+                .any(|(t, e)| t == "outbox.undecodable" && e.contains(field)),
+            "{fields}: {errors:?}"
+        );
+    }
+    assert!(
+        errors
+            .iter()
+            .any(|(t, e)| t == "outbox.unwritable" && e.contains("aggregate_version")),
+        "{errors:?}"
+    );
+    slot_caught_up(&db).await;
+    // Healed: the first sick/1 event goes out; nothing else is pending.
+    sick.failing.store(false, Ordering::SeqCst);
+    let got = reader.wait_for(healthy + 1, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    assert_eq!(Report::of(&got).unique, healthy + 1);
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn hostile_table_less_events_are_dead_letters_and_the_rest_flows() {
+    hostile_table_less_events_on(cdc_db(4).await).await;
+}
+
+#[tokio::test]
+async fn on_a_time_partitioned_outbox_too() {
+    let db = TestDb::on(
+        &outbox_testkit::cdc_database_url(),
+        outbox::postgres::MigrateOptions {
+            partitions: Some(4),
+            time_partition_days: Some(1),
+        },
+    )
+    .await;
+    hostile_table_less_events_on(common::cdc::with_slot(db).await).await;
+}

@@ -132,6 +132,24 @@ impl WalEvent {
         if wal.payload.is_some() == wal.payload_base64.is_some() {
             return Err("table-less event needs exactly one of payload, payload_base64".into());
         }
+        // The rules of a written event (and of the table's columns: no NUL in text, no empty
+        // names, schema version 1 or more), so that hand-written content the table would
+        // refuse is a dead letter with its reason, not a row the relay cannot write.
+        Event {
+            event_id: wal.event_id,
+            aggregate_type: wal.aggregate_type.clone(),
+            aggregate_id: wal.aggregate_id.clone(),
+            aggregate_version: wal.aggregate_version,
+            event_type: wal.event_type.clone(),
+            schema_version: wal.schema_version,
+            destination: wal.destination.clone(),
+            payload: Vec::new(),
+            content_type: wal.content_type.clone(),
+            headers: wal.headers.clone(),
+            occurred_at: wal.occurred_at,
+        }
+        .validate(usize::MAX)
+        .map_err(|e| format!("table-less event: {e}"))?;
         Ok(wal)
     }
 
@@ -162,6 +180,37 @@ mod tests {
         assert_eq!(wal.aggregate_version, Some(3));
         assert_eq!(wal.payload_bytes().unwrap(), vec![0, 1, 255]);
         assert_eq!(wal.headers["traceparent"], "t");
+    }
+
+    #[test]
+    fn content_the_table_would_refuse_is_refused_with_its_field() {
+        let base = r#""v":1,"event_id":"0192f0c4-7d1e-7b3a-9c55-1d2e3f405162","payload":"{}""#;
+        for (fields, field) in [
+            (
+                r#""aggregate_type":"","aggregate_id":"1","event_type":"T""#,
+                "aggregate_type",
+            ),
+            (
+                r#""aggregate_type":"a","aggregate_id":"1","event_type":"T\u0000x""#,
+                "event_type",
+            ),
+            (
+                r#""aggregate_type":"a","aggregate_id":"1","event_type":"T","schema_version":0"#,
+                "schema_version",
+            ),
+            (
+                r#""aggregate_type":"a","aggregate_id":"1","event_type":"T","aggregate_version":-1"#,
+                "aggregate_version",
+            ),
+            (
+                r#""aggregate_type":"a","aggregate_id":"1","event_type":"T","headers":{"h":"a\u0000"}"#,
+                "headers.h",
+            ),
+        ] {
+            let content = format!("{{{base},{fields}}}");
+            let error = WalEvent::decode(content.as_bytes()).unwrap_err();
+            assert!(error.contains(field), "{content}: {error}");
+        }
     }
 
     #[test]

@@ -55,6 +55,7 @@ mod pgoutput;
 mod pipeline;
 mod slot;
 mod source;
+mod spill;
 mod table_path;
 
 pub use connect::ReplicationTarget;

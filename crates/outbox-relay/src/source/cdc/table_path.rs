@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     context::{End, Key, Streamed},
-    messages::relay_write_prefix,
     source::Session,
+    spill::SpillRow,
 };
 use crate::{
     complete::FailedRow,
@@ -23,16 +23,6 @@ use crate::{
     PublishError,
 };
 
-/// A streamed event to write into the table, with the relay state it gets there.
-pub(super) struct SpillRow<'a> {
-    event: &'a Streamed,
-    status: &'static str,
-    attempts: i32,
-    permanent_failures: i32,
-    error: Option<String>,
-    backoff: Option<Duration>,
-}
-
 impl Session {
     /// Hands a failed event to the table path: attempt, error, hold with backoff, or dead
     /// letter (parking its aggregate).
@@ -41,12 +31,19 @@ impl Session {
         e: Streamed,
         error: &PublishError,
     ) -> Result<(), End> {
-        let failure = self.ctx.completer.retry.failure(
+        let mut failure = self.ctx.completer.retry.failure(
             e.row.id,
             e.row.attempts,
             e.row.permanent_failures,
             error,
         );
+        if e.row.unreadable.is_some() && !e.in_table {
+            // Table-less content that is not a valid event: written into the table, it would
+            // read as an ordinary event (its raw bytes as payload) and be published. A retry
+            // cannot make it valid: a dead letter at once.
+            failure.dead = true;
+            failure.permanent = true;
+        }
         let (attempts, dead, backoff) = (
             e.row.attempts.saturating_add(1),
             failure.dead,
@@ -176,105 +173,6 @@ impl Session {
             self.held.entry(key).or_default().skipped.insert(id);
         }
         Ok(())
-    }
-
-    /// Writes streamed events into the table, fenced, in one transaction marked as the
-    /// relay's own (the stream passes over it). Returns their new ids.
-    pub(super) async fn write_rows(&self, rows: &[SpillRow<'_>]) -> Result<Vec<i64>, End> {
-        let (parts, epochs): (Vec<i32>, Vec<i64>) = self.fences.iter().copied().unzip();
-        let prefix = relay_write_prefix(&self.ctx.tables);
-        self.retry_db(|| async {
-            let mut tx = self.ctx.pool.begin().await?;
-            let held: i64 = sqlx::query_scalar(&self.sql.fence_count)
-                .bind(true)
-                .bind(&parts)
-                .bind(&epochs)
-                .bind(&self.ctx.relay_id)
-                .fetch_one(&mut *tx)
-                .await?;
-            if held != parts.len() as i64 {
-                return Ok(None);
-            }
-            sqlx::query(&self.sql.relay_write)
-                .bind(&prefix)
-                .execute(&mut *tx)
-                .await?;
-            let ids: Vec<i64> = sqlx::query_scalar(&self.sql.spill)
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.event_id)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.aggregate_type.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.aggregate_id.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.aggregate_version)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.event_type.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.schema_version)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.destination.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.payload.clone().unwrap_or_default())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.content_type.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.headers.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.occurred_at)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(rows.iter().map(|x| x.status.to_owned()).collect::<Vec<_>>())
-                .bind(rows.iter().map(|x| x.attempts).collect::<Vec<_>>())
-                .bind(rows.iter().map(|x| x.error.clone()).collect::<Vec<_>>())
-                .bind(
-                    rows.iter()
-                        .map(|x| x.backoff.map(|d| d.as_secs_f64()))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.permanent_failures)
-                        .collect::<Vec<_>>(),
-                )
-                .fetch_all(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(Some(ids))
-        })
-        .await?
-        .ok_or(End::LeaseLost)
     }
 
     /// Reads the holds: aggregates held or parked in the table. One no longer there was

@@ -36,35 +36,48 @@ SELECT count(*)::bigint FROM fence WHERE $1::boolean;
 -- name: spill
 -- Writes events that are not rows of the table (zero-growth rows deleted in their
 -- transaction, table-less messages) into it, for the table path: pending, or dead with the
--- error. Returns the new ids in order.
+-- error. Returns an id for each, in order: the new row's, or that of the row already holding
+-- its event id (a transaction streamed again after a restart). `ON CONFLICT DO NOTHING`
+-- without a target: a time-partitioned outbox has no unique index on `event_id` alone. A row
+-- the table refuses otherwise (a duplicate aggregate version, a user's constraint) fails the
+-- statement; the relay then writes the rows one at a time (see table_path.rs).
 -- $1 event ids, $2 aggregate types, $3 aggregate ids, $4 versions, $5 event types,
 -- $6 schema versions, $7 destinations, $8 payloads, $9 content types, $10 headers,
 -- $11 occurred at, $12 statuses, $13 attempts, $14 errors, $15 backoff seconds,
 -- $16 permanent failures (headers as JSON text)
-INSERT INTO {schema}.{events} (
-    event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
-    destination, payload, content_type, headers, occurred_at, status, attempts, last_error,
-    next_attempt_at, permanent_failures
+WITH s AS (
+    SELECT * FROM unnest(
+        $1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::integer[], $7::text[],
+        $8::bytea[], $9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::integer[],
+        $14::text[], $15::double precision[], $16::integer[]
+    ) WITH ORDINALITY AS s(
+        event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+        destination, payload, content_type, headers, occurred_at, status, attempts, error,
+        backoff, permanent_failures, ord
+    )
+), written AS (
+    INSERT INTO {schema}.{events} (
+        event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+        destination, payload, content_type, headers, occurred_at, status, attempts, last_error,
+        next_attempt_at, permanent_failures
+    )
+    SELECT s.event_id, s.aggregate_type, s.aggregate_id, s.aggregate_version, s.event_type,
+           s.schema_version, s.destination, s.payload, s.content_type, s.headers::jsonb,
+           COALESCE(s.occurred_at, now()), s.status, s.attempts, s.error,
+           CASE WHEN s.status = 'pending' AND s.backoff IS NOT NULL
+                THEN now() + make_interval(secs => s.backoff) END,
+           s.permanent_failures
+    FROM s
+    ORDER BY s.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, event_id
 )
-SELECT s.event_id, s.aggregate_type, s.aggregate_id, s.aggregate_version, s.event_type,
-       s.schema_version, s.destination, s.payload, s.content_type, s.headers::jsonb,
-       COALESCE(s.occurred_at, now()), s.status, s.attempts, s.error,
-       CASE WHEN s.status = 'pending' AND s.backoff IS NOT NULL
-            THEN now() + make_interval(secs => s.backoff) END,
-       s.permanent_failures
-FROM unnest(
-    $1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::integer[], $7::text[],
-    $8::bytea[], $9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::integer[],
-    $14::text[], $15::double precision[], $16::integer[]
-) WITH ORDINALITY AS s(
-    event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
-    destination, payload, content_type, headers, occurred_at, status, attempts, error,
-    backoff, permanent_failures, ord
-)
-ORDER BY s.ord
--- An event already in the table keeps its row (and gives its id).
-ON CONFLICT (event_id) DO UPDATE SET event_id = EXCLUDED.event_id
-RETURNING id;
+SELECT coalesce(
+    (SELECT w.id FROM written w WHERE w.event_id = s.event_id),
+    (SELECT e.id FROM {schema}.{events} e WHERE e.event_id = s.event_id ORDER BY e.id LIMIT 1)
+) AS id
+FROM s
+ORDER BY s.ord;
 -- name: hold
 -- Holds (or parks, with a NULL $4) an aggregate whose events were spilled into the table.
 -- $1 aggregate type, $2 aggregate id, $3 head event id, $4 held until (seconds from now)
