@@ -162,6 +162,11 @@ impl Session {
         self.marks.is_empty() && self.inflight.is_empty()
     }
 
+    /// The session's leases as the fenced statements take them: partitions, epochs.
+    pub(super) fn fence_arrays(&self) -> (Vec<i32>, Vec<i64>) {
+        self.fences.iter().copied().unzip()
+    }
+
     pub(super) fn lease_ok(&self) -> bool {
         self.fences
             .iter()
@@ -177,12 +182,18 @@ impl Session {
         }
         // A walsender left by a relay whose lease expired (paused, partitioned) still holds
         // the slot: this relay owns the lease now, so it ends that session.
-        if let Err(e) = sqlx::query(&self.sql.terminate)
+        let (parts, epochs) = self.fence_arrays();
+        match sqlx::query_scalar::<_, bool>(&self.sql.terminate)
             .bind(slot)
-            .execute(&self.ctx.pool)
+            .bind(&parts)
+            .bind(&epochs)
+            .bind(&self.ctx.relay_id)
+            .fetch_one(&self.ctx.pool)
             .await
         {
-            return End::failed("ending the previous streamer", e);
+            Ok(true) => {}
+            Ok(false) => return End::LeaseLost,
+            Err(e) => return End::failed("ending the previous streamer", e),
         }
         let config = self.ctx.target.config(
             slot,

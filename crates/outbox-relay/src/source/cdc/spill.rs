@@ -110,7 +110,7 @@ impl Session {
     /// One write, retried while the leases last; `Err` inside when the database refuses it for
     /// its data (a retry cannot help), with the database's message.
     async fn write_once(&self, rows: &[SpillRow<'_>]) -> Result<Result<Vec<i64>, String>, End> {
-        let (parts, epochs): (Vec<i32>, Vec<i64>) = self.fences.iter().copied().unzip();
+        let (parts, epochs) = self.fence_arrays();
         let prefix = relay_write_prefix(&self.ctx.tables);
         let column = |f: &dyn Fn(&SpillRow<'_>) -> String| rows.iter().map(f).collect::<Vec<_>>();
         let attempt = || async {

@@ -120,15 +120,23 @@ impl Session {
         if head_id != e.row.id || !e.in_table || dead {
             let sql = &self.sql.hold;
             let pool = &self.ctx.pool;
-            self.retry_db(|| {
-                sqlx::query(sql)
-                    .bind(&key.0)
-                    .bind(&key.1)
-                    .bind(head_id)
-                    .bind(wait)
-                    .execute(pool)
-            })
-            .await?;
+            let (parts, epochs) = self.fence_arrays();
+            let held: bool = self
+                .retry_db(|| {
+                    sqlx::query_scalar(sql)
+                        .bind(&key.0)
+                        .bind(&parts)
+                        .bind(&epochs)
+                        .bind(&self.ctx.relay_id)
+                        .bind(&key.1)
+                        .bind(head_id)
+                        .bind(wait)
+                        .fetch_one(pool)
+                })
+                .await?;
+            if !held {
+                return Err(End::LeaseLost);
+            }
         }
         let entry = self.held.entry(key).or_default();
         entry.due = wait.map(|w| Instant::now() + Duration::from_secs_f64(w));
@@ -278,7 +286,7 @@ impl Session {
             if !published.is_empty() {
                 // The CDC statement leaves the holds: an aggregate stays with the table path
                 // until `unpark` finds nothing of it pending, even across a crash.
-                let (parts, epochs): (Vec<i32>, Vec<i64>) = fences.iter().copied().unzip();
+                let (parts, epochs) = self.fence_arrays();
                 let sql = &self.sql.mark_published;
                 let pool = &self.ctx.pool;
                 let _: Vec<i64> = self
@@ -329,14 +337,21 @@ impl Session {
             }
             let sql = &self.sql.unpark;
             let pool = &self.ctx.pool;
-            let free: bool = self
+            let (parts, epochs) = self.fence_arrays();
+            let (held, free): (bool, bool) = self
                 .retry_db(|| {
-                    sqlx::query_scalar(sql)
+                    sqlx::query_as(sql)
                         .bind(&key.0)
+                        .bind(&parts)
+                        .bind(&epochs)
+                        .bind(&self.ctx.relay_id)
                         .bind(&key.1)
                         .fetch_one(pool)
                 })
                 .await?;
+            if !held {
+                return Err(End::LeaseLost);
+            }
             if free {
                 self.held.remove(&key);
             } else if let Some(h) = self.held.get_mut(&key) {
@@ -391,6 +406,10 @@ impl Session {
             if shutdown.is_cancelled() {
                 return Err(End::Stop);
             }
+            // A relay that lost its leases stops here, rather than publishing on.
+            if !self.lease_ok() {
+                return Err(End::LeaseLost);
+            }
             let sql = &self.sql.catch_up;
             let pool = &self.ctx.pool;
             let limit = self.ctx.config.max_batch_size;
@@ -423,8 +442,20 @@ impl Session {
         }
         let sql = &self.sql.catch_up_done;
         let pool = &self.ctx.pool;
-        self.retry_db(|| sqlx::query(sql).bind(slot).execute(pool))
+        let (parts, epochs) = self.fence_arrays();
+        let held: bool = self
+            .retry_db(|| {
+                sqlx::query_scalar(sql)
+                    .bind(slot)
+                    .bind(&parts)
+                    .bind(&epochs)
+                    .bind(&self.ctx.relay_id)
+                    .fetch_one(pool)
+            })
             .await?;
+        if !held {
+            return Err(End::LeaseLost);
+        }
         tracing::info!(rows = total, "caught up");
         Ok(())
     }

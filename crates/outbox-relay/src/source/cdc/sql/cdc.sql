@@ -79,16 +79,26 @@ SELECT coalesce(
 FROM s
 ORDER BY s.ord;
 -- name: hold
--- Holds (or parks, with a NULL $4) an aggregate whose events were spilled into the table.
--- $1 aggregate type, $2 aggregate id, $3 head event id, $4 held until (seconds from now)
-INSERT INTO {schema}.holds (aggregate_type, aggregate_id, partition, event_id, held_until)
-SELECT $1, $2, e.partition, e.id,
-       CASE WHEN $4::double precision IS NULL THEN NULL
-            ELSE now() + make_interval(secs => $4) END
-FROM {schema}.{events} e WHERE e.id = $3
-ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
-    SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
-        held_until = EXCLUDED.held_until, created_at = now();
+-- Holds (or parks, with a NULL $7) an aggregate whose events were spilled into the table,
+-- fenced: only while this relay holds every lease it streams under. Says whether it did.
+-- $1 aggregate type, $2/$3 (partition, epoch) pairs, $4 relay id, $5 aggregate id,
+-- $6 head event id, $7 held until (seconds from now)
+WITH fence AS (
+    {fence}
+), fenced AS (
+    SELECT count(*) = cardinality($2::integer[]) AS held FROM fence
+), written AS (
+    INSERT INTO {schema}.holds (aggregate_type, aggregate_id, partition, event_id, held_until)
+    SELECT $1, $5, e.partition, e.id,
+           CASE WHEN $7::double precision IS NULL THEN NULL
+                ELSE now() + make_interval(secs => $7) END
+    FROM {schema}.{events} e, fenced
+    WHERE fenced.held AND e.id = $6
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
+        SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
+            held_until = EXCLUDED.held_until, created_at = now()
+)
+SELECT held FROM fenced;
 -- name: pending_of
 -- The pending rows of one aggregate, in id order (the table path). $1 type, $2 id, $3 limit,
 -- $4 max payload bytes
@@ -112,7 +122,17 @@ LIMIT $2;
 -- name: catch_up_max_id
 SELECT catch_up_max_id FROM {schema}.cdc_slots WHERE slot = $1;
 -- name: catch_up_done
-UPDATE {schema}.cdc_slots SET catch_up_max_id = NULL WHERE slot = $1;
+-- Fenced (see `hold`); says whether this relay still held its leases.
+-- $1 slot, $2/$3 (partition, epoch) pairs, $4 relay id
+WITH fence AS (
+    {fence}
+), fenced AS (
+    SELECT count(*) = cardinality($2::integer[]) AS held FROM fence
+), done AS (
+    UPDATE {schema}.cdc_slots SET catch_up_max_id = NULL
+    FROM fenced WHERE fenced.held AND slot = $1
+)
+SELECT held FROM fenced;
 -- name: holds
 -- Every held or parked aggregate, with the seconds until its hold lapses (NULL: parked).
 SELECT aggregate_type, aggregate_id,
@@ -120,17 +140,23 @@ SELECT aggregate_type, aggregate_id,
 FROM {schema}.holds;
 -- name: unpark
 -- Gives an aggregate back to the stream once the table holds nothing pending of it: removes
--- its hold and says true; otherwise keeps it and says false. $1 type, $2 id
-WITH free AS (
+-- its hold. Fenced (see `hold`): a paused former streamer cannot release its successor's
+-- hold. Says whether the leases were held and whether the aggregate is free.
+-- $1 type, $2/$3 (partition, epoch) pairs, $4 relay id, $5 aggregate id
+WITH fence AS (
+    {fence}
+), fenced AS (
+    SELECT count(*) = cardinality($2::integer[]) AS held FROM fence
+), free AS (
     SELECT NOT EXISTS (
         SELECT 1 FROM {schema}.{events} e
-        WHERE e.aggregate_type = $1 AND e.aggregate_id = $2 AND e.status = 'pending'
+        WHERE e.aggregate_type = $1 AND e.aggregate_id = $5 AND e.status = 'pending'
     ) AS ok
 ), gone AS (
-    DELETE FROM {schema}.holds h USING free
-    WHERE free.ok AND h.aggregate_type = $1 AND h.aggregate_id = $2
+    DELETE FROM {schema}.holds h USING free, fenced
+    WHERE fenced.held AND free.ok AND h.aggregate_type = $1 AND h.aggregate_id = $5
 )
-SELECT ok FROM free;
+SELECT fenced.held, free.ok FROM fenced, free;
 -- name: slot
 -- The slot's state: who streams it, WAL not yet confirmed, WAL retained.
 SELECT active_pid,
@@ -139,9 +165,19 @@ SELECT active_pid,
        wal_status
 FROM pg_replication_slots WHERE slot_name = $1;
 -- name: terminate
--- Ends a walsender still holding the slot for a relay whose lease this one has taken over.
-SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-WHERE slot_name = $1 AND active_pid IS NOT NULL;
+-- Ends a walsender still holding the slot for a relay whose lease this one has taken over;
+-- only while this relay holds every lease (fenced, see `hold`). Says whether it did.
+-- $1 slot, $2/$3 (partition, epoch) pairs, $4 relay id
+WITH fence AS (
+    {fence}
+), fenced AS (
+    SELECT count(*) = cardinality($2::integer[]) AS held FROM fence
+), ended AS (
+    SELECT pg_terminate_backend(s.active_pid) AS ok
+    FROM pg_replication_slots s, fenced
+    WHERE fenced.held AND s.slot_name = $1 AND s.active_pid IS NOT NULL
+)
+SELECT fenced.held FROM fenced WHERE (SELECT count(*) FROM ended) >= 0;
 -- name: heartbeat
 SELECT pg_logical_emit_message(false, $1, ''::text)::text;
 -- name: relay_write
