@@ -12,7 +12,10 @@
 //!
 //! Settings (environment): `OUTBOX_CHAOS_SECS` (chaos duration, default 50),
 //! `OUTBOX_CHAOS_SEED` (decimal or 0x-hex; default random, always printed, replays the same
-//! schedule of faults and the same writer choices; the timing of the machine still varies).
+//! schedule of faults and the same writer choices; the timing of the machine still varies),
+//! `OUTBOX_CHAOS_MODE` (`poll`, default, or `cdc`: the relays stream a logical replication
+//! slot of the private server, which then runs with `wal_level = logical`; one streams, the
+//! others stand by, and a kill or a pause of the streamer is a takeover).
 
 pub mod broker;
 pub mod consumer;
@@ -62,6 +65,26 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// The broker.
     pub broker: BrokerKind,
+    /// Where the relays take events from.
+    pub source: Source,
+}
+
+/// The relays' source of events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Claims of pending rows (`mode = "poll"`).
+    Poll,
+    /// The logical replication stream (`mode = "cdc"`).
+    Cdc,
+}
+
+impl Source {
+    fn mode(self) -> &'static str {
+        match self {
+            Self::Poll => "poll",
+            Self::Cdc => "cdc",
+        }
+    }
 }
 
 impl Settings {
@@ -104,6 +127,11 @@ impl Settings {
                 Ok("rabbitmq") => BrokerKind::RabbitMq,
                 Ok(other) => panic!("OUTBOX_CHAOS_BROKER={other:?}: nats or rabbitmq"),
             },
+            source: match std::env::var("OUTBOX_CHAOS_MODE").as_deref() {
+                Err(_) | Ok("poll") => Source::Poll,
+                Ok("cdc") => Source::Cdc,
+                Ok(other) => panic!("OUTBOX_CHAOS_MODE={other:?}: poll or cdc"),
+            },
         }
     }
 }
@@ -140,14 +168,21 @@ static START: OnceLock<Instant> = OnceLock::new();
 /// Runs the whole scenario.
 pub async fn run(settings: &Settings) -> Outcome {
     log(&format!(
-        "seed {:#x} (OUTBOX_CHAOS_SEED), {:?} of chaos, {} relays, {} partitions",
-        settings.seed, settings.duration, settings.relays, settings.partitions
+        "seed {:#x} (OUTBOX_CHAOS_SEED), {:?} of chaos, {} relays in mode {}, {} partitions",
+        settings.seed,
+        settings.duration,
+        settings.relays,
+        settings.source.mode(),
+        settings.partitions
     ));
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let log_dir = std::env::temp_dir().join(unique("chaos-run"));
     std::fs::create_dir_all(&log_dir).expect("log folder");
 
-    let mut postgres = PrivatePostgres::start().await;
+    let mut postgres = match settings.source {
+        Source::Poll => PrivatePostgres::start().await,
+        Source::Cdc => PrivatePostgres::start_with(&["wal_level=logical"]).await,
+    };
     let pool = PgPoolOptions::new()
         .max_connections(settings.writer.writers as u32 + 4)
         .acquire_timeout(Duration::from_secs(5))
@@ -164,6 +199,16 @@ pub async fn run(settings: &Settings) -> Outcome {
         )
         .await
         .expect("migrate");
+    if settings.source == Source::Cdc {
+        let tables = outbox::Tables::default();
+        outbox::postgres::cdc::setup(
+            &pool,
+            &tables,
+            &outbox::postgres::cdc::CdcNames::for_tables(&tables),
+        )
+        .await
+        .expect("create the replication slot and publication");
+    }
     writer::prepare(&pool, settings.writer).await;
     let prefix = unique("chaos");
     let mut broker = Broker::start(settings.broker, &prefix).await;
@@ -259,6 +304,7 @@ fn relay_config(settings: &Settings, prefix: &str) -> String {
     format!(
         r#"# Written by the chaos test.
 [relay]
+mode = "{mode}"
 lease_ttl = "{ttl}ms"
 heartbeat_interval = "{heartbeat}ms"
 poll_interval = "200ms"
@@ -270,7 +316,10 @@ max_backoff = "500ms"
 max_transient_backoff = "500ms"
 [relay.routing]
 default = "{prefix}.{{aggregate_type}}.{{event_type}}"
+[relay.cdc]
+heartbeat_interval = "1s"
 "#,
+        mode = settings.source.mode(),
         ttl = settings.lease_ttl.as_millis(),
         heartbeat = settings.lease_ttl.as_millis() / 4,
     )
