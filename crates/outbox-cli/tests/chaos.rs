@@ -24,13 +24,13 @@ async fn relays_keep_g1_g2_g4_through_kills_pauses_and_broker_and_database_crash
 }
 
 /// The same in CDC mode: one relay streams the slot, the others stand by; a kill or a pause
-/// of the streamer is a takeover, a database crash ends the stream. `OUTBOX_CHAOS_SECS` sets
-/// its length too (default 40 s).
+/// of the streamer is a takeover, a database crash ends the stream. The writers use the write
+/// mode the seed picks (`OUTBOX_CHAOS_WRITE_MODE` to choose). `OUTBOX_CHAOS_SECS` sets its
+/// length too (default 40 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cdc_relays_keep_g1_g2_g4_through_kills_pauses_and_broker_and_database_crashes() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let mut settings = chaos::Settings::from_env();
-    settings.source = chaos::Source::Cdc;
+    let mut settings = chaos::Settings::from_env().cdc();
     if std::env::var_os("OUTBOX_CHAOS_SECS").is_none() {
         settings.duration = std::time::Duration::from_secs(40);
     }
@@ -44,9 +44,11 @@ async fn run_and_check(settings: chaos::Settings) {
     // Straight to stderr, past the test harness's capture: CI logs show the counts.
     let _ = writeln!(
         std::io::stderr(),
-        "\nchaos end to end, {:?}, mode {:?}: seed {:#x}, {:?} of chaos, {} relays, wall {:.1} s\n{f}",
+        "\nchaos end to end, {:?}, mode {:?}, writes {:?}: seed {:#x}, {:?} of chaos, {} relays, \
+         wall {:.1} s\n{f}",
         settings.broker,
         settings.source,
+        settings.writer.write_mode,
         settings.seed,
         settings.duration,
         settings.relays,

@@ -74,6 +74,48 @@ pub struct Figures {
     pub consumer_resumes: u64,
 }
 
+/// The committed events of a run whose events leave no row (zero-growth and table-less
+/// writes), from the writers' ledger and the business table: an event committed when its
+/// COMMIT answered OK, or, when that answer was lost, when its aggregate reached its version
+/// and no other event committed that version (a transaction that did not commit leaves the
+/// version to the next one). `rows` are the rows the table holds all the same (events the
+/// relay wrote back: retries, dead letters), whose status counts.
+pub fn committed_from_ledger(
+    ledger: &[Written],
+    business: &[(String, i64)],
+    rows: &[Row],
+) -> Vec<Row> {
+    let reached: HashMap<&str, i64> = business.iter().map(|(a, v)| (a.as_str(), *v)).collect();
+    let confirmed: HashSet<(&str, i64)> = ledger
+        .iter()
+        .filter(|w| matches!(w.fate, Fate::Committed(_)))
+        .map(|w| (w.aggregate_id.as_str(), w.version))
+        .collect();
+    let status: HashMap<Uuid, &str> = rows
+        .iter()
+        .map(|r| (r.event_id, r.status.as_str()))
+        .collect();
+    ledger
+        .iter()
+        .filter(|w| match w.fate {
+            Fate::Committed(_) => true,
+            Fate::Interrupted => {
+                reached
+                    .get(w.aggregate_id.as_str())
+                    .is_some_and(|v| w.version <= *v)
+                    && !confirmed.contains(&(w.aggregate_id.as_str(), w.version))
+            }
+            Fate::RolledBack | Fate::Aborted => false,
+        })
+        .map(|w| Row {
+            event_id: w.event_id,
+            aggregate_id: w.aggregate_id.clone(),
+            version: w.version,
+            status: status.get(&w.event_id).unwrap_or(&"published").to_string(),
+        })
+        .collect()
+}
+
 /// Counts everything. `business` is the final `(id, version)` of every aggregate.
 pub fn tally(
     ledger: &[Written],

@@ -16,7 +16,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use outbox::{postgres::PgOutbox, Event};
+use outbox::{
+    postgres::{PgOutbox, WriteMode},
+    Event,
+};
 use rand::{rngs::StdRng, seq::IndexedRandom, Rng, SeedableRng};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -64,6 +67,8 @@ pub struct WriterSettings {
     pub late_ratio: f64,
     /// Share of bulk transactions.
     pub bulk_ratio: f64,
+    /// How events are written (rows kept, zero-growth, table-less: the last two with CDC).
+    pub write_mode: WriteMode,
 }
 
 /// The running writers.
@@ -104,7 +109,7 @@ impl Writers {
             .map(|w| {
                 let writer = Writer {
                     pool: pool.clone(),
-                    outbox: PgOutbox::default(),
+                    outbox: PgOutbox::default().write_mode(settings.write_mode),
                     aggregates: (0..settings.aggregates_per_writer)
                         .map(|a| aggregate_id(w, a))
                         .collect(),
