@@ -353,3 +353,53 @@ async fn on_a_time_partitioned_outbox_too() {
     .await;
     hostile_table_less_events_on(common::cdc::with_slot(db).await).await;
 }
+
+/// Events of a transaction larger than the relay's chunk (50,000 events) are published
+/// before its commit arrives. A zero-growth row of a chunk whose aggregate goes to the table
+/// path is deleted at that commit: it must be written into the table then, not counted on.
+#[tokio::test]
+async fn a_failing_aggregate_inside_a_chunked_zero_growth_transaction_loses_nothing() {
+    let db = cdc_db(4).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let sick = Arc::new(Sick {
+        inner: common::nats(NATS_URL, &reader.stream).await,
+        failing: AtomicBool::new(true),
+        permanent: false,
+    });
+    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    // 60,000 events over 600 aggregates; sick/1's four versions spread over the first chunk
+    // and the rest of the transaction.
+    let mut events = Vec::with_capacity(60_004);
+    let mut sick_version = 0;
+    for i in 0..60_000usize {
+        if [10, 30_000, 55_000, 59_990].contains(&i) {
+            sick_version += 1;
+            events.push(Event::new("sick", "1", "Happened").aggregate_version(sick_version));
+        }
+        events.push(
+            Event::new("healthy", format!("a{}", i % 600), "Happened")
+                .aggregate_version(i as i64 / 600 + 1),
+        );
+    }
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox()
+        .write_mode(WriteMode::ZeroGrowth)
+        .enqueue_batch(&mut tx, &events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    reader.wait_for(60_000, WAIT).await;
+    wait_until("sick/1 to wait in the table", WAIT, || async {
+        sick_rows(&db, "pending").await == 4
+    })
+    .await;
+    sick.failing.store(false, Ordering::SeqCst);
+    let got = reader.wait_for(events.len(), WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, events.len(), "{report:?}");
+    assert_eq!(report.order_violations, 0, "{report:?}");
+    reader.cleanup().await;
+}

@@ -142,9 +142,25 @@ pub(super) struct Streamed {
     pub(super) in_table: bool,
 }
 
+/// What the chunks of an open transaction leave for its commit, when the deletes of a
+/// zero-growth transaction are known: which published rows to mark, and which events go to
+/// the table path (a row of the chunk may be deleted at the commit, so it is written into the
+/// table only then).
+#[derive(Debug, Default)]
+pub(super) struct ChunkWork {
+    /// Published rows of the table.
+    pub(super) published: Vec<i64>,
+    /// Events for the table path, in stream order: a failure with its error, or an event
+    /// behind a held aggregate.
+    pub(super) spills: Vec<(Streamed, Option<crate::PublishError>)>,
+}
+
 /// An aggregate whose events are in the table path.
 #[derive(Debug, Default)]
 pub(super) struct Held {
+    /// Its events are with an open transaction's chunks until that commits: not resumed from
+    /// the table before.
+    pub(super) until_commit: bool,
     /// When to publish it from the table; `None`: parked until an operator acts.
     pub(super) due: Option<Instant>,
     /// Ids of its rows the stream passed while it was held (they must be seen in the table

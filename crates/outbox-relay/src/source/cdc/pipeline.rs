@@ -185,8 +185,8 @@ impl Session {
             self.ctx.health.progressed();
         }
         let ids = published.iter().filter(|e| e.in_table).map(|e| e.row.id);
-        match self.deferred.as_mut() {
-            Some(deferred) => deferred.extend(ids),
+        match self.chunk.as_mut() {
+            Some(chunk) => chunk.published.extend(ids),
             None => self.marks.add(ids),
         }
         if failed.is_empty() {

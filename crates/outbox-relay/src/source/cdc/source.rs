@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    context::{retry, Context, End, Held, Key, Sql, Streamed},
+    context::{retry, ChunkWork, Context, End, Held, Key, Sql, Streamed},
     inflight::InFlight,
     marks::Marks,
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
@@ -25,9 +25,9 @@ use crate::{
 #[derive(Default)]
 struct Txn {
     events: Vec<Streamed>,
-    /// Rows of the table published in chunks before the commit arrived (marked at commit,
-    /// when the deletes of a zero-growth transaction are known).
-    chunk_published: Vec<i64>,
+    /// What its chunks, published before the commit arrived, left for the commit (when the
+    /// deletes of a zero-growth transaction are known).
+    chunk: ChunkWork,
     deleted: std::collections::HashSet<i64>,
     relay_write: bool,
     commit_time: Option<DateTime<Utc>>,
@@ -123,9 +123,8 @@ pub(super) struct Session {
     pub(super) unconfirmed_since: Option<DateTime<Utc>>,
     /// Marks being written, in stream order, with the positions they confirm.
     pub(super) marks: Marks,
-    /// While a chunk of an open transaction is processed: its published table rows, marked
-    /// at the commit instead.
-    pub(super) deferred: Option<Vec<i64>>,
+    /// While a chunk of an open transaction is processed: what it leaves for the commit.
+    pub(super) chunk: Option<ChunkWork>,
     /// Batches being published.
     pub(super) inflight: InFlight,
     /// The newest position handed to the replication client as confirmed.
@@ -145,7 +144,7 @@ impl Session {
             holds_loaded_at: None,
             unconfirmed_since: None,
             marks,
-            deferred: None,
+            chunk: None,
             inflight: InFlight::default(),
             applied: Lsn::default(),
         }
@@ -234,6 +233,8 @@ impl Session {
         let mut batch_end: Option<Lsn> = None;
         let mut last_activity = Instant::now();
         let mut started = false;
+        // The table-path work a chunked transaction left for its commit.
+        let mut commit_spills: Vec<(Streamed, Option<PublishError>)> = Vec::new();
         loop {
             self.ctx.health.loop_turned();
             if !self.lease_ok() {
@@ -344,13 +345,19 @@ impl Session {
                             if let Some(mut t) = txn.take() {
                                 // The relay's own writes (rows it spilled) are not events.
                                 if !t.relay_write {
-                                    t.chunk_published.retain(|id| !t.deleted.contains(id));
-                                    self.marks.add(std::mem::take(&mut t.chunk_published));
-                                    for e in &mut t.events {
+                                    let mut chunk = std::mem::take(&mut t.chunk);
+                                    chunk.published.retain(|id| !t.deleted.contains(id));
+                                    self.marks.add(chunk.published);
+                                    let events = t
+                                        .events
+                                        .iter_mut()
+                                        .chain(chunk.spills.iter_mut().map(|(e, _)| e));
+                                    for e in events {
                                         if e.in_table && t.deleted.contains(&e.row.id) {
                                             e.in_table = false;
                                         }
                                     }
+                                    commit_spills = chunk.spills;
                                     if !t.events.is_empty() && self.unconfirmed_since.is_none() {
                                         self.unconfirmed_since = t.commit_time;
                                     }
@@ -376,6 +383,16 @@ impl Session {
                     }
                 }
             };
+            // A chunked transaction's table path, now that its deletes are known: before
+            // anything of it after its last chunk.
+            if !commit_spills.is_empty() {
+                if let Err(end) = self
+                    .spill_at_commit(std::mem::take(&mut commit_spills))
+                    .await
+                {
+                    return end;
+                }
+            }
             // A very large transaction: publish its events so far (it is confirmed, and its
             // rows marked, after its commit).
             if let Some(t) = txn.as_mut() {
@@ -385,13 +402,12 @@ impl Session {
                     if let Err(end) = self.finish_all(shutdown).await {
                         return end;
                     }
-                    self.deferred = Some(Vec::new());
+                    self.chunk = Some(std::mem::take(&mut t.chunk));
                     let mut processed = self.publish(chunk, None, shutdown).await;
                     if processed.is_ok() {
                         processed = self.finish_all(shutdown).await;
                     }
-                    t.chunk_published
-                        .extend(self.deferred.take().unwrap_or_default());
+                    t.chunk = self.chunk.take().unwrap_or_default();
                     if let Err(end) = processed {
                         return end;
                     }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     context::{End, Key, Streamed},
+    inflight::key_of,
     source::Session,
     spill::SpillRow,
 };
@@ -31,6 +32,9 @@ impl Session {
         e: Streamed,
         error: &PublishError,
     ) -> Result<(), End> {
+        if self.defer_to_commit(&e, Some(error)) {
+            return Ok(());
+        }
         let mut failure = self.ctx.completer.retry.failure(
             e.row.id,
             e.row.attempts,
@@ -149,6 +153,15 @@ impl Session {
         if events.is_empty() {
             return Ok(());
         }
+        if self.chunk.is_some() {
+            for e in events {
+                self.defer_to_commit(&e, None);
+                if let Some(chunk) = self.chunk.as_mut() {
+                    chunk.spills.push((e, None));
+                }
+            }
+            return Ok(());
+        }
         self.ctx.metrics.cdc_spilled.inc_by(events.len() as u64);
         let to_write: Vec<&Streamed> = events.iter().filter(|e| !e.in_table).collect();
         let rows: Vec<SpillRow<'_>> = to_write
@@ -183,6 +196,44 @@ impl Session {
         Ok(())
     }
 
+    /// While a chunk of an open transaction is processed, an event for the table path waits
+    /// for the commit (see `ChunkWork`): its aggregate is held meanwhile, so that its later
+    /// events follow it there. Says whether `e` was deferred; a failure is queued here, an
+    /// event behind a hold by the caller.
+    fn defer_to_commit(&mut self, e: &Streamed, error: Option<&PublishError>) -> bool {
+        let Some(chunk) = self.chunk.as_mut() else {
+            return false;
+        };
+        if let Some(error) = error {
+            chunk.spills.push((e.clone(), Some(error.clone())));
+        }
+        let held = self.held.entry(key_of(e)).or_default();
+        held.until_commit = true;
+        held.due = None;
+        true
+    }
+
+    /// A chunked transaction's table path, at its commit (its rows' `in_table` now says
+    /// whether they stay): failures recorded, held events spilled, in stream order.
+    pub(super) async fn spill_at_commit(
+        &mut self,
+        spills: Vec<(Streamed, Option<PublishError>)>,
+    ) -> Result<(), End> {
+        self.marks.reap(true).await?;
+        for (e, _) in &spills {
+            if let Some(h) = self.held.get_mut(&key_of(e)) {
+                h.until_commit = false;
+            }
+        }
+        for (e, error) in spills {
+            match error {
+                Some(error) => self.spill_failed(e, &error).await?,
+                None => self.spill_behind(vec![e]).await?,
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the holds: aggregates held or parked in the table. One no longer there was
     /// released by an operator (replay, skip): due at once.
     pub(super) async fn reload_holds(&mut self) -> Result<(), sqlx::Error> {
@@ -196,13 +247,15 @@ impl Session {
             in_db.insert((r.get(0), r.get(1)), r.get(2));
         }
         for (key, h) in self.held.iter_mut() {
-            if !in_db.contains_key(key) && h.due.is_none() {
+            if !in_db.contains_key(key) && h.due.is_none() && !h.until_commit {
                 h.due = Some(now);
             }
         }
         for (key, wait) in in_db {
             let h = self.held.entry(key).or_default();
-            h.due = wait.map(|w| now + Duration::from_secs_f64(w.max(0.0)));
+            if !h.until_commit {
+                h.due = wait.map(|w| now + Duration::from_secs_f64(w.max(0.0)));
+            }
         }
         Ok(())
     }
