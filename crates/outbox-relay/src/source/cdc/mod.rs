@@ -18,8 +18,9 @@
 //! * **One streamer per slot.** The streamer holds every partition lease
 //!   ([`crate::lease`], exclusive mode); standbys wait for all of them. Every write is fenced
 //!   by those epochs, and a takeover terminates the walsender the previous holder left behind.
-//! * **Confirmation.** A batch holds whole transactions (one larger than 50,000 events is
-//!   published in chunks, its rows marked and its end confirmed after its commit). The slot's
+//! * **Confirmation.** A batch holds whole transactions (one larger than 50,000 events or
+//!   64 MiB is published in chunks, its rows marked, its table path written and its end
+//!   confirmed after its commit). The slot's
 //!   position advances to a transaction's end only when each of its events is *settled*:
 //!   acknowledged by the broker (and marked published when it is a row of the table), or
 //!   handed to the table path. Never further: after a crash the stream resumes from there

@@ -31,12 +31,24 @@ struct Txn {
     deleted: std::collections::HashSet<i64>,
     relay_write: bool,
     commit_time: Option<DateTime<Utc>>,
+    /// What `events` cost in memory (payloads and columns).
+    bytes: usize,
+}
+
+impl Txn {
+    fn push(&mut self, event: Streamed) {
+        self.bytes += event.row.row_bytes.max(0) as usize;
+        self.events.push(event);
+    }
 }
 
 /// Events of one open transaction held before they are published in chunks: a transaction is
 /// published whole after its commit up to this size (its deletes are then known), in chunks of
 /// it beyond (memory stays bounded).
 const CHUNK_EVENTS: usize = 50_000;
+/// The same bound in bytes (a transaction of large payloads), and that of a batch of whole
+/// transactions.
+const CHUNK_BYTES: usize = 64 << 20;
 
 /// Runs the CDC source until `shutdown`.
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
@@ -229,6 +241,8 @@ impl Session {
         );
         let mut txn: Option<Txn> = None;
         let mut batch: Vec<Streamed> = Vec::new();
+        // What `batch` costs in memory.
+        let mut batch_bytes = 0usize;
         // End LSN of the last transaction in `batch` (confirmed once the batch is settled).
         let mut batch_end: Option<Lsn> = None;
         let mut last_activity = Instant::now();
@@ -291,7 +305,7 @@ impl Session {
                             match decoder.decode(&data) {
                                 Ok(Change::Inserted(Ok(row))) => {
                                     self.seq += 1;
-                                    t.events.push(Streamed {
+                                    t.push(Streamed {
                                         seq: self.seq,
                                         row: *row,
                                         in_table: true,
@@ -320,7 +334,7 @@ impl Session {
                                 if let Some(t) = txn.as_mut() {
                                     self.seq += 1;
                                     let row = table_less_row(&content, t.commit_time, lsn);
-                                    t.events.push(Streamed {
+                                    t.push(Streamed {
                                         seq: self.seq,
                                         row,
                                         in_table: false,
@@ -361,11 +375,12 @@ impl Session {
                                     if !t.events.is_empty() && self.unconfirmed_since.is_none() {
                                         self.unconfirmed_since = t.commit_time;
                                     }
+                                    batch_bytes += t.bytes;
                                     batch.append(&mut t.events);
                                 }
                             }
                             batch_end = Some(end_lsn);
-                            batch.len() >= max_batch
+                            batch.len() >= max_batch || batch_bytes >= CHUNK_BYTES
                         }
                         ReplicationEvent::KeepAlive { wal_end, .. } => {
                             if txn.is_none()
@@ -396,8 +411,9 @@ impl Session {
             // A very large transaction: publish its events so far (it is confirmed, and its
             // rows marked, after its commit).
             if let Some(t) = txn.as_mut() {
-                if t.events.len() >= CHUNK_EVENTS && !t.relay_write {
+                if (t.events.len() >= CHUNK_EVENTS || t.bytes >= CHUNK_BYTES) && !t.relay_write {
                     let chunk = std::mem::take(&mut t.events);
+                    t.bytes = 0;
                     // Only this chunk's rows are deferred: earlier batches settle first.
                     if let Err(end) = self.finish_all(shutdown).await {
                         return end;
@@ -417,6 +433,7 @@ impl Session {
                 let end = batch_end.take();
                 if !batch.is_empty() {
                     let events = std::mem::take(&mut batch);
+                    batch_bytes = 0;
                     if let Err(end) = self.publish(events, end, shutdown).await {
                         return end;
                     }
