@@ -403,3 +403,97 @@ async fn a_failing_aggregate_inside_a_chunked_zero_growth_transaction_loses_noth
     assert_eq!(report.order_violations, 0, "{report:?}");
     reader.cleanup().await;
 }
+
+/// A commit waiting for a synchronous standby reaches the stream before queries see its rows.
+/// An event of a held aggregate in such a transaction must wait for its row, however long the
+/// standby takes, not be given up (the stream position is confirmed past it).
+#[tokio::test]
+async fn a_row_of_a_held_aggregate_not_yet_visible_is_waited_for() {
+    // A server of the test's own: its synchronous standby setting is changed. The relay's own
+    // commits stay local; only the writer's waits for the (absent) standby.
+    let server = outbox_testkit::PrivatePostgres::start_with(&[
+        "wal_level=logical",
+        "synchronous_commit=local",
+    ])
+    .await;
+    let db = common::cdc::with_slot(common::cdc::outbox_on(&server.url(), 4).await).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let sick = Arc::new(Sick {
+        inner: common::nats(NATS_URL, &reader.stream).await,
+        failing: AtomicBool::new(true),
+        permanent: false,
+    });
+    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    write_sick(&db, WriteMode::Table, 1..=1).await;
+    wait_until("sick/1 to be held in the table", WAIT, || async {
+        scalar(&db, "SELECT count(*) FROM {schema}.holds").await == 1
+    })
+    .await;
+
+    let standby = |names: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+            ))
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    standby("absent").await;
+    let writer = {
+        let pool = db.pool.clone();
+        let outbox = db.outbox();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SET LOCAL synchronous_commit = on")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            outbox
+                .enqueue(
+                    &mut tx,
+                    &Event::new("sick", "1", "Happened").aggregate_version(2),
+                )
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        })
+    };
+    wait_until(
+        "the writer's commit to wait for the standby",
+        WAIT,
+        || async {
+            scalar(
+                &db,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    // The stream carries the commit: the relay confirms past it, the row behind the hold.
+    slot_caught_up(&db).await;
+    sick.failing.store(false, Ordering::SeqCst);
+    let first = reader.wait_for(1, WAIT).await;
+    assert_eq!(first[0].version, Some(1));
+    // The standby stays away for longer than the relay used to wait for a row (10 s).
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    standby("").await;
+    writer.await.unwrap();
+    let got = reader.wait_for(2, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let versions: Vec<Option<i64>> = got.iter().map(|d| d.version).collect();
+    assert_eq!(versions, vec![Some(1), Some(2)]);
+    reader.cleanup().await;
+    drop(db);
+    drop(server);
+}

@@ -2,7 +2,7 @@
 //! statements, how a session ends, the streamed events, and the retry of a statement while the
 //! leases last.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use outbox::Tables;
 use sqlx::PgPool;
@@ -52,6 +52,7 @@ pub(super) struct Sql {
     pub(super) terminate: String,
     pub(super) heartbeat: String,
     pub(super) relay_write: String,
+    pub(super) invisible: String,
 }
 
 impl Sql {
@@ -72,6 +73,7 @@ impl Sql {
             terminate: r("terminate"),
             heartbeat: r("heartbeat"),
             relay_write: r("relay_write"),
+            invisible: r("invisible"),
         }
     }
 }
@@ -140,6 +142,8 @@ pub(super) struct Streamed {
     pub(super) row: ClaimedRow,
     /// Whether the row is in the table (not table-less, not deleted in its transaction).
     pub(super) in_table: bool,
+    /// Its transaction's id as the stream gave it (32 bits; 0 for rows read from the table).
+    pub(super) xid: u32,
 }
 
 /// What the chunks of an open transaction leave for its commit, when the deletes of a
@@ -163,9 +167,9 @@ pub(super) struct Held {
     pub(super) until_commit: bool,
     /// When to publish it from the table; `None`: parked until an operator acts.
     pub(super) due: Option<Instant>,
-    /// Ids of its rows the stream passed while it was held (they must be seen in the table
-    /// before the aggregate goes back to the stream).
-    pub(super) skipped: BTreeSet<i64>,
+    /// Ids of its rows the stream passed while it was held, with their transactions (they must
+    /// be seen in the table before the aggregate goes back to the stream).
+    pub(super) skipped: BTreeMap<i64, u32>,
     /// Since when skipped rows were not found in the table.
     pub(super) missing_since: Option<Instant>,
 }

@@ -33,6 +33,8 @@ struct Txn {
     commit_time: Option<DateTime<Utc>>,
     /// What `events` cost in memory (payloads and columns).
     bytes: usize,
+    /// Its id.
+    xid: u32,
 }
 
 impl Txn {
@@ -292,10 +294,13 @@ impl Session {
                     last_activity = Instant::now();
                     match event {
                         ReplicationEvent::Begin {
-                            commit_time_micros, ..
+                            commit_time_micros,
+                            xid,
+                            ..
                         } => {
                             txn = Some(Txn {
                                 commit_time: pg_time(commit_time_micros),
+                                xid,
                                 ..Default::default()
                             });
                             false
@@ -305,10 +310,12 @@ impl Session {
                             match decoder.decode(&data) {
                                 Ok(Change::Inserted(Ok(row))) => {
                                     self.seq += 1;
+                                    let xid = t.xid;
                                     t.push(Streamed {
                                         seq: self.seq,
                                         row: *row,
                                         in_table: true,
+                                        xid,
                                     });
                                 }
                                 Ok(Change::Inserted(Err(bad))) => {
@@ -334,10 +341,12 @@ impl Session {
                                 if let Some(t) = txn.as_mut() {
                                     self.seq += 1;
                                     let row = table_less_row(&content, t.commit_time, lsn);
+                                    let xid = t.xid;
                                     t.push(Streamed {
                                         seq: self.seq,
                                         row,
                                         in_table: false,
+                                        xid,
                                     });
                                 }
                             } else if prefix == relay_prefix {

@@ -182,16 +182,17 @@ impl Session {
         };
         let mut written = written.into_iter();
         for e in &events {
-            let id = if e.in_table {
-                e.row.id
+            // A row the relay wrote is visible (its own transaction committed): no xid to wait for.
+            let (id, xid) = if e.in_table {
+                (e.row.id, e.xid)
             } else {
                 match written.next() {
-                    Some(id) => id,
+                    Some(id) => (id, 0),
                     None => continue,
                 }
             };
             let key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
-            self.held.entry(key).or_default().skipped.insert(id);
+            self.held.entry(key).or_default().skipped.insert(id, xid);
         }
         Ok(())
     }
@@ -295,6 +296,7 @@ impl Session {
                     seq: row.id as u64,
                     row,
                     in_table: true,
+                    xid: 0,
                 })
                 .collect();
             let results = self.dispatch(events).await?;
@@ -368,7 +370,7 @@ impl Session {
             let Some(h) = self.held.get_mut(&key) else {
                 continue;
             };
-            h.skipped.retain(|id| !published_ids.contains(id));
+            h.skipped.retain(|id, _| !published_ids.contains(id));
             if let Some(wait) = failed_keys.get(&key) {
                 h.due = wait.map(|w| now + w);
                 continue;
@@ -378,15 +380,41 @@ impl Session {
                 continue;
             }
             if !h.skipped.is_empty() {
-                // Rows the stream passed are not visible yet: look again shortly.
+                // Rows the stream passed are not found pending. While their transaction is not
+                // visible to queries yet (its commit reached the stream first: a commit waiting
+                // for a synchronous standby), the aggregate waits for them, however long;
+                // once it is, they were published, dead-lettered or deleted meanwhile.
+                let xids: Vec<i64> = h
+                    .skipped
+                    .values()
+                    .filter(|x| **x != 0)
+                    .map(|x| i64::from(*x))
+                    .collect();
                 let since = *h.missing_since.get_or_insert(now);
-                if since.elapsed() < Duration::from_secs(10) {
-                    h.due = Some(now + Duration::from_millis(20));
+                let invisible: i64 = if xids.is_empty() {
+                    0
+                } else {
+                    let sql = &self.sql.invisible;
+                    let pool = &self.ctx.pool;
+                    self.retry_db(|| sqlx::query_scalar(sql).bind(&xids).fetch_one(pool))
+                        .await?
+                };
+                let Some(h) = self.held.get_mut(&key) else {
+                    continue;
+                };
+                if invisible > 0 {
+                    let wait = if since.elapsed() < Duration::from_secs(1) {
+                        Duration::from_millis(20)
+                    } else {
+                        Duration::from_millis(250)
+                    };
+                    h.due = Some(now + wait);
                     continue;
                 }
                 tracing::warn!(aggregate_type = %key.0, aggregate_id = %key.1,
-                    rows = h.skipped.len(), "rows the stream carried were not found pending \
-                    in the table after 10 s (deleted?): giving the aggregate back to the stream");
+                    rows = h.skipped.len(), "rows the stream carried are not pending in the \
+                    table although their transactions are visible (published, dead-lettered \
+                    or deleted meanwhile): giving the aggregate back to the stream");
             }
             let sql = &self.sql.unpark;
             let pool = &self.ctx.pool;

@@ -182,3 +182,19 @@ SELECT fenced.held FROM fenced WHERE (SELECT count(*) FROM ended) >= 0;
 SELECT pg_logical_emit_message(false, $1, ''::text)::text;
 -- name: relay_write
 SELECT pg_logical_emit_message(true, $1, ''::text)::text;
+-- name: invisible
+-- How many of the given transactions (32-bit ids, as the stream gives them) are not yet
+-- visible to queries: committed in the WAL (the stream carried them) but still in progress
+-- for snapshots, as a commit waiting for a synchronous standby is. Each id is widened to its
+-- 64-bit form with the epoch of the next transaction id. $1 transaction ids
+WITH f AS (
+    SELECT s.snap, pg_snapshot_xmax(s.snap)::text::bigint AS next
+    FROM (SELECT pg_current_snapshot() AS snap) s
+)
+SELECT count(*)::bigint
+FROM f, unnest($1::bigint[]) AS x(xid)
+WHERE NOT pg_visible_in_snapshot(
+    (greatest((f.next >> 32) - CASE WHEN x.xid > (f.next & 4294967295) THEN 1 ELSE 0 END, 0)
+        << 32 | x.xid)::text::xid8,
+    f.snap
+);
