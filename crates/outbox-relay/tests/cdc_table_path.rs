@@ -49,6 +49,34 @@ impl Publisher for Sick {
     }
 }
 
+/// A JetStream stream of the test's own, the [`Sick`] publisher in front of it (failing from
+/// the start, `permanent`ly or not) and a CDC relay on `db` publishing through it.
+struct SickRelay {
+    prefix: String,
+    reader: NatsReader,
+    sick: Arc<Sick>,
+    relay: outbox_relay::RelayHandle,
+}
+
+impl SickRelay {
+    async fn start(db: &TestDb, permanent: bool) -> Self {
+        let prefix = unique("p");
+        let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+        let sick = Arc::new(Sick {
+            inner: common::nats(NATS_URL, &reader.stream).await,
+            failing: AtomicBool::new(true),
+            permanent,
+        });
+        let relay = start(db, sick.clone(), cdc_config(db, &prefix)).await;
+        Self {
+            prefix,
+            reader,
+            sick,
+            relay,
+        }
+    }
+}
+
 /// Writes versions `versions` of aggregate `sick/1`, one transaction each.
 async fn write_sick(db: &TestDb, mode: WriteMode, versions: std::ops::RangeInclusive<i64>) {
     let outbox = db.outbox().write_mode(mode);
@@ -85,14 +113,12 @@ async fn sick_rows(db: &TestDb, status: &str) -> i64 {
 
 async fn one_sick_aggregate_waits_in_the_table(mode: WriteMode) {
     let db = cdc_db(4).await;
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let sick = Arc::new(Sick {
-        inner: common::nats(NATS_URL, &reader.stream).await,
-        failing: AtomicBool::new(true),
-        permanent: false,
-    });
-    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    let SickRelay {
+        prefix: _,
+        reader,
+        sick,
+        relay,
+    } = SickRelay::start(&db, false).await;
     // The sick aggregate first, alone in its transactions (batches of which nothing goes
     // out), then 200 events of twenty healthy aggregates.
     write_sick(&db, mode, 1..=3).await;
@@ -158,14 +184,12 @@ enum Action {
 /// a new relay publishes what the action released.
 async fn released_while_stopped(mode: WriteMode, action: Action) {
     let db = cdc_db(4).await;
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let sick = Arc::new(Sick {
-        inner: common::nats(NATS_URL, &reader.stream).await,
-        failing: AtomicBool::new(true),
-        permanent: true,
-    });
-    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    let SickRelay {
+        prefix,
+        reader,
+        sick,
+        relay,
+    } = SickRelay::start(&db, true).await;
     write_sick(&db, mode, 1..=3).await;
     let healthy = write(&db, mode, "healthy", 5, 4, 5).await;
     reader.wait_for(healthy, WAIT).await;
@@ -261,14 +285,12 @@ fn content(fields: &str) -> String {
 /// aggregate in the table path (which nothing checks when it is written), on `db`: each ends
 /// as a dead letter naming what is wrong, and everything else flows.
 async fn hostile_table_less_events_on(db: TestDb) {
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let sick = Arc::new(Sick {
-        inner: common::nats(NATS_URL, &reader.stream).await,
-        failing: AtomicBool::new(true),
-        permanent: false,
-    });
-    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    let SickRelay {
+        prefix: _,
+        reader,
+        sick,
+        relay,
+    } = SickRelay::start(&db, false).await;
     let hostile = [
         (
             r#""aggregate_type":"","aggregate_id":"1","event_type":"T""#,
@@ -360,14 +382,12 @@ async fn on_a_time_partitioned_outbox_too() {
 #[tokio::test]
 async fn a_failing_aggregate_inside_a_chunked_zero_growth_transaction_loses_nothing() {
     let db = cdc_db(4).await;
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let sick = Arc::new(Sick {
-        inner: common::nats(NATS_URL, &reader.stream).await,
-        failing: AtomicBool::new(true),
-        permanent: false,
-    });
-    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    let SickRelay {
+        prefix: _,
+        reader,
+        sick,
+        relay,
+    } = SickRelay::start(&db, false).await;
     // 60,000 events over 600 aggregates; sick/1's four versions spread over the first chunk
     // and the rest of the transaction.
     let mut events = Vec::with_capacity(60_004);
@@ -423,14 +443,12 @@ async fn a_row_of_a_held_aggregate_not_yet_visible_is_waited_for() {
     ])
     .await;
     let db = common::cdc::with_slot(common::cdc::outbox_on(&server.url(), 4).await).await;
-    let prefix = unique("p");
-    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let sick = Arc::new(Sick {
-        inner: common::nats(NATS_URL, &reader.stream).await,
-        failing: AtomicBool::new(true),
-        permanent: false,
-    });
-    let relay = start(&db, sick.clone(), cdc_config(&db, &prefix)).await;
+    let SickRelay {
+        prefix: _,
+        reader,
+        sick,
+        relay,
+    } = SickRelay::start(&db, false).await;
     write_sick(&db, WriteMode::Table, 1..=1).await;
     wait_until("sick/1 to be held in the table", WAIT, || async {
         scalar(&db, "SELECT count(*) FROM {schema}.holds").await == 1
