@@ -56,6 +56,10 @@ pub struct CdcConfig {
     /// whatever has arrived at once).
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
+    /// Events of one transaction held in memory until its commit arrives (default 50,000):
+    /// past it (or past 64 MiB), its events are published in chunks before the commit, and its
+    /// position confirmed after it.
+    pub max_transaction_events: usize,
 }
 
 impl Default for CdcConfig {
@@ -66,6 +70,7 @@ impl Default for CdcConfig {
             heartbeat_interval: Duration::from_secs(10),
             max_retained_wal_bytes: 1 << 30,
             batch_linger: Duration::ZERO,
+            max_transaction_events: 50_000,
         }
     }
 }
@@ -271,6 +276,9 @@ impl RelayConfig {
         }
         if self.cdc.max_retained_wal_bytes == 0 {
             return Err("cdc.max_retained_wal_bytes: must be more than 0".into());
+        }
+        if self.cdc.max_transaction_events == 0 {
+            return Err("cdc.max_transaction_events: must be 1 or more".into());
         }
         self.cdc_names()?;
         self.retry.validate()?;

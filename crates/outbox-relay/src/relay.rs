@@ -42,8 +42,8 @@ struct Shared {
     leases: Arc<Leases>,
     /// The PostgreSQL pool (CDC mode needs it beside the store).
     pool: Option<PgPool>,
-    /// Where the CDC source's replication connection goes (`mode = "cdc"`).
-    replication: Option<crate::cdc::ReplicationTarget>,
+    /// The CDC source's statements and replication stream (`mode = "cdc"`).
+    cdc: Option<Arc<dyn crate::cdc::CdcDb>>,
 }
 
 /// A relay running in the background.
@@ -100,10 +100,21 @@ impl Relay {
     /// password back). Needs the REPLICATION attribute for the user.
     pub fn with_replication_url(mut self, database_url: &str) -> Result<Self, Error> {
         let target = crate::cdc::ReplicationTarget::from_url(database_url)?;
-        Arc::get_mut(&mut self.shared)
-            .expect("not running yet")
-            .replication = Some(target);
+        let shared = Arc::get_mut(&mut self.shared).expect("not running yet");
+        let pool = shared.pool.clone().ok_or_else(|| {
+            Error::Config("a replication URL needs a PostgreSQL relay (Relay::new)".into())
+        })?;
+        let tables = shared.config.tables();
+        shared.cdc = Some(Arc::new(crate::cdc::PgCdc::new(pool, &tables, target)));
         Ok(self)
+    }
+
+    /// The same relay, with the database its CDC source (`mode = "cdc"`) reads the stream
+    /// from and runs its statements on: any [`crate::cdc::CdcDb`] (the simulation's model;
+    /// on PostgreSQL, [`Relay::with_replication_url`] sets it).
+    pub fn with_cdc_database(mut self, db: Arc<dyn crate::cdc::CdcDb>) -> Self {
+        Arc::get_mut(&mut self.shared).expect("not running yet").cdc = Some(db);
+        self
     }
 
     /// Opens the SQLite outbox (migrated with `outbox::sqlite::SqliteOutbox::migrate`). One
@@ -145,7 +156,7 @@ impl Relay {
                 health,
                 leases: Arc::new(Leases::default()),
                 pool: None,
-                replication: None,
+                cdc: None,
             }),
         })
     }
@@ -186,7 +197,7 @@ impl Relay {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let this = self.shared;
         let cdc = this.config.mode == crate::config::Mode::Cdc;
-        if cdc && (this.pool.is_none() || this.replication.is_none()) {
+        if cdc && this.cdc.is_none() {
             return Err(Error::Config(
                 "mode = \"cdc\" needs a PostgreSQL relay (Relay::new) and its database URL \
                  (Relay::with_replication_url)"
@@ -250,7 +261,7 @@ impl Relay {
         let result = if cdc {
             let context = crate::cdc::context::Context {
                 completer,
-                pool: this.pool.clone().expect("checked"),
+                db: this.cdc.clone().expect("checked"),
                 tables: this.config.tables(),
                 store: this.store.clone(),
                 publisher: this.publisher.clone(),
@@ -259,7 +270,6 @@ impl Relay {
                 metrics: this.metrics.clone(),
                 health: this.health.clone(),
                 relay_id: this.relay_id.clone(),
-                target: this.replication.clone().expect("checked"),
                 max_payload: this.max_payload_bytes(),
             };
             crate::cdc::run(context, shutdown.clone()).await

@@ -52,6 +52,8 @@ pub struct Faults {
     pub rollback: f64,
     /// Per transaction: it stays open long (commits after many later ones).
     pub long_transaction: f64,
+    /// Operator actions per second: `replay` or `skip` of a dead event.
+    pub operator: f64,
 }
 
 impl Default for Faults {
@@ -71,6 +73,7 @@ impl Default for Faults {
             malformed: 0.001,
             rollback: 0.08,
             long_transaction: 0.05,
+            operator: 0.3,
         }
     }
 }
@@ -93,6 +96,7 @@ impl Faults {
             malformed: 0.0,
             rollback: 0.0,
             long_transaction: 0.0,
+            operator: 0.0,
         }
     }
 }
@@ -117,6 +121,20 @@ pub struct SimConfig {
     pub bug: Option<Bug>,
     /// Keep the full trace (for replaying a failing seed); otherwise only its hash.
     pub keep_trace: bool,
+    /// Where the relays read events from.
+    pub source: Source,
+    /// CDC: how the writers write (default: drawn from the seed).
+    pub write_mode: Option<crate::db_cdc::WriteMode>,
+}
+
+/// Where the relays read events from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Source {
+    /// Claims on the table (`mode = "poll"`).
+    #[default]
+    Poll,
+    /// The replication stream (`mode = "cdc"`).
+    Cdc,
 }
 
 impl Default for SimConfig {
@@ -130,6 +148,8 @@ impl Default for SimConfig {
             faults: Faults::default(),
             bug: None,
             keep_trace: false,
+            source: Source::Poll,
+            write_mode: None,
         }
     }
 }

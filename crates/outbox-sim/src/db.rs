@@ -38,6 +38,9 @@ pub enum Content {
     Poison,
     /// A row written by another program with headers that are not a JSON object.
     Malformed,
+    /// A table-less event whose message is not a valid event (hand-written, or of a foreign
+    /// program): its aggregate cannot be known, so it blocks nothing; it must be dead-lettered.
+    Hostile,
 }
 
 /// One outbox row.
@@ -53,8 +56,20 @@ pub struct Row {
     pub content: Content,
     /// The payload column.
     pub payload: Vec<u8>,
-    /// Whether its transaction committed.
+    /// Whether its transaction committed (it is in the WAL).
     pub committed: bool,
+    /// Whether queries see it: its transaction committed and is visible (a commit waiting for
+    /// a synchronous standby is in the WAL first), and the row is in the table.
+    pub visible: bool,
+    /// False for an event written without a row (zero-growth: inserted and deleted in its
+    /// transaction; table-less: a WAL message): the ground truth of the event, which no
+    /// statement sees.
+    pub in_table: bool,
+    /// The event the row carries: its own id for a writer's row, the original event's for a
+    /// row the CDC relay wrote into the table (its table path).
+    pub event: i64,
+    /// Its transaction's id in the WAL, once committed (CDC).
+    pub xid: Option<u32>,
     /// Status column.
     pub status: Status,
     /// Attempts column.
@@ -75,24 +90,34 @@ struct Lease {
 }
 
 #[derive(Clone, Debug)]
-struct Hold {
-    event_id: i64,
-    held_until: Option<i64>,
+pub(crate) struct Hold {
+    pub(crate) event_id: i64,
+    pub(crate) held_until: Option<i64>,
+    /// `stream_commit_lsn`, `stream_change_lsn`: set by the CDC relay's `hold` only.
+    pub(crate) since: Option<outbox_relay::cdc::StreamPosition>,
 }
 
 /// The tables.
 #[derive(Debug)]
 pub struct Db {
-    partitions: i32,
-    next_id: i64,
+    pub(crate) partitions: i32,
+    pub(crate) next_id: i64,
     /// Every row inserted and not rolled back, by id.
     pub rows: BTreeMap<i64, Row>,
     leases: Vec<Lease>,
     relays: BTreeMap<String, i64>,
-    holds: BTreeMap<Key, Hold>,
+    pub(crate) holds: BTreeMap<Key, Hold>,
     bug: Option<Bug>,
     /// Highest id each partition's claims returned (for the high-water-mark mutation only).
     high_water: BTreeMap<i32, i64>,
+    /// The write-ahead log and the replication slot (CDC).
+    pub wal: crate::wal::Wal,
+    /// Rows the CDC relay wrote for events without one, by event.
+    pub copies: BTreeMap<i64, i64>,
+    /// Events whose event id is not derived from their id (hostile table-less content).
+    pub uuids: BTreeMap<uuid::Uuid, i64>,
+    /// `cdc_slots.catch_up_max_id`.
+    pub catch_up_max_id: Option<i64>,
 }
 
 /// Milliseconds of the database clock as a timestamp.
@@ -139,6 +164,34 @@ impl Db {
             holds: BTreeMap::new(),
             bug,
             high_water: BTreeMap::new(),
+            wal: crate::wal::Wal::default(),
+            copies: BTreeMap::new(),
+            uuids: BTreeMap::new(),
+            catch_up_max_id: None,
+        }
+    }
+
+    /// The event a message's event id names, if it is one of the writers'.
+    pub fn event_of(&self, event_id: uuid::Uuid) -> Option<i64> {
+        let id = self
+            .uuids
+            .get(&event_id)
+            .copied()
+            .unwrap_or(event_id.as_u128() as i64);
+        self.rows.get(&id).filter(|r| r.event == id).map(|_| id)
+    }
+
+    /// Where an event ended: its row's status; for an event without a row, that of the row the
+    /// relay wrote for it, or published once the broker has it.
+    pub fn outcome(&self, id: i64, delivered: &BTreeSet<i64>) -> Status {
+        let row = &self.rows[&id];
+        if row.in_table {
+            return row.status;
+        }
+        match self.copies.get(&id) {
+            Some(copy) => self.rows[copy].status,
+            None if delivered.contains(&id) => Status::Published,
+            None => Status::Pending,
         }
     }
 
@@ -156,6 +209,19 @@ impl Db {
         payload: Vec<u8>,
         now: i64,
     ) -> i64 {
+        self.insert_row(key, version, content, payload, now, true)
+    }
+
+    /// An INSERT; `in_table` false for an event written without a row.
+    pub fn insert_row(
+        &mut self,
+        key: Key,
+        version: i64,
+        content: Content,
+        payload: Vec<u8>,
+        now: i64,
+        in_table: bool,
+    ) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
         let partition = partition_of(&key, self.partitions);
@@ -168,6 +234,10 @@ impl Db {
                 content,
                 payload,
                 committed: false,
+                visible: false,
+                in_table,
+                event: id,
+                xid: None,
                 status: Status::Pending,
                 attempts: 0,
                 permanent_failures: 0,
@@ -183,6 +253,7 @@ impl Db {
         for id in ids {
             let row = self.rows.get_mut(id).expect("inserted");
             row.committed = true;
+            row.visible = true;
             row.committed_at = Some(now);
         }
     }
@@ -195,8 +266,8 @@ impl Db {
     }
 
     /// Whether a statement of the relay can see the row.
-    fn visible(&self, row: &Row) -> bool {
-        row.committed || self.bug == Some(Bug::ReadUncommitted)
+    pub(crate) fn visible(&self, row: &Row) -> bool {
+        row.in_table && (row.visible || self.bug == Some(Bug::ReadUncommitted))
     }
 
     /// `register`, `forget_dead_relays`, `live_relays`.
@@ -245,6 +316,28 @@ impl Db {
             }
         }
         out
+    }
+
+    /// `acquire_all`: every partition at once, epochs bumped, when no other relay holds an
+    /// unexpired lease; none otherwise.
+    pub fn acquire_all(&mut self, relay_id: &str, ttl_ms: i64, now: i64) -> Vec<Fence> {
+        let taken = self
+            .leases
+            .iter()
+            .any(|l| l.owner.as_deref().is_some_and(|o| o != relay_id) && l.expires_at >= now);
+        if taken {
+            return Vec::new();
+        }
+        self.leases
+            .iter_mut()
+            .enumerate()
+            .map(|(p, lease)| {
+                lease.owner = Some(relay_id.to_owned());
+                lease.epoch += 1;
+                lease.expires_at = now + ttl_ms;
+                (p as i32, lease.epoch)
+            })
+            .collect()
     }
 
     /// `release`.
@@ -368,7 +461,7 @@ impl Db {
     }
 
     /// The partitions of `fences` still held by `relay_id` at their epoch.
-    fn fence(&self, relay_id: &str, fences: &[Fence]) -> BTreeSet<i32> {
+    pub(crate) fn fence(&self, relay_id: &str, fences: &[Fence]) -> BTreeSet<i32> {
         fences
             .iter()
             .filter(|&&(p, epoch)| {
@@ -385,10 +478,11 @@ impl Db {
         let fence = self.fence(relay_id, fences);
         let mut done = Vec::new();
         for id in ids {
+            let visible = self.rows.get(id).is_some_and(|r| self.visible(r));
             let Some(row) = self.rows.get_mut(id) else {
                 continue;
             };
-            if fence.contains(&row.partition) && row.status == Status::Pending {
+            if visible && fence.contains(&row.partition) && row.status == Status::Pending {
                 row.status = Status::Published;
                 row.attempts += 1;
                 done.push((*id, row.key.clone()));
@@ -418,7 +512,8 @@ impl Db {
             let Some(row) = self.rows.get(&f.id) else {
                 continue;
             };
-            if fence.contains(&row.partition) && row.status == Status::Pending {
+            if self.visible(row) && fence.contains(&row.partition) && row.status == Status::Pending
+            {
                 let next = (!f.dead).then(|| now + f.backoff.as_millis() as i64);
                 debug_assert!(f.permanent || !f.dead, "only permanent failures are dead");
                 let status = if f.dead {
@@ -448,13 +543,7 @@ impl Db {
             row.permanent_failures += i32::from(permanent.contains(id));
             row.status = *status;
             if *status == Status::Pending || park {
-                self.holds.insert(
-                    key.clone(),
-                    Hold {
-                        event_id: *id,
-                        held_until: *next,
-                    },
-                );
+                self.upsert_hold(key, *id, *next);
             } else {
                 self.holds.remove(key);
             }
@@ -462,12 +551,26 @@ impl Db {
         Ok(done.len() as i64)
     }
 
+    /// An `INSERT … ON CONFLICT DO UPDATE` of a hold that sets its head and time and keeps
+    /// its stream position.
+    pub(crate) fn upsert_hold(&mut self, key: &Key, event_id: i64, held_until: Option<i64>) {
+        let since = self.holds.get(key).and_then(|h| h.since);
+        self.holds.insert(
+            key.clone(),
+            Hold {
+                event_id,
+                held_until,
+                since,
+            },
+        );
+    }
+
     /// `backlog`: pending count, oldest pending insert time, dead count.
     pub fn backlog(&self) -> (i64, Option<i64>, i64) {
         let mut pending = 0;
         let mut oldest: Option<i64> = None;
         let mut dead = 0;
-        for row in self.rows.values().filter(|r| r.committed) {
+        for row in self.rows.values().filter(|r| r.visible && r.in_table) {
             match row.status {
                 Status::Pending => {
                     pending += 1;
@@ -481,21 +584,17 @@ impl Db {
     }
 }
 
-fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
+pub(crate) fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
     let payload = row.payload.clone();
     let payload_loaded = if payload.len() <= max_payload {
         payload.len()
     } else {
         0
     };
-    let headers = match row.content {
-        Content::Malformed => serde_json::json!(["not", "an", "object"]),
-        _ => serde_json::json!({ "sim-version": row.version.to_string() }),
-    }
-    .to_string();
+    let headers = headers_of(row);
     ClaimedRow {
         id,
-        event_id: uuid::Uuid::from_u128(id as u128),
+        event_id: uuid::Uuid::from_u128(row.event as u128),
         aggregate_type: row.key.0.clone(),
         aggregate_id: row.key.1.clone(),
         aggregate_version: Some(row.version),
@@ -513,4 +612,13 @@ fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
         attempts: row.attempts,
         permanent_failures: row.permanent_failures,
     }
+}
+
+/// The headers column of a row, as JSON text: not an object for a malformed row.
+pub fn headers_of(row: &Row) -> String {
+    match row.content {
+        Content::Malformed => serde_json::json!(["not", "an", "object"]),
+        _ => serde_json::json!({ "sim-version": row.version.to_string() }),
+    }
+    .to_string()
 }

@@ -26,11 +26,15 @@
 //! assert!(report.violations.is_empty(), "{report}");
 //! ```
 
+pub mod cdc;
 pub mod config;
 pub mod db;
+pub mod db_admin;
+pub mod db_cdc;
 pub mod node;
 pub mod oracle;
 pub mod supervisor;
+pub mod wal;
 pub mod world;
 pub mod writer;
 
@@ -39,7 +43,8 @@ use std::{fmt, time::Duration};
 use outbox_relay::{retry::RetryPolicy, RelayConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-pub use config::{Bug, Faults, SimConfig};
+pub use config::{Bug, Faults, SimConfig, Source};
+pub use db_cdc::WriteMode;
 
 use crate::{
     db::Db,
@@ -96,9 +101,10 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  faults: {} crashes, {} pauses, {} relay starts, {} broker outages, {} database restarts, {} clock steps, {} replies lost, {} acks lost, {} acks delayed, {} broker duplicates",
+            "  faults: {} crashes, {} pauses, {} relay starts, {} broker outages, {} database restarts, {} clock steps, {} replies lost, {} acks lost, {} acks delayed, {} broker duplicates, {} replays, {} skips",
             s.crashes, s.pauses, s.relays_started, s.broker_outages, s.database_restarts,
-            s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates
+            s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates,
+            s.replays, s.skips
         )?;
         writeln!(f, "  trace hash {:016x}", self.trace_hash)?;
         for violation in &self.violations {
@@ -165,10 +171,42 @@ pub fn run(seed: u64, config: &SimConfig) -> Report {
 
 async fn simulate(seed: u64, config: &SimConfig) -> Report {
     let mut rng = StdRng::seed_from_u64(seed);
-    let relay = relay_settings(&mut rng);
+    let mut relay = relay_settings(&mut rng);
     let partitions = rng.random_range(1..=12);
+    let write_mode = (config.source == Source::Cdc).then(|| {
+        config.write_mode.unwrap_or(match rng.random_range(0..3) {
+            0 => WriteMode::Table,
+            1 => WriteMode::ZeroGrowth,
+            _ => WriteMode::TableLess,
+        })
+    });
+    // CDC: the slot is created before the relays start or, with rows already in the table,
+    // while the writers write (the relay catches those up from the table).
+    let slot_at = match write_mode {
+        Some(WriteMode::Table) if rng.random_bool(0.5) => Some(rng.random_range(100..=2000)),
+        Some(_) => Some(0),
+        None => None,
+    };
+    if write_mode.is_some() {
+        relay.mode = outbox_relay::config::Mode::Cdc;
+        relay.cdc.heartbeat_interval = Duration::from_millis(rng.random_range(200..=2000));
+        // Sometimes tiny, so that transactions are published in chunks.
+        if rng.random_bool(0.3) {
+            relay.cdc.max_transaction_events = rng.random_range(1..=4);
+        }
+        relay.schema = cdc::SCHEMA.into();
+        relay.table = cdc::TABLE.into();
+    }
     let settings = format!(
-        "{partitions} partitions, batches {}..{}, {} in flight ({} bytes), {} lanes, max attempts {}, publish timeout {:?}",
+        "{}{partitions} partitions, batches {}..{}, {} in flight ({} bytes), {} lanes, max attempts {}, publish timeout {:?}",
+        match write_mode {
+            None => String::new(),
+            Some(m) => format!(
+                "cdc {m:?}{}, transactions chunked past {}, ",
+                if slot_at.is_some_and(|t| t > 0) { " (slot made late)" } else { "" },
+                relay.cdc.max_transaction_events
+            ),
+        },
         relay.min_batch_size,
         relay.max_batch_size,
         relay.max_inflight_batches,
@@ -184,6 +222,10 @@ async fn simulate(seed: u64, config: &SimConfig) -> Report {
         config.bug,
         config.keep_trace,
     );
+    world.lock().cdc = write_mode;
+    if slot_at == Some(0) {
+        world.lock().db.wal.create_slot();
+    }
     let write_until = config.write_for.as_millis() as i64;
     let mut writers = Vec::new();
     for w in 0..config.writers {
@@ -197,6 +239,18 @@ async fn simulate(seed: u64, config: &SimConfig) -> Report {
             keys,
             write_until,
         )));
+    }
+    if let Some(at) = slot_at.filter(|t| *t > 0) {
+        let world = world.clone();
+        tokio::spawn(async move {
+            world.sleep_ms(at).await;
+            let now = world.now();
+            let mut s = world.lock();
+            s.db.wal.create_slot();
+            let max_id = s.db.next_id - 1;
+            s.db.catch_up_max_id = Some(max_id);
+            s.trace(now, || format!("SLOT CREATED; catch up to {max_id}"));
+        });
     }
     let mut supervisor = Supervisor::start(world.clone(), relay.clone(), config.relays);
     supervisor.run_until(write_until, |_| false).await;
@@ -307,6 +361,8 @@ impl Summary {
             a.acks_lost += b.acks_lost;
             a.acks_delayed += b.acks_delayed;
             a.broker_duplicates += b.broker_duplicates;
+            a.replays += b.replays;
+            a.skips += b.skips;
             a.store_calls += b.store_calls;
             a.publish_calls += b.publish_calls;
         }
@@ -337,10 +393,10 @@ impl fmt::Display for Summary {
         )?;
         write!(
             f,
-            "faults: crashes {}  pauses {}  broker outages {}  database restarts {}  clock steps {}  replies lost {}  acks lost {}  acks delayed {}  broker duplicates {}  ({} store calls, {} publishes)",
+            "faults: crashes {}  pauses {}  broker outages {}  database restarts {}  clock steps {}  replies lost {}  acks lost {}  acks delayed {}  broker duplicates {}  replays {}  skips {}  ({} store calls, {} publishes)",
             s.crashes, s.pauses, s.broker_outages, s.database_restarts, s.clock_steps,
-            s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates, s.store_calls,
-            s.publish_calls
+            s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates, s.replays,
+            s.skips, s.store_calls, s.publish_calls
         )
     }
 }

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p outbox-sim -- --seeds 100000          # the long sweep
 //! cargo run --release -p outbox-sim -- --seed 1234 --trace     # replay one seed, step by step
+//! cargo run --release -p outbox-sim -- --source cdc --seeds 1000 # the CDC relay
 //! ```
 
 use std::{
@@ -12,7 +13,7 @@ use std::{
 };
 
 use clap::Parser;
-use outbox_sim::{Bug, Report, SimConfig};
+use outbox_sim::{Bug, Report, SimConfig, Source, WriteMode};
 
 /// Deterministic fault-injection simulation of the outbox relay.
 #[derive(Parser, Debug)]
@@ -42,6 +43,12 @@ struct Args {
     /// Plant a deliberate bug in the model, to see the oracle catch it.
     #[arg(long, value_enum)]
     bug: Option<Bug>,
+    /// Where the relays read events from.
+    #[arg(long, value_enum, default_value = "poll")]
+    source: Source,
+    /// CDC: how the writers write (default: drawn from each seed).
+    #[arg(long, value_enum)]
+    write_mode: Option<WriteMode>,
 }
 
 fn main() -> ExitCode {
@@ -51,6 +58,8 @@ fn main() -> ExitCode {
         write_for: Duration::from_secs(args.seconds),
         bug: args.bug,
         keep_trace: args.trace,
+        source: args.source,
+        write_mode: args.write_mode,
         ..SimConfig::default()
     };
     if let Some(seed) = args.seed {

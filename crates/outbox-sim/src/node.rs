@@ -47,7 +47,7 @@ impl SimStore {
     }
 
     /// Runs one statement: `f` gets the tables, the database clock and the virtual clock.
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&mut State, i64, i64) -> Result<T, String>,
@@ -189,6 +189,20 @@ impl Store for SimStore {
             let got = s.db.acquire(relay_id, n, ttl.as_millis() as i64, db_now);
             s.trace(now, || {
                 format!("{relay_id} acquire {n} -> {}", fences(&got))
+            });
+            Ok(got)
+        }))
+    }
+
+    fn acquire_all<'a>(
+        &'a self,
+        relay_id: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Fence>, sqlx::Error>> {
+        Box::pin(self.call("acquire_all", move |s, db_now, now| {
+            let got = s.db.acquire_all(relay_id, ttl.as_millis() as i64, db_now);
+            s.trace(now, || {
+                format!("{relay_id} acquire_all -> {}", fences(&got))
             });
             Ok(got)
         }))
@@ -356,19 +370,24 @@ impl SimPublisher {
             let faults = s.faults.clone();
             if now < s.broker_down_until {
                 s.trace(now, || {
-                    format!("{name} publish {}: broker unavailable", m.id)
+                    format!(
+                        "{name} publish {}: broker unavailable",
+                        m.event_id.as_u128() as i64
+                    )
                 });
                 Ack::Refused
             } else if m.payload.as_ref() == b"poison" {
-                s.trace(now, || format!("{name} publish {}: rejected", m.id));
+                s.trace(now, || {
+                    format!("{name} publish {}: rejected", m.event_id.as_u128() as i64)
+                });
                 Ack::Rejected
             } else {
                 let stored = !(s.bug == Some(Bug::AckWithoutStoring) && s.chance(0.02));
                 if stored {
-                    store(&mut s, self.node, m.id, now);
+                    store(&mut s, self.node, m.event_id, now);
                     if s.chance(faults.broker_duplicate) {
                         s.stats.broker_duplicates += 1;
-                        store(&mut s, self.node, m.id, now);
+                        store(&mut s, self.node, m.event_id, now);
                     }
                 }
                 if s.chance(faults.ack_lost) {
@@ -417,7 +436,14 @@ enum Ack {
 }
 
 /// The broker stores a message: checks that the event exists and is committed (G2).
-fn store(s: &mut State, node: usize, id: i64, now: i64) {
+fn store(s: &mut State, node: usize, event_id: uuid::Uuid, now: i64) {
+    let Some(id) = s.db.event_of(event_id) else {
+        s.violation(
+            now,
+            format!("G2: event {event_id}, which no writer wrote, reached the broker"),
+        );
+        return;
+    };
     let committed = s.db.rows.get(&id).is_some_and(|r| r.committed);
     if !committed {
         let what = if s.rolled_back.contains(&id) {
@@ -427,8 +453,7 @@ fn store(s: &mut State, node: usize, id: i64, now: i64) {
         };
         s.violation(now, format!("G2: event {id} reached the broker, {what}"));
     }
-    let status = s.db.rows.get(&id).map(|r| r.status);
-    if status == Some(Status::Dead) {
+    if s.db.outcome(id, &s.delivered) == Status::Dead {
         s.violation(
             now,
             format!("event {id} reached the broker after it was dead-lettered"),

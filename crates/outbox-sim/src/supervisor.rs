@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 use outbox_relay::{Relay, RelayConfig, RelayHandle};
 
 use crate::{
+    cdc::SimCdc,
     node::{SimPublisher, SimStore},
     world::World,
 };
@@ -62,8 +63,17 @@ impl Supervisor {
         );
         let mut config = self.config.clone();
         config.relay_id = Some(name.clone());
-        let relay = Relay::with_store(Arc::new(store), Arc::new(publisher), config)
+        let cdc = config.mode == outbox_relay::config::Mode::Cdc;
+        let mut relay = Relay::with_store(Arc::new(store.clone()), Arc::new(publisher), config)
             .expect("the simulation's relay settings are valid");
+        if cdc {
+            relay = relay.with_cdc_database(Arc::new(SimCdc::new(
+                store,
+                self.world.clone(),
+                node,
+                self.config.lease_ttl,
+            )));
+        }
         slot.node = node;
         slot.handle = Some(relay.spawn());
         slot.restart_at = None;
@@ -130,7 +140,12 @@ impl Supervisor {
             let ms = s.between(300, 3000);
             s.database_down_until = now + ms;
             s.stats.database_restarts += 1;
+            // Every walsender ends with the server.
+            s.db.wal.end_all();
             s.trace(now, || format!("DATABASE RESTART {ms}ms"));
+        }
+        if s.chance(f.operator * per_tick) {
+            operate(&mut s, now);
         }
         if s.chance(f.clock_step * per_tick) {
             let step = s.between(-3000, 3000);
@@ -162,5 +177,40 @@ impl Supervisor {
             }
         }
         stuck
+    }
+}
+
+/// An operator replays or skips one dead event (of those a retry can fail again: hostile
+/// content is never replayed, and a skipped event is not replayed, so that the oracle knows
+/// what parks).
+fn operate(s: &mut crate::world::State, now: i64) {
+    use crate::db::{Content, Status};
+    let candidates: Vec<i64> =
+        s.db.rows
+            .iter()
+            .filter(|(_, r)| {
+                r.status == Status::Dead
+                    && r.in_table
+                    && r.visible
+                    && r.content != Content::Hostile
+                    && !s.skipped.contains(&r.event)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let id = candidates[s.between(0, candidates.len() as i64 - 1) as usize];
+    let db_now = now + s.skew_ms;
+    if s.chance(0.5) {
+        if s.db.replay(id, db_now) {
+            s.stats.replays += 1;
+            s.trace(now, || format!("OPERATOR replay {id}"));
+        }
+    } else if s.db.skip(id, db_now) {
+        s.stats.skips += 1;
+        let event = s.db.rows[&id].event;
+        s.skipped.insert(event);
+        s.trace(now, || format!("OPERATOR skip {id} (event {event})"));
     }
 }

@@ -62,6 +62,10 @@ pub struct Stats {
     pub acks_delayed: u64,
     /// Messages the broker stored twice by itself.
     pub broker_duplicates: u64,
+    /// Dead events replayed by an operator.
+    pub replays: u64,
+    /// Dead events skipped by an operator.
+    pub skips: u64,
     /// Store calls made.
     pub store_calls: u64,
     /// Publish calls made.
@@ -93,6 +97,10 @@ pub struct State {
     pub broker_down_until: i64,
     /// Injection counts.
     pub stats: Stats,
+    /// Events an operator skipped: they stay dead but no longer park their aggregate.
+    pub skipped: BTreeSet<i64>,
+    /// CDC: how the writers write (`None`: polling, rows only).
+    pub cdc: Option<crate::db_cdc::WriteMode>,
     /// Guarantee violations seen as they happened (the oracle adds the rest at the end).
     pub violations: Vec<String>,
     rng: StdRng,
@@ -166,6 +174,8 @@ impl World {
                 database_down_until: 0,
                 broker_down_until: 0,
                 stats: Stats::default(),
+                cdc: None,
+                skipped: BTreeSet::new(),
                 violations: Vec::new(),
                 rng: StdRng::seed_from_u64(seed),
                 trace_hash: DefaultHasher::new(),

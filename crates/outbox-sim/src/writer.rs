@@ -7,8 +7,14 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
     db::{payload_for, Content, Key},
+    db_cdc::{hostile_content, WriteMode},
     world::World,
 };
+
+/// The prefix of table-less events' messages.
+fn event_prefix() -> String {
+    outbox::wal::prefix(&crate::cdc::outbox_tables())
+}
 
 /// Writes into `keys` until virtual time `until` (ms).
 pub async fn write(world: Arc<World>, writer: usize, keys: Vec<Key>, until: i64) {
@@ -32,15 +38,27 @@ pub async fn write(world: Arc<World>, writer: usize, keys: Vec<Key>, until: i64)
             let first = next_version[&key];
             let mut ids = Vec::new();
             for version in first..first + n {
+                let mode = s.cdc;
                 let content = if s.chance(faults.poison) {
                     Content::Poison
                 } else if s.chance(faults.malformed) {
-                    Content::Malformed
+                    if mode == Some(WriteMode::TableLess) {
+                        Content::Hostile
+                    } else {
+                        Content::Malformed
+                    }
                 } else {
                     Content::Good
                 };
                 let payload = payload_for(version, content);
-                ids.push(s.db.insert(key.clone(), version, content, payload, db_now));
+                let in_table = mode.is_none_or(|m| m == WriteMode::Table);
+                let id =
+                    s.db.insert_row(key.clone(), version, content, payload, db_now, in_table);
+                if content == Content::Hostile {
+                    let uuid = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, &hostile_content(id));
+                    s.db.uuids.insert(uuid, id);
+                }
+                ids.push(id);
             }
             let hold = if s.chance(faults.long_transaction) {
                 s.between(500, 4000)
@@ -63,12 +81,48 @@ pub async fn write(world: Arc<World>, writer: usize, keys: Vec<Key>, until: i64)
                 s.trace(now, || {
                     format!("writer{writer} ROLLBACK {ids:?} (restart: {lost})")
                 });
-                false
+                None
             } else {
                 s.db.commit(&ids, now);
-                s.trace(now, || format!("writer{writer} COMMIT {ids:?}"));
+                let mut hidden_ms = 0;
+                if let Some(mode) = s.cdc {
+                    let db_now = now + s.skew_ms;
+                    let xid = s.db.log_commit(&ids, mode, &event_prefix(), db_now);
+                    // A commit waiting for a synchronous standby: in the WAL (and the stream)
+                    // before queries see it.
+                    let late = s.faults.long_transaction;
+                    // (Only once the slot exists: a commit still invisible when the slot is
+                    // created and through the whole catch-up is a known gap, in
+                    // docs/reliability.md.)
+                    if s.db.wal.slot_exists && s.chance(late) {
+                        hidden_ms = s.between(50, 3000);
+                        for id in &ids {
+                            s.db.rows.get_mut(id).expect("inserted").visible = false;
+                        }
+                    }
+                    s.trace(now, || {
+                        format!(
+                            "writer{writer} COMMIT {ids:?} xid {xid} (visible in {hidden_ms} ms)"
+                        )
+                    });
+                } else {
+                    s.trace(now, || format!("writer{writer} COMMIT {ids:?}"));
+                }
+                Some(hidden_ms)
+            }
+        };
+        let committed = match committed {
+            Some(hidden_ms) if hidden_ms > 0 => {
+                world.sleep_ms(hidden_ms).await;
+                let now = world.now();
+                let mut s = world.lock();
+                for id in &ids {
+                    s.db.rows.get_mut(id).expect("committed").visible = true;
+                }
+                s.trace(now, || format!("writer{writer} VISIBLE {ids:?}"));
                 true
             }
+            other => other.is_some(),
         };
         if committed {
             *next_version.get_mut(&key).expect("own key") += ids.len() as i64;

@@ -1,20 +1,29 @@
 //! The simulation in CI: a sweep of seeds with every fault on, the determinism of a seed, a
 //! calm baseline, and the oracle catching bugs planted in the model.
 //!
-//! `OUTBOX_SIM_SEEDS` sets the sweep's size (default 2000, in four parallel parts).
+//! `OUTBOX_SIM_SEEDS` sets each sweep's size (default 2000, in four parallel parts): one sweep
+//! of polling relays, one of CDC relays.
 
 use std::io::Write;
 
-use outbox_sim::{Bug, Faults, Report, SimConfig, Summary};
+use outbox_sim::{Bug, Faults, Report, SimConfig, Source, Summary};
 
 fn sweep_part(part: u64) {
+    sweep(part, Source::Poll);
+}
+
+/// Part `part` of four of the sweep of relays reading `source`.
+fn sweep(part: u64, source: Source) {
     let total: u64 = std::env::var("OUTBOX_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
     let per_part = total.div_ceil(4);
     let first = 1 + part * per_part;
-    let config = SimConfig::default();
+    let config = SimConfig {
+        source,
+        ..SimConfig::default()
+    };
     let reports: Vec<Report> = (first..first + per_part)
         .map(|seed| outbox_sim::run(seed, &config))
         .collect();
@@ -22,7 +31,7 @@ fn sweep_part(part: u64) {
     // Straight to stderr, past the test harness's capture: CI logs show the counts.
     let _ = writeln!(
         std::io::stderr(),
-        "simulation, seeds {first}..{}:\n{summary}",
+        "simulation ({source:?}), seeds {first}..{}:\n{summary}",
         first + per_part - 1
     );
     let failures: Vec<String> = reports
@@ -66,6 +75,26 @@ fn seed_sweep_part_3() {
 #[test]
 fn seed_sweep_part_4() {
     sweep_part(3);
+}
+
+#[test]
+fn cdc_seed_sweep_part_1() {
+    sweep(0, Source::Cdc);
+}
+
+#[test]
+fn cdc_seed_sweep_part_2() {
+    sweep(1, Source::Cdc);
+}
+
+#[test]
+fn cdc_seed_sweep_part_3() {
+    sweep(2, Source::Cdc);
+}
+
+#[test]
+fn cdc_seed_sweep_part_4() {
+    sweep(3, Source::Cdc);
 }
 
 #[test]

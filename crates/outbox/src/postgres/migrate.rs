@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "waiting rows out of the claim's index",
         include_str!("migrations/0012_waiting_rows.sql"),
     ),
+    (
+        13,
+        "stream position of CDC holds",
+        include_str!("migrations/0013_hold_stream_position.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

@@ -5,16 +5,14 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use outbox::Tables;
-use sqlx::PgPool;
 use tokio::time::Instant;
 
-use super::ReplicationTarget;
 use crate::{
     config::RelayConfig,
     http::Health,
     lease::Leases,
     retry::Backoff,
-    store::{named, render_fenced, ClaimedRow, Fence, Store},
+    store::{ClaimedRow, Fence, Store},
     telemetry::Metrics,
     Publisher,
 };
@@ -23,7 +21,8 @@ use crate::{
 pub(crate) struct Context {
     /// Completion, shared with the polling source: metrics of outcomes and failure decisions.
     pub completer: Arc<crate::complete::Completer>,
-    pub pool: PgPool,
+    /// The statements and the replication stream.
+    pub db: Arc<dyn super::CdcDb>,
     pub tables: Tables,
     pub store: Arc<dyn Store>,
     pub publisher: Arc<dyn Publisher>,
@@ -32,50 +31,7 @@ pub(crate) struct Context {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub relay_id: String,
-    pub target: ReplicationTarget,
     pub max_payload: usize,
-}
-
-/// The CDC statements, rendered for one outbox.
-pub(super) struct Sql {
-    pub(super) mark_published: String,
-    pub(super) fence_count: String,
-    pub(super) spill: String,
-    pub(super) hold: String,
-    pub(super) pending_of: String,
-    pub(super) catch_up: String,
-    pub(super) catch_up_max_id: String,
-    pub(super) catch_up_done: String,
-    pub(super) holds: String,
-    pub(super) unpark: String,
-    pub(super) slot: String,
-    pub(super) terminate: String,
-    pub(super) heartbeat: String,
-    pub(super) relay_write: String,
-    pub(super) invisible: String,
-}
-
-impl Sql {
-    pub(super) fn new(tables: &Tables) -> Self {
-        let r = |name: &str| render_fenced(tables, named(super::SQL, name));
-        Self {
-            mark_published: r("mark_published"),
-            fence_count: r("fence_count"),
-            spill: r("spill"),
-            hold: r("hold"),
-            pending_of: r("pending_of"),
-            catch_up: r("catch_up"),
-            catch_up_max_id: r("catch_up_max_id"),
-            catch_up_done: r("catch_up_done"),
-            holds: r("holds"),
-            unpark: r("unpark"),
-            slot: r("slot"),
-            terminate: r("terminate"),
-            heartbeat: r("heartbeat"),
-            relay_write: r("relay_write"),
-            invisible: r("invisible"),
-        }
-    }
 }
 
 /// Why a streaming session ended.
@@ -144,6 +100,8 @@ pub(super) struct Streamed {
     pub(super) in_table: bool,
     /// Its transaction's id as the stream gave it (32 bits; 0 for rows read from the table).
     pub(super) xid: u32,
+    /// Where the stream carried it (zero for rows read from the table).
+    pub(super) position: super::StreamPosition,
 }
 
 /// What the chunks of an open transaction leave for its commit, when the deletes of a
@@ -152,8 +110,8 @@ pub(super) struct Streamed {
 /// table only then).
 #[derive(Debug, Default)]
 pub(super) struct ChunkWork {
-    /// Published rows of the table.
-    pub(super) published: Vec<i64>,
+    /// Published rows of the table, with their transactions.
+    pub(super) published: Vec<(i64, u32)>,
     /// Events for the table path, in stream order: a failure with its error, or an event
     /// behind a held aggregate.
     pub(super) spills: Vec<(Streamed, Option<crate::PublishError>)>,
@@ -172,6 +130,9 @@ pub(super) struct Held {
     pub(super) skipped: BTreeMap<i64, u32>,
     /// Since when skipped rows were not found in the table.
     pub(super) missing_since: Option<Instant>,
+    /// Where the stream first handed it to the table path: what the stream sends again from
+    /// before was settled before the hold (published), and is not written behind it.
+    pub(super) since: Option<super::StreamPosition>,
 }
 
 pub(super) type Key = (String, String);

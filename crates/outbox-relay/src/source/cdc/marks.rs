@@ -3,15 +3,16 @@
 //! in a task of its own, and ids published meanwhile are marked together by the next one. The
 //! slot position of a transaction is confirmed only once every id before it (in stream order)
 //! is marked.
-//! A row whose commit reached the stream before it became visible is marked again shortly
-//! after, without holding up the stream.
+//! A row whose commit reached the stream before it became visible (a commit waiting for a
+//! synchronous standby) is marked again until its transaction is visible, however long that
+//! takes, without holding up the stream; only its position waits.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use pgwire_replication::Lsn;
 use tokio::task::JoinHandle;
 
-use super::context::{retry, Context, End, Sql};
+use super::context::{retry, Context, End};
 use crate::store::Fence;
 
 /// How many published ids may wait for the running mark before the stream waits for it.
@@ -25,12 +26,11 @@ type MarkTask = JoinHandle<Result<(), End>>;
 /// one per batch). A position is confirmed only once every id published before it is marked.
 pub(super) struct Marks {
     ctx: Arc<Context>,
-    sql: Arc<Sql>,
     fences: Vec<Fence>,
     /// The mark being written, with the position it lets the slot confirm.
     running: Option<(MarkTask, Option<Lsn>)>,
-    /// Ids published since the running mark started.
-    waiting: Vec<i64>,
+    /// Ids published since the running mark started, with their transactions.
+    waiting: Vec<(i64, u32)>,
     /// Position confirmed once `waiting` is written.
     waiting_lsn: Option<Lsn>,
     /// A mark that failed (ends the session at the next [`Marks::reap`]).
@@ -40,10 +40,9 @@ pub(super) struct Marks {
 
 impl Marks {
     /// No marks yet, for a session holding `fences`.
-    pub(super) fn new(ctx: Arc<Context>, sql: Arc<Sql>, fences: Vec<Fence>) -> Self {
+    pub(super) fn new(ctx: Arc<Context>, fences: Vec<Fence>) -> Self {
         Self {
             ctx,
-            sql,
             fences,
             running: None,
             waiting: Vec::new(),
@@ -63,8 +62,8 @@ impl Marks {
         self.running.is_some()
     }
 
-    /// Published rows to mark.
-    pub(super) fn add(&mut self, ids: impl IntoIterator<Item = i64>) {
+    /// Published rows to mark, with their transactions (0: visible already).
+    pub(super) fn add(&mut self, ids: impl IntoIterator<Item = (i64, u32)>) {
         self.waiting.extend(ids);
     }
 
@@ -120,12 +119,7 @@ impl Marks {
             }
             if !self.waiting.is_empty() {
                 let ids = std::mem::take(&mut self.waiting);
-                let task = tokio::spawn(mark(
-                    self.ctx.clone(),
-                    self.sql.clone(),
-                    self.fences.clone(),
-                    ids,
-                ));
+                let task = tokio::spawn(mark(self.ctx.clone(), self.fences.clone(), ids));
                 self.running = Some((task, self.waiting_lsn.take()));
                 if wait_all {
                     continue;
@@ -149,53 +143,65 @@ impl Marks {
 /// (`FOR SHARE`) are never held long against their renewal.
 const MARK_CHUNK: usize = 5_000;
 
-async fn mark(
-    ctx: Arc<Context>,
-    sql: Arc<Sql>,
-    fences: Vec<Fence>,
-    mut ids: Vec<i64>,
-) -> Result<(), End> {
-    ids.sort_unstable();
-    for chunk in ids.chunks(MARK_CHUNK) {
-        mark_chunk(&ctx, &sql, &fences, chunk).await?;
+async fn mark(ctx: Arc<Context>, fences: Vec<Fence>, mut rows: Vec<(i64, u32)>) -> Result<(), End> {
+    rows.sort_unstable();
+    for chunk in rows.chunks(MARK_CHUNK) {
+        mark_chunk(&ctx, &fences, chunk).await?;
     }
     Ok(())
 }
 
-async fn mark_chunk(ctx: &Context, sql: &Sql, fences: &[Fence], ids: &[i64]) -> Result<(), End> {
-    let mut ids: std::collections::BTreeSet<i64> = ids.iter().copied().collect();
-    let (parts, epochs): (Vec<i32>, Vec<i64>) = fences.iter().copied().unzip();
-    let mut tries = 0;
-    while !ids.is_empty() {
-        let list: Vec<i64> = ids.iter().copied().collect();
+/// Marks `rows` until each is settled. A row not settled is not visible yet, or gone: while
+/// its transaction is not visible to queries, it is marked again (however long); once it is,
+/// a row still not found was deleted meanwhile, and is left as it is.
+async fn mark_chunk(ctx: &Context, fences: &[Fence], rows: &[(i64, u32)]) -> Result<(), End> {
+    let mut left: BTreeMap<i64, u32> = rows.iter().copied().collect();
+    let mut tries = 0u64;
+    let mut seen_visible = false;
+    while !left.is_empty() {
+        let list: Vec<i64> = left.keys().copied().collect();
         let settled: Vec<i64> = retry(ctx, fences, || {
-            sqlx::query_scalar(&sql.mark_published)
-                .bind(list.clone())
-                .bind(parts.clone())
-                .bind(epochs.clone())
-                .bind(&ctx.relay_id)
-                .fetch_all(&ctx.pool)
+            ctx.db.mark_published(&ctx.relay_id, fences, &list)
         })
         .await?;
         for id in settled {
-            ids.remove(&id);
+            left.remove(&id);
         }
-        if ids.is_empty() {
+        if left.is_empty() {
             break;
         }
         if !fences.iter().all(|(p, e)| ctx.leases.is_valid(*p, *e)) {
             return Err(End::LeaseLost);
         }
         tries += 1;
-        if tries > 20 {
-            tracing::warn!(
-                rows = ids.len(),
-                "published rows not found in the table (deleted by another transaction?): \
-                 left as they are"
-            );
-            break;
+        if tries >= 5 {
+            let mut xids: Vec<i64> = left
+                .values()
+                .filter(|x| **x != 0)
+                .map(|x| i64::from(*x))
+                .collect();
+            xids.sort_unstable();
+            xids.dedup();
+            let invisible: i64 = if xids.is_empty() {
+                0
+            } else {
+                retry(ctx, fences, || ctx.db.invisible(&xids)).await?
+            };
+            if invisible == 0 {
+                // One more mark after the transactions are known visible, then give up.
+                if seen_visible {
+                    tracing::warn!(
+                        rows = left.len(),
+                        "published rows not found in the table although their transactions \
+                         are visible (deleted by another transaction?): left as they are"
+                    );
+                    break;
+                }
+                seen_visible = true;
+                continue;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+        tokio::time::sleep(Duration::from_millis((5 * tries).min(250))).await;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use pgwire_replication::Lsn;
 use crate::store::ClaimedRow;
 
 /// The prefix of the heartbeat messages that keep an idle slot advancing.
-pub(super) fn heartbeat_prefix(tables: &Tables) -> String {
+pub fn heartbeat_prefix(tables: &Tables) -> String {
     format!(
         "outbox-heartbeat:{}.{}",
         tables.schema().as_str(),
@@ -17,7 +17,7 @@ pub(super) fn heartbeat_prefix(tables: &Tables) -> String {
 }
 
 /// The prefix of the marker message in the relay's own writes to the table.
-pub(super) fn relay_write_prefix(tables: &Tables) -> String {
+pub fn relay_write_prefix(tables: &Tables) -> String {
     format!(
         "outbox-relay-write:{}.{}",
         tables.schema().as_str(),

@@ -49,18 +49,26 @@
 
 mod connect;
 pub(crate) mod context;
+mod db;
 mod inflight;
 mod marks;
 mod messages;
 mod pgoutput;
 mod pipeline;
+mod postgres;
 mod slot;
 mod source;
 mod spill;
 mod table_path;
 
 pub use connect::ReplicationTarget;
+pub use db::{
+    AggregateKey, CdcDb, HoldRow, Lsn, ReplicationEvent, SlotState, SpillRow, Spilled, StreamError,
+    StreamPosition, WalStream,
+};
+pub use messages::{heartbeat_prefix, relay_write_prefix};
 pub use pgoutput::{BadRow, Change, Decoder};
+pub use postgres::PgCdc;
 pub(crate) use source::run;
 
 /// The CDC statements (named, rendered per outbox).

@@ -170,6 +170,7 @@ impl Session {
             tracing::debug!(failed = round_failed.len(), ?delay, error = %round_failed[0].1,
                 "publish failed; retrying in place");
             tokio::select! {
+                biased;
                 () = shutdown.cancelled() => return Err(End::Stop),
                 () = tokio::time::sleep(delay) => {}
             }
@@ -184,7 +185,10 @@ impl Session {
         if !published.is_empty() {
             self.ctx.health.progressed();
         }
-        let ids = published.iter().filter(|e| e.in_table).map(|e| e.row.id);
+        let ids = published
+            .iter()
+            .filter(|e| e.in_table)
+            .map(|e| (e.row.id, e.xid));
         match self.chunk.as_mut() {
             Some(chunk) => chunk.published.extend(ids),
             None => self.marks.add(ids),
@@ -210,6 +214,7 @@ impl Session {
             tracing::warn!(?delay, error = %first_error,
                 "nothing of the batch was published; pausing the stream");
             tokio::select! {
+                biased;
                 () = shutdown.cancelled() => return Err(End::Stop),
                 () = tokio::time::sleep(delay) => {}
             }

@@ -2,29 +2,19 @@
 
 use std::sync::Arc;
 
-use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Context, Sql};
+use super::context::Context;
 
 /// Samples the slot: WAL not confirmed, WAL retained, the alarm.
-pub(super) async fn sample_slot(
-    ctx: Arc<Context>,
-    sql: Arc<Sql>,
-    slot: String,
-    shutdown: CancellationToken,
-) {
+pub(super) async fn sample_slot(ctx: Arc<Context>, slot: String, shutdown: CancellationToken) {
     let max = ctx.config.cdc.max_retained_wal_bytes;
     let mut alarmed = false;
     loop {
-        match sqlx::query(&sql.slot)
-            .bind(&slot)
-            .fetch_optional(&ctx.pool)
-            .await
-        {
-            Ok(Some(r)) => {
-                let lag: Option<i64> = r.get("lag_bytes");
-                let retained: Option<i64> = r.get("retained_bytes");
+        match ctx.db.slot(&slot).await {
+            Ok(Some(state)) => {
+                let lag = state.lag_bytes;
+                let retained = state.retained_bytes;
                 let retained = retained.unwrap_or(0).max(0);
                 ctx.metrics.cdc_slot_lag_bytes.set(lag.unwrap_or(0).max(0));
                 ctx.metrics.cdc_retained_wal_bytes.set(retained);
@@ -44,6 +34,7 @@ pub(super) async fn sample_slot(
             Err(error) => tracing::warn!(%error, "could not sample the replication slot"),
         }
         tokio::select! {
+            biased;
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(ctx.config.stats_interval) => {}
         }

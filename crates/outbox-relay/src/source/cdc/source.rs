@@ -4,12 +4,13 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use pgwire_replication::{Lsn, ReplicationEvent};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    context::{retry, ChunkWork, Context, End, Held, Key, Sql, Streamed},
+    context::{retry, ChunkWork, Context, End, Held, Key, Streamed},
+    db::WalStream,
     inflight::InFlight,
     marks::Marks,
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
@@ -35,31 +36,36 @@ struct Txn {
     bytes: usize,
     /// Its id.
     xid: u32,
+    /// Its commit's position.
+    commit_lsn: u64,
 }
 
 impl Txn {
+    /// The stream position of its change at `lsn`.
+    fn position(&self, lsn: Lsn) -> super::StreamPosition {
+        super::StreamPosition {
+            commit_lsn: self.commit_lsn,
+            change_lsn: lsn.0,
+        }
+    }
+
     fn push(&mut self, event: Streamed) {
         self.bytes += event.row.row_bytes.max(0) as usize;
         self.events.push(event);
     }
 }
 
-/// Events of one open transaction held before they are published in chunks: a transaction is
-/// published whole after its commit up to this size (its deletes are then known), in chunks of
-/// it beyond (memory stays bounded).
-const CHUNK_EVENTS: usize = 50_000;
-/// The same bound in bytes (a transaction of large payloads), and that of a batch of whole
-/// transactions.
+/// A transaction is published whole after its commit (its deletes are then known) up to
+/// `cdc.max_transaction_events` events and this many bytes of them, in chunks beyond (memory
+/// stays bounded); the byte bound is also that of a batch of whole transactions.
 const CHUNK_BYTES: usize = 64 << 20;
 
 /// Runs the CDC source until `shutdown`.
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
     let ctx = Arc::new(ctx);
-    let sql = Arc::new(Sql::new(&ctx.tables));
     let names = ctx.config.cdc_names().map_err(Error::Config)?;
     tokio::spawn(super::slot::sample_slot(
         ctx.clone(),
-        sql.clone(),
         names.slot.as_str().to_owned(),
         shutdown.clone(),
     ));
@@ -79,6 +85,7 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
                 waiting_logged = true;
             }
             tokio::select! {
+                biased;
                 () = shutdown.cancelled() => return Ok(()),
                 () = ctx.leases.changed() => {}
                 () = tokio::time::sleep(ctx.config.heartbeat_interval) => {}
@@ -86,7 +93,7 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             continue;
         }
         waiting_logged = false;
-        let mut session = Session::new(ctx.clone(), sql.clone(), fences);
+        let mut session = Session::new(ctx.clone(), fences);
         let end = session
             .run(names.slot.as_str(), names.publication.as_str(), &shutdown)
             .await;
@@ -102,6 +109,7 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
                 let delay = pause.next();
                 tracing::warn!(error = %error.chain(), ?delay, "CDC stream failed; reconnecting");
                 tokio::select! {
+                    biased;
                     () = shutdown.cancelled() => return Ok(()),
                     () = tokio::time::sleep(delay) => {}
                 }
@@ -116,10 +124,9 @@ const REPORT_ON_STOP: Duration = Duration::from_secs(1);
 /// Waits until the replication client has reported `applied` to the server (it sends the
 /// confirmed position once per status interval): a stream closed before that would leave the
 /// slot behind, and the next session would publish the confirmed tail again.
-async fn report_applied(client: &ReplicationClient, applied: Lsn) {
-    let metrics = client.metrics();
+async fn report_applied(client: &dyn WalStream, applied: Lsn) {
     let deadline = Instant::now() + REPORT_ON_STOP;
-    while metrics.last_applied_lsn() < applied && Instant::now() < deadline {
+    while client.reported_lsn() < applied && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -127,7 +134,6 @@ async fn report_applied(client: &ReplicationClient, applied: Lsn) {
 /// One streaming session under one set of leases.
 pub(super) struct Session {
     pub(super) ctx: Arc<Context>,
-    pub(super) sql: Arc<Sql>,
     pub(super) fences: Vec<Fence>,
     pub(super) held: HashMap<Key, Held>,
     pub(super) seq: u64,
@@ -146,11 +152,10 @@ pub(super) struct Session {
 }
 
 impl Session {
-    fn new(ctx: Arc<Context>, sql: Arc<Sql>, fences: Vec<Fence>) -> Self {
-        let marks = Marks::new(ctx.clone(), sql.clone(), fences.clone());
+    fn new(ctx: Arc<Context>, fences: Vec<Fence>) -> Self {
+        let marks = Marks::new(ctx.clone(), fences.clone());
         Self {
             ctx,
-            sql,
             fences,
             held: HashMap::new(),
             seq: 0,
@@ -165,7 +170,7 @@ impl Session {
     }
 
     /// Confirms the stream up to `lsn` (the client reports it within its status interval).
-    fn apply(&mut self, client: &ReplicationClient, lsn: Lsn) {
+    fn apply(&mut self, client: &dyn WalStream, lsn: Lsn) {
         self.applied = self.applied.max(lsn);
         client.update_applied_lsn(lsn);
     }
@@ -173,11 +178,6 @@ impl Session {
     /// Whether nothing streamed is left to publish, mark or confirm.
     fn settled(&self) -> bool {
         self.marks.is_empty() && self.inflight.is_empty()
-    }
-
-    /// The session's leases as the fenced statements take them: partitions, epochs.
-    pub(super) fn fence_arrays(&self) -> (Vec<i32>, Vec<i64>) {
-        self.fences.iter().copied().unzip()
     }
 
     pub(super) fn lease_ok(&self) -> bool {
@@ -195,44 +195,33 @@ impl Session {
         }
         // A walsender left by a relay whose lease expired (paused, partitioned) still holds
         // the slot: this relay owns the lease now, so it ends that session.
-        let (parts, epochs) = self.fence_arrays();
-        match sqlx::query_scalar::<_, bool>(&self.sql.terminate)
-            .bind(slot)
-            .bind(&parts)
-            .bind(&epochs)
-            .bind(&self.ctx.relay_id)
-            .fetch_one(&self.ctx.pool)
+        match self
+            .ctx
+            .db
+            .terminate(&self.ctx.relay_id, &self.fences, slot)
             .await
         {
             Ok(true) => {}
             Ok(false) => return End::LeaseLost,
             Err(e) => return End::failed("ending the previous streamer", e),
         }
-        let config = self.ctx.target.config(
-            slot,
-            publication,
-            &format!("outbox-relay {}", self.ctx.relay_id),
-        );
-        let mut client = match ReplicationClient::connect(config).await {
+        let application = format!("outbox-relay {}", self.ctx.relay_id);
+        let mut client = match self.ctx.db.replicate(slot, publication, &application).await {
             Ok(c) => c,
             Err(e) => return End::failed("starting replication", e),
         };
-        let end = self.stream(&mut client, shutdown).await;
+        let end = self.stream(client.as_mut(), shutdown).await;
         match end {
             End::Stop => {
-                report_applied(&client, self.applied).await;
-                let _ = client.shutdown().await;
+                report_applied(client.as_ref(), self.applied).await;
+                client.shutdown().await;
             }
             _ => client.abort(),
         }
         end
     }
 
-    async fn stream(
-        &mut self,
-        client: &mut ReplicationClient,
-        shutdown: &CancellationToken,
-    ) -> End {
+    async fn stream(&mut self, client: &mut dyn WalStream, shutdown: &CancellationToken) -> End {
         let max_batch = self.ctx.config.max_batch_size as usize;
         let heartbeat_prefix = heartbeat_prefix(&self.ctx.tables);
         let relay_prefix = relay_write_prefix(&self.ctx.tables);
@@ -261,6 +250,7 @@ impl Session {
             let received = if (batch.is_empty() && batch_end.is_none()) || txn.is_some() {
                 let idle = self.next_wake(last_activity);
                 tokio::select! {
+                    biased;
                     () = shutdown.cancelled() => {
                         // Confirm what was published before going.
                         if self.finish_all(shutdown).await.is_ok()
@@ -296,26 +286,30 @@ impl Session {
                         ReplicationEvent::Begin {
                             commit_time_micros,
                             xid,
-                            ..
+                            final_lsn,
                         } => {
                             txn = Some(Txn {
                                 commit_time: pg_time(commit_time_micros),
                                 xid,
+                                commit_lsn: final_lsn.0,
                                 ..Default::default()
                             });
                             false
                         }
-                        ReplicationEvent::XLogData { data, .. } => {
+                        ReplicationEvent::XLogData {
+                            data, wal_start, ..
+                        } => {
                             let Some(t) = txn.as_mut() else { continue };
                             match decoder.decode(&data) {
                                 Ok(Change::Inserted(Ok(row))) => {
                                     self.seq += 1;
-                                    let xid = t.xid;
+                                    let (xid, position) = (t.xid, t.position(wal_start));
                                     t.push(Streamed {
                                         seq: self.seq,
                                         row: *row,
                                         in_table: true,
                                         xid,
+                                        position,
                                     });
                                 }
                                 Ok(Change::Inserted(Err(bad))) => {
@@ -341,12 +335,13 @@ impl Session {
                                 if let Some(t) = txn.as_mut() {
                                     self.seq += 1;
                                     let row = table_less_row(&content, t.commit_time, lsn);
-                                    let xid = t.xid;
+                                    let (xid, position) = (t.xid, t.position(lsn));
                                     t.push(Streamed {
                                         seq: self.seq,
                                         row,
                                         in_table: false,
                                         xid,
+                                        position,
                                     });
                                 }
                             } else if prefix == relay_prefix {
@@ -369,7 +364,7 @@ impl Session {
                                 // The relay's own writes (rows it spilled) are not events.
                                 if !t.relay_write {
                                     let mut chunk = std::mem::take(&mut t.chunk);
-                                    chunk.published.retain(|id| !t.deleted.contains(id));
+                                    chunk.published.retain(|(id, _)| !t.deleted.contains(id));
                                     self.marks.add(chunk.published);
                                     let events = t
                                         .events
@@ -420,10 +415,20 @@ impl Session {
             // A very large transaction: publish its events so far (it is confirmed, and its
             // rows marked, after its commit).
             if let Some(t) = txn.as_mut() {
-                if (t.events.len() >= CHUNK_EVENTS || t.bytes >= CHUNK_BYTES) && !t.relay_write {
+                if (t.events.len() >= self.ctx.config.cdc.max_transaction_events
+                    || t.bytes >= CHUNK_BYTES)
+                    && !t.relay_write
+                {
                     let chunk = std::mem::take(&mut t.events);
                     t.bytes = 0;
-                    // Only this chunk's rows are deferred: earlier batches settle first.
+                    // The whole transactions gathered before this one go out first (G4),
+                    // and only this chunk's rows are deferred: earlier batches settle first.
+                    let flushed = self
+                        .flush(&mut batch, &mut batch_bytes, &mut batch_end, shutdown)
+                        .await;
+                    if let Err(end) = flushed {
+                        return end;
+                    }
                     if let Err(end) = self.finish_all(shutdown).await {
                         return end;
                     }
@@ -439,15 +444,11 @@ impl Session {
                 }
             }
             if flush_now && txn.is_none() {
-                let end = batch_end.take();
-                if !batch.is_empty() {
-                    let events = std::mem::take(&mut batch);
-                    batch_bytes = 0;
-                    if let Err(end) = self.publish(events, end, shutdown).await {
-                        return end;
-                    }
-                } else if let Some(lsn) = end {
-                    self.confirm_after(lsn);
+                let flushed = self
+                    .flush(&mut batch, &mut batch_bytes, &mut batch_end, shutdown)
+                    .await;
+                if let Err(end) = flushed {
+                    return end;
                 }
             }
             if let Err(end) = self.finish_ready(shutdown).await {
@@ -462,7 +463,9 @@ impl Session {
                     self.unconfirmed_since = None;
                 }
             }
-            if flush_now {
+            // Between batches, or when due although the stream never pauses (keepalives or
+            // other traffic arriving faster than the idle wake): held aggregates must resume.
+            if flush_now || self.upkeep_due() {
                 if let Err(end) = self.upkeep(last_activity, &heartbeat_prefix).await {
                     return end;
                 }
@@ -474,6 +477,35 @@ impl Session {
                     (Utc::now() - t).num_milliseconds().max(0) as f64 / 1e3
                 }));
         }
+    }
+
+    /// Publishes the whole transactions gathered in `batch`, confirmed at `batch_end` once
+    /// settled (at once when the batch holds no event).
+    async fn flush(
+        &mut self,
+        batch: &mut Vec<Streamed>,
+        batch_bytes: &mut usize,
+        batch_end: &mut Option<Lsn>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), End> {
+        let end = batch_end.take();
+        if !batch.is_empty() {
+            let events = std::mem::take(batch);
+            *batch_bytes = 0;
+            self.publish(events, end, shutdown).await?;
+        } else if let Some(lsn) = end {
+            self.confirm_after(lsn);
+        }
+        Ok(())
+    }
+
+    /// Whether upkeep is due: the holds were not read for a second, or a held aggregate is
+    /// due.
+    fn upkeep_due(&self) -> bool {
+        let now = Instant::now();
+        self.holds_loaded_at
+            .is_none_or(|t| now >= t + Duration::from_secs(1))
+            || self.held.values().any(|h| h.due.is_some_and(|d| d <= now))
     }
 
     /// How long the idle stream may wait before upkeep is due.
@@ -502,19 +534,21 @@ impl Session {
                 .map_err(|e| End::failed("loading holds", e))?;
         }
         let now = Instant::now();
-        let due: Vec<Key> = self
+        let mut due: Vec<Key> = self
             .held
             .iter()
             .filter(|(_, h)| h.due.is_some_and(|d| d <= now))
             .map(|(k, _)| k.clone())
             .collect();
+        // In a fixed order (the map's is random): the same stream resumes the same way.
+        due.sort_unstable();
         if !due.is_empty() {
             self.resume(due).await?;
         }
         if last_activity.elapsed() >= self.ctx.config.cdc.heartbeat_interval {
-            sqlx::query(&self.sql.heartbeat)
-                .bind(heartbeat_prefix)
-                .execute(&self.ctx.pool)
+            self.ctx
+                .db
+                .heartbeat(heartbeat_prefix)
                 .await
                 .map_err(|e| End::failed("writing a heartbeat", e))?;
         }

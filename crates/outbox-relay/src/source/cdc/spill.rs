@@ -10,24 +10,11 @@
 //! `outbox.unwritable` / its event id, with its payload and its event id, and the reason and
 //! what the event was in `last_error`. Nothing is lost, and everything else keeps flowing (G8).
 
-use std::time::Duration;
-
 use super::{
-    context::{End, Streamed},
-    messages::relay_write_prefix,
+    context::End,
+    db::{SpillRow, Spilled},
     source::Session,
 };
-use crate::complete::refused_for_its_data;
-
-/// A streamed event to write into the table, with the relay state it gets there.
-pub(super) struct SpillRow<'a> {
-    pub(super) event: &'a Streamed,
-    pub(super) status: &'static str,
-    pub(super) attempts: i32,
-    pub(super) permanent_failures: i32,
-    pub(super) error: Option<String>,
-    pub(super) backoff: Option<Duration>,
-}
 
 /// The aggregate type of the dead letters written for events the table refused.
 pub(crate) const UNWRITABLE: &str = "outbox.unwritable";
@@ -64,7 +51,7 @@ impl Session {
 
     /// Writes `row` as a dead letter of its own key, with `refusal` and what it was.
     async fn write_unwritable(&self, row: &SpillRow<'_>, refusal: &str) -> Result<i64, End> {
-        let original = &row.event.row;
+        let original = row.row;
         let reason = format!(
             "permanent: the events table refused this event ({refusal}); it was {:?} of \
              aggregate {:?}/{:?}, version {:?}, schema version {}{}",
@@ -80,18 +67,18 @@ impl Session {
         );
         tracing::error!(event_id = %original.event_id, %reason, "unwritable event dead-lettered");
         self.ctx.completer.count_dead(UNWRITABLE);
-        let mut event = row.event.clone();
-        event.row.aggregate_type = UNWRITABLE.into();
-        event.row.aggregate_id = original.event_id.to_string();
-        event.row.aggregate_version = None;
-        event.row.event_type = "Unwritable".into();
-        event.row.schema_version = 1;
-        event.row.destination = None;
-        event.row.content_type = "application/octet-stream".into();
-        event.row.headers = "{}".into();
-        event.row.occurred_at = None;
+        let mut event = row.row.clone();
+        event.aggregate_type = UNWRITABLE.into();
+        event.aggregate_id = original.event_id.to_string();
+        event.aggregate_version = None;
+        event.event_type = "Unwritable".into();
+        event.schema_version = 1;
+        event.destination = None;
+        event.content_type = "application/octet-stream".into();
+        event.headers = "{}".into();
+        event.occurred_at = None;
         let substitute = SpillRow {
-            event: &event,
+            row: &event,
             status: "dead",
             attempts: row.attempts,
             permanent_failures: row.permanent_failures.saturating_add(1),
@@ -110,94 +97,11 @@ impl Session {
     /// One write, retried while the leases last; `Err` inside when the database refuses it for
     /// its data (a retry cannot help), with the database's message.
     async fn write_once(&self, rows: &[SpillRow<'_>]) -> Result<Result<Vec<i64>, String>, End> {
-        let (parts, epochs) = self.fence_arrays();
-        let prefix = relay_write_prefix(&self.ctx.tables);
-        let column = |f: &dyn Fn(&SpillRow<'_>) -> String| rows.iter().map(f).collect::<Vec<_>>();
-        let attempt = || async {
-            let mut tx = self.ctx.pool.begin().await?;
-            let held: i64 = sqlx::query_scalar(&self.sql.fence_count)
-                .bind(true)
-                .bind(&parts)
-                .bind(&epochs)
-                .bind(&self.ctx.relay_id)
-                .fetch_one(&mut *tx)
-                .await?;
-            if held != parts.len() as i64 {
-                return Ok(None);
-            }
-            sqlx::query(&self.sql.relay_write)
-                .bind(&prefix)
-                .execute(&mut *tx)
-                .await?;
-            let ids: Vec<Option<i64>> = sqlx::query_scalar(&self.sql.spill)
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.event_id)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(column(&|x| x.event.row.aggregate_type.clone()))
-                .bind(column(&|x| x.event.row.aggregate_id.clone()))
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.aggregate_version)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(column(&|x| x.event.row.event_type.clone()))
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.schema_version)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.destination.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.payload.clone().unwrap_or_default())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(column(&|x| x.event.row.content_type.clone()))
-                .bind(column(&|x| x.event.row.headers.clone()))
-                .bind(
-                    rows.iter()
-                        .map(|x| x.event.row.occurred_at)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(column(&|x| x.status.to_owned()))
-                .bind(rows.iter().map(|x| x.attempts).collect::<Vec<_>>())
-                .bind(rows.iter().map(|x| x.error.clone()).collect::<Vec<_>>())
-                .bind(
-                    rows.iter()
-                        .map(|x| x.backoff.map(|d| d.as_secs_f64()))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|x| x.permanent_failures)
-                        .collect::<Vec<_>>(),
-                )
-                .fetch_all(&mut *tx)
-                .await?;
-            // No id: the insert was skipped for a conflict on another unique key than the
-            // event id (a duplicate aggregate version): refused, like a constraint error.
-            let Some(ids) = ids.into_iter().collect::<Option<Vec<i64>>>() else {
-                return Ok(Some(Err(
-                    "an event of the same aggregate already has this aggregate_version".into(),
-                )));
-            };
-            tx.commit().await?;
-            Ok(Some(Ok(ids)))
-        };
-        let written = self
-            .retry_db(|| async {
-                match attempt().await {
-                    Err(error) if refused_for_its_data(&error) => Ok(Some(Err(error.to_string()))),
-                    other => other,
-                }
-            })
-            .await?;
-        written.ok_or(End::LeaseLost)
+        let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
+        match self.retry_db(|| db.spill(relay_id, fences, rows)).await? {
+            Spilled::LeaseLost => Err(End::LeaseLost),
+            Spilled::Written(ids) => Ok(Ok(ids)),
+            Spilled::Refused(refusal) => Ok(Err(refusal)),
+        }
     }
 }

@@ -6,15 +6,14 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use sqlx::Row;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     context::{End, Key, Streamed},
+    db::SpillRow,
     inflight::key_of,
     source::Session,
-    spill::SpillRow,
 };
 use crate::{
     complete::FailedRow,
@@ -91,7 +90,7 @@ impl Session {
                 // its commit): written back, so that the event is not lost.
                 let status = if dead { "dead" } else { "pending" };
                 self.write_rows(&[SpillRow {
-                    event: &e,
+                    row: &e.row,
                     status,
                     attempts,
                     permanent_failures,
@@ -104,7 +103,7 @@ impl Session {
             let status = if dead { "dead" } else { "pending" };
             let ids = self
                 .write_rows(&[SpillRow {
-                    event: &e,
+                    row: &e.row,
                     status,
                     attempts,
                     permanent_failures,
@@ -122,21 +121,10 @@ impl Session {
             Some(backoff.as_secs_f64())
         };
         if head_id != e.row.id || !e.in_table || dead {
-            let sql = &self.sql.hold;
-            let pool = &self.ctx.pool;
-            let (parts, epochs) = self.fence_arrays();
+            let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
+            let position = e.position;
             let held: bool = self
-                .retry_db(|| {
-                    sqlx::query_scalar(sql)
-                        .bind(&key.0)
-                        .bind(&parts)
-                        .bind(&epochs)
-                        .bind(&self.ctx.relay_id)
-                        .bind(&key.1)
-                        .bind(head_id)
-                        .bind(wait)
-                        .fetch_one(pool)
-                })
+                .retry_db(|| db.hold(relay_id, fences, (&key.0, &key.1), head_id, wait, position))
                 .await?;
             if !held {
                 return Err(End::LeaseLost);
@@ -144,6 +132,9 @@ impl Session {
         }
         let entry = self.held.entry(key).or_default();
         entry.due = wait.map(|w| Instant::now() + Duration::from_secs_f64(w));
+        if e.position != super::StreamPosition::default() {
+            entry.since.get_or_insert(e.position);
+        }
         Ok(())
     }
 
@@ -162,12 +153,30 @@ impl Session {
             }
             return Ok(());
         }
+        // The stream sends again what was not confirmed: an event from before the point where
+        // its aggregate was first handed to the table path was settled before (published),
+        // and is not written behind the hold again.
+        let events: Vec<Streamed> = events
+            .into_iter()
+            .filter(|e| {
+                let settled = !e.in_table
+                    && self
+                        .held
+                        .get(&key_of(e))
+                        .and_then(|h| h.since)
+                        .is_some_and(|since| e.position < since);
+                !settled
+            })
+            .collect();
+        if events.is_empty() {
+            return Ok(());
+        }
         self.ctx.metrics.cdc_spilled.inc_by(events.len() as u64);
         let to_write: Vec<&Streamed> = events.iter().filter(|e| !e.in_table).collect();
         let rows: Vec<SpillRow<'_>> = to_write
             .iter()
             .map(|e| SpillRow {
-                event: e,
+                row: &e.row,
                 status: "pending",
                 attempts: e.row.attempts,
                 permanent_failures: e.row.permanent_failures,
@@ -238,22 +247,27 @@ impl Session {
     /// Reads the holds: aggregates held or parked in the table. One no longer there was
     /// released by an operator (replay, skip): due at once.
     pub(super) async fn reload_holds(&mut self) -> Result<(), sqlx::Error> {
-        let rows = sqlx::query(&self.sql.holds)
-            .fetch_all(&self.ctx.pool)
-            .await?;
+        let rows = self.ctx.db.holds().await?;
         self.holds_loaded_at = Some(Instant::now());
         let now = Instant::now();
-        let mut in_db: HashMap<Key, Option<f64>> = HashMap::with_capacity(rows.len());
-        for r in &rows {
-            in_db.insert((r.get(0), r.get(1)), r.get(2));
+        let mut in_db: HashMap<Key, (Option<f64>, Option<super::StreamPosition>)> =
+            HashMap::with_capacity(rows.len());
+        for r in rows {
+            in_db.insert(
+                (r.aggregate_type, r.aggregate_id),
+                (r.wait_seconds, r.since),
+            );
         }
         for (key, h) in self.held.iter_mut() {
             if !in_db.contains_key(key) && h.due.is_none() && !h.until_commit {
                 h.due = Some(now);
             }
         }
-        for (key, wait) in in_db {
+        for (key, (wait, since)) in in_db {
             let h = self.held.entry(key).or_default();
+            if since.is_some() {
+                h.since = since;
+            }
             if !h.until_commit {
                 h.due = wait.map(|w| now + Duration::from_secs_f64(w.max(0.0)));
             }
@@ -269,18 +283,9 @@ impl Session {
         self.marks.reap(true).await?;
         let mut items: Vec<ClaimedRow> = Vec::new();
         for key in &keys {
-            let sql = &self.sql.pending_of;
-            let pool = &self.ctx.pool;
-            let max = i32::try_from(self.ctx.max_payload).unwrap_or(i32::MAX);
+            let (db, max) = (&self.ctx.db, self.ctx.max_payload);
             let rows: Vec<ClaimedRow> = self
-                .retry_db(|| {
-                    sqlx::query_as(sql)
-                        .bind(&key.0)
-                        .bind(&key.1)
-                        .bind(LIMIT)
-                        .bind(max)
-                        .fetch_all(pool)
-                })
+                .retry_db(|| db.pending_of((&key.0, &key.1), LIMIT, max))
                 .await?;
             items.extend(rows);
         }
@@ -297,6 +302,7 @@ impl Session {
                     row,
                     in_table: true,
                     xid: 0,
+                    position: super::StreamPosition::default(),
                 })
                 .collect();
             let results = self.dispatch(events).await?;
@@ -341,18 +347,9 @@ impl Session {
             if !published.is_empty() {
                 // The CDC statement leaves the holds: an aggregate stays with the table path
                 // until `unpark` finds nothing of it pending, even across a crash.
-                let (parts, epochs) = self.fence_arrays();
-                let sql = &self.sql.mark_published;
-                let pool = &self.ctx.pool;
+                let db = &self.ctx.db;
                 let _: Vec<i64> = self
-                    .retry_db(|| {
-                        sqlx::query_scalar(sql)
-                            .bind(published.clone())
-                            .bind(parts.clone())
-                            .bind(epochs.clone())
-                            .bind(relay_id)
-                            .fetch_all(pool)
-                    })
+                    .retry_db(|| db.mark_published(relay_id, fences, &published))
                     .await?;
             }
             if !failures.is_empty() {
@@ -394,10 +391,8 @@ impl Session {
                 let invisible: i64 = if xids.is_empty() {
                     0
                 } else {
-                    let sql = &self.sql.invisible;
-                    let pool = &self.ctx.pool;
-                    self.retry_db(|| sqlx::query_scalar(sql).bind(&xids).fetch_one(pool))
-                        .await?
+                    let db = &self.ctx.db;
+                    self.retry_db(|| db.invisible(&xids)).await?
                 };
                 let Some(h) = self.held.get_mut(&key) else {
                     continue;
@@ -416,19 +411,9 @@ impl Session {
                     table although their transactions are visible (published, dead-lettered \
                     or deleted meanwhile): giving the aggregate back to the stream");
             }
-            let sql = &self.sql.unpark;
-            let pool = &self.ctx.pool;
-            let (parts, epochs) = self.fence_arrays();
+            let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
             let (held, free): (bool, bool) = self
-                .retry_db(|| {
-                    sqlx::query_as(sql)
-                        .bind(&key.0)
-                        .bind(&parts)
-                        .bind(&epochs)
-                        .bind(&self.ctx.relay_id)
-                        .bind(&key.1)
-                        .fetch_one(pool)
-                })
+                .retry_db(|| db.unpark(relay_id, fences, (&key.0, &key.1)))
                 .await?;
             if !held {
                 return Err(End::LeaseLost);
@@ -469,12 +454,12 @@ impl Session {
         slot: &str,
         shutdown: &CancellationToken,
     ) -> Result<(), End> {
-        let max_id: Option<i64> = sqlx::query_scalar(&self.sql.catch_up_max_id)
-            .bind(slot)
-            .fetch_optional(&self.ctx.pool)
+        let max_id: Option<i64> = self
+            .ctx
+            .db
+            .catch_up_max_id(slot)
             .await
-            .map_err(|e| End::failed("reading the slot record", e))?
-            .flatten();
+            .map_err(|e| End::failed("reading the slot record", e))?;
         let Some(max_id) = max_id else {
             return Ok(());
         };
@@ -491,19 +476,9 @@ impl Session {
             if !self.lease_ok() {
                 return Err(End::LeaseLost);
             }
-            let sql = &self.sql.catch_up;
-            let pool = &self.ctx.pool;
+            let (db, max) = (&self.ctx.db, self.ctx.max_payload);
             let limit = self.ctx.config.max_batch_size;
-            let max = i32::try_from(self.ctx.max_payload).unwrap_or(i32::MAX);
-            let rows: Vec<ClaimedRow> = self
-                .retry_db(|| {
-                    sqlx::query_as(sql)
-                        .bind(max_id)
-                        .bind(limit)
-                        .bind(max)
-                        .fetch_all(pool)
-                })
-                .await?;
+            let rows: Vec<ClaimedRow> = self.retry_db(|| db.catch_up(max_id, limit, max)).await?;
             if rows.is_empty() {
                 break;
             }
@@ -521,18 +496,9 @@ impl Session {
             unique.dedup();
             self.resume(unique).await?;
         }
-        let sql = &self.sql.catch_up_done;
-        let pool = &self.ctx.pool;
-        let (parts, epochs) = self.fence_arrays();
+        let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
         let held: bool = self
-            .retry_db(|| {
-                sqlx::query_scalar(sql)
-                    .bind(slot)
-                    .bind(&parts)
-                    .bind(&epochs)
-                    .bind(&self.ctx.relay_id)
-                    .fetch_one(pool)
-            })
+            .retry_db(|| db.catch_up_done(relay_id, fences, slot))
             .await?;
         if !held {
             return Err(End::LeaseLost);

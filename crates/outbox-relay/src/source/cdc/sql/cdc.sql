@@ -80,23 +80,33 @@ FROM s
 ORDER BY s.ord;
 -- name: hold
 -- Holds (or parks, with a NULL $7) an aggregate whose events were spilled into the table,
--- fenced: only while this relay holds every lease it streams under. Says whether it did.
+-- fenced: only while this relay holds every lease it streams under. Says whether it did. The
+-- stream position ($8 commit, $9 change) of the first event handed over is kept while the
+-- hold lasts (see migration 0013).
 -- $1 aggregate type, $2/$3 (partition, epoch) pairs, $4 relay id, $5 aggregate id,
--- $6 head event id, $7 held until (seconds from now)
+-- $6 head event id, $7 held until (seconds from now), $8/$9 stream position
 WITH fence AS (
     {fence}
 ), fenced AS (
     SELECT count(*) = cardinality($2::integer[]) AS held FROM fence
 ), written AS (
-    INSERT INTO {schema}.holds (aggregate_type, aggregate_id, partition, event_id, held_until)
+    INSERT INTO {schema}.holds (
+        aggregate_type, aggregate_id, partition, event_id, held_until, stream_commit_lsn,
+        stream_change_lsn
+    )
     SELECT $1, $5, e.partition, e.id,
            CASE WHEN $7::double precision IS NULL THEN NULL
-                ELSE now() + make_interval(secs => $7) END
+                ELSE now() + make_interval(secs => $7) END,
+           $8::bigint, $9::bigint
     FROM {schema}.{events} e, fenced
     WHERE fenced.held AND e.id = $6
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
         SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
-            held_until = EXCLUDED.held_until, created_at = now()
+            held_until = EXCLUDED.held_until, created_at = now(),
+            stream_commit_lsn = coalesce(holds.stream_commit_lsn, EXCLUDED.stream_commit_lsn),
+            stream_change_lsn = CASE WHEN holds.stream_commit_lsn IS NULL
+                                     THEN EXCLUDED.stream_change_lsn
+                                     ELSE holds.stream_change_lsn END
 )
 SELECT held FROM fenced;
 -- name: pending_of
@@ -134,9 +144,11 @@ WITH fence AS (
 )
 SELECT held FROM fenced;
 -- name: holds
--- Every held or parked aggregate, with the seconds until its hold lapses (NULL: parked).
+-- Every held or parked aggregate, with the seconds until its hold lapses (NULL: parked) and
+-- the stream position where it was first handed to the table path.
 SELECT aggregate_type, aggregate_id,
-       EXTRACT(epoch FROM held_until - now())::double precision AS wait_seconds
+       EXTRACT(epoch FROM held_until - now())::double precision AS wait_seconds,
+       stream_commit_lsn, stream_change_lsn
 FROM {schema}.holds;
 -- name: unpark
 -- Gives an aggregate back to the stream once the table holds nothing pending of it: removes

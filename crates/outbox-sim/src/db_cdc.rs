@@ -1,0 +1,298 @@
+//! The CDC statements on the model (`crates/outbox-relay/src/source/cdc/sql/cdc.sql`), statement
+//! for statement, each applied atomically. Fenced statements take effect only while the relay
+//! holds every lease it names.
+
+use std::collections::BTreeSet;
+
+use outbox_relay::{
+    cdc::{HoldRow, SpillRow, Spilled, StreamPosition},
+    store::{ClaimedRow, Fence},
+};
+
+use crate::{
+    db::{claimed, partition_of, Content, Db, Hold, Key, Row, Status},
+    wal::TxnBuilder,
+};
+
+impl Db {
+    /// Whether `relay_id` holds every one of `fences`.
+    fn holds_all(&self, relay_id: &str, fences: &[Fence]) -> bool {
+        self.fence(relay_id, fences).len() == fences.len()
+    }
+
+    /// `mark_published` (CDC): marks the visible pending rows of fenced partitions; returns
+    /// those marked and those no longer pending. Leaves the holds.
+    pub fn cdc_mark_published(
+        &mut self,
+        relay_id: &str,
+        fences: &[Fence],
+        ids: &[i64],
+    ) -> Vec<i64> {
+        let fence = self.fence(relay_id, fences);
+        let mut settled = Vec::new();
+        for id in ids {
+            let Some(row) = self.rows.get(id) else {
+                continue;
+            };
+            if !self.visible(row) {
+                continue;
+            }
+            let row = self.rows.get_mut(id).expect("found");
+            if row.status != Status::Pending {
+                settled.push(*id);
+            } else if fence.contains(&row.partition) {
+                row.status = Status::Published;
+                row.attempts += 1;
+                settled.push(*id);
+            }
+        }
+        settled
+    }
+
+    /// `fence_count`, `relay_write` and `spill` in one transaction.
+    pub fn spill(
+        &mut self,
+        relay_id: &str,
+        fences: &[Fence],
+        rows: &[SpillRow<'_>],
+        relay_write_prefix: &str,
+        db_now: i64,
+        now: i64,
+    ) -> Result<Spilled, String> {
+        if !self.holds_all(relay_id, fences) {
+            return Ok(Spilled::LeaseLost);
+        }
+        let mut txn = TxnBuilder::default();
+        txn.message(relay_write_prefix, Vec::new());
+        let mut ids = Vec::with_capacity(rows.len());
+        for r in rows {
+            let event = self.event_of(r.row.event_id).ok_or_else(|| {
+                format!(
+                    "the relay spilled event {}, which no writer wrote",
+                    r.row.event_id
+                )
+            })?;
+            let original = &self.rows[&event];
+            if original.in_table {
+                ids.push(event);
+                continue;
+            }
+            if let Some(copy) = self.copies.get(&event) {
+                ids.push(*copy);
+                continue;
+            }
+            let status = match r.status {
+                "pending" => Status::Pending,
+                "dead" => Status::Dead,
+                other => return Err(format!("spill with status {other:?}")),
+            };
+            let key: Key = (r.row.aggregate_type.clone(), r.row.aggregate_id.clone());
+            let id = self.next_id;
+            self.next_id += 1;
+            let row = Row {
+                partition: partition_of(&key, self.partitions),
+                key,
+                version: r.row.aggregate_version.unwrap_or(0),
+                content: original.content,
+                payload: r.row.payload.clone().unwrap_or_default(),
+                committed: true,
+                visible: true,
+                in_table: true,
+                event,
+                xid: None,
+                status,
+                attempts: r.attempts,
+                permanent_failures: r.permanent_failures,
+                occurred_at: db_now,
+                committed_at: Some(now),
+            };
+            txn.insert(id, &row, r.error.as_deref());
+            self.rows.insert(id, row);
+            self.copies.insert(event, id);
+            ids.push(id);
+        }
+        self.wal.commit(txn, db_now);
+        Ok(Spilled::Written(ids))
+    }
+
+    /// `hold`: holds (or parks, `wait_ms` `None`) an aggregate at its row `head_id`; a new
+    /// hold records `since`, a moved one keeps its own.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hold(
+        &mut self,
+        relay_id: &str,
+        fences: &[Fence],
+        key: &Key,
+        head_id: i64,
+        wait_ms: Option<i64>,
+        since: StreamPosition,
+        db_now: i64,
+    ) -> bool {
+        if !self.holds_all(relay_id, fences) {
+            return false;
+        }
+        if self.rows.get(&head_id).is_some_and(|r| self.visible(r)) {
+            let kept = self.holds.get(key).and_then(|h| h.since);
+            self.holds.insert(
+                key.clone(),
+                Hold {
+                    event_id: head_id,
+                    held_until: wait_ms.map(|w| db_now + w),
+                    since: kept.or(Some(since)),
+                },
+            );
+        }
+        true
+    }
+
+    fn pending_rows<'a>(
+        &'a self,
+        key: Option<&'a Key>,
+    ) -> impl Iterator<Item = (&'a i64, &'a Row)> + 'a {
+        self.rows.iter().filter(move |(_, r)| {
+            r.status == Status::Pending && self.visible(r) && key.is_none_or(|k| &r.key == k)
+        })
+    }
+
+    /// `pending_of`.
+    pub fn pending_of(&self, key: &Key, limit: i64, max_payload: usize) -> Vec<ClaimedRow> {
+        self.pending_rows(Some(key))
+            .take(limit.max(0) as usize)
+            .map(|(id, r)| claimed(*id, r, max_payload))
+            .collect()
+    }
+
+    /// `catch_up`.
+    pub fn catch_up(&self, max_id: i64, limit: i64, max_payload: usize) -> Vec<ClaimedRow> {
+        self.pending_rows(None)
+            .filter(|(id, r)| **id <= max_id && !self.holds.contains_key(&r.key))
+            .take(limit.max(0) as usize)
+            .map(|(id, r)| claimed(*id, r, max_payload))
+            .collect()
+    }
+
+    /// `catch_up_done`.
+    pub fn catch_up_done(&mut self, relay_id: &str, fences: &[Fence]) -> bool {
+        let held = self.holds_all(relay_id, fences);
+        if held {
+            self.catch_up_max_id = None;
+        }
+        held
+    }
+
+    /// `holds`.
+    pub fn hold_rows(&self, db_now: i64) -> Vec<HoldRow> {
+        self.holds
+            .iter()
+            .map(|(key, h)| HoldRow {
+                aggregate_type: key.0.clone(),
+                aggregate_id: key.1.clone(),
+                wait_seconds: h.held_until.map(|t| (t - db_now) as f64 / 1000.0),
+                since: h.since,
+            })
+            .collect()
+    }
+
+    /// `unpark`: (leases held, nothing pending).
+    pub fn unpark(&mut self, relay_id: &str, fences: &[Fence], key: &Key) -> (bool, bool) {
+        let held = self.holds_all(relay_id, fences);
+        let free = self.pending_rows(Some(key)).next().is_none();
+        if held && free {
+            self.holds.remove(key);
+        }
+        (held, free)
+    }
+
+    /// `invisible`: how many of `xids` are committed in the WAL but not visible yet.
+    pub fn invisible(&self, xids: &[i64]) -> i64 {
+        let hidden: BTreeSet<i64> = self
+            .rows
+            .values()
+            .filter(|r| r.committed && !r.visible)
+            .filter_map(|r| r.xid.map(i64::from))
+            .collect();
+        xids.iter().filter(|x| hidden.contains(x)).count() as i64
+    }
+
+    /// A writer's transaction into the WAL at its commit, as its write mode writes it.
+    pub fn log_commit(&mut self, ids: &[i64], mode: WriteMode, prefix: &str, db_now: i64) -> u32 {
+        let mut txn = TxnBuilder::default();
+        for id in ids {
+            let row = &self.rows[id];
+            match mode {
+                WriteMode::Table => txn.insert(*id, row, None),
+                WriteMode::ZeroGrowth => {
+                    txn.insert(*id, row, None);
+                    txn.delete(*id);
+                }
+                WriteMode::TableLess => txn.message(prefix, table_less_content(*id, row)),
+            }
+        }
+        let xid = self.wal.commit(txn, db_now);
+        for id in ids {
+            if let Some(row) = self.rows.get_mut(id) {
+                row.xid = Some(xid);
+            }
+        }
+        xid
+    }
+}
+
+/// How the writers write their events (CDC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteMode {
+    /// Rows that stay in the table.
+    Table,
+    /// Rows inserted and deleted in their transaction.
+    ZeroGrowth,
+    /// Logical messages only.
+    TableLess,
+}
+
+/// The message content of a table-less event, written as hand-written SQL would (payload as
+/// text); hostile content is not a valid event.
+pub fn table_less_content(id: i64, row: &Row) -> Vec<u8> {
+    if row.content == Content::Hostile {
+        return hostile_content(id);
+    }
+    let headers: serde_json::Value = match row.content {
+        Content::Malformed => serde_json::json!(["not", "an", "object"]),
+        _ => serde_json::json!({ "sim-version": row.version.to_string() }),
+    };
+    serde_json::json!({
+        "v": 1,
+        "event_id": uuid::Uuid::from_u128(id as u128),
+        "aggregate_type": row.key.0,
+        "aggregate_id": row.key.1,
+        "aggregate_version": row.version,
+        "event_type": "Changed",
+        "headers": headers,
+        "payload": String::from_utf8_lossy(&row.payload),
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Content that is not a valid event, of several kinds (by `id`): not JSON, a zero schema
+/// version, an empty event type, a NUL in the aggregate id, an unknown field.
+pub fn hostile_content(id: i64) -> Vec<u8> {
+    let good = |extra: (&str, serde_json::Value)| {
+        let mut v = serde_json::json!({
+            "v": 1,
+            "event_id": uuid::Uuid::from_u128(id as u128),
+            "aggregate_type": "hostile",
+            "aggregate_id": format!("h{id}"),
+            "event_type": "Changed",
+            "payload": "{}",
+        });
+        v[extra.0] = extra.1;
+        v.to_string().into_bytes()
+    };
+    match id % 5 {
+        0 => format!("{{\"v\":1,\"event_id\":\"{id}").into_bytes(),
+        1 => good(("schema_version", serde_json::json!(0))),
+        2 => good(("event_type", serde_json::json!(""))),
+        3 => good(("aggregate_id", serde_json::json!(format!("h\u{0}{id}")))),
+        _ => good(("surprise", serde_json::json!(true))),
+    }
+}
