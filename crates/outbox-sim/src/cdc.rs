@@ -9,8 +9,8 @@ use std::{sync::Arc, time::Duration};
 use futures::future::BoxFuture;
 use outbox_relay::{
     cdc::{
-        AggregateKey, CdcDb, HoldRow, Lsn, ReplicationEvent, SlotState, SpillRow, Spilled,
-        StreamError, StreamPosition, WalStream,
+        AggregateKey, CdcDb, HoldRow, Lsn, ReplicationEvent, SlotState, SpillHold, SpillRow,
+        Spilled, StreamError, StreamPosition, WalStream,
     },
     store::{ClaimedRow, Fence},
 };
@@ -82,16 +82,19 @@ impl CdcDb for SimCdc {
         relay_id: &'a str,
         fences: &'a [Fence],
         rows: &'a [SpillRow<'a>],
+        hold: Option<SpillHold<'a>>,
     ) -> BoxFuture<'a, Result<Spilled, sqlx::Error>> {
         let prefix = &self.relay_write_prefix;
         Box::pin(self.store.call("spill", move |s, db_now, now| {
-            let spilled = s.db.spill(relay_id, fences, rows, prefix, db_now, now)?;
+            let spilled =
+                s.db.spill(relay_id, fences, rows, hold, prefix, db_now, now)?;
             s.trace(now, || {
                 let events: Vec<String> = rows
                     .iter()
                     .map(|r| format!("{}:{}", r.row.event_id.as_u128() as i64, r.status))
                     .collect();
-                format!("{relay_id} spill {events:?} -> {spilled:?}")
+                let held = hold.map(|h| (h.key, h.wait_seconds));
+                format!("{relay_id} spill {events:?} hold {held:?} -> {spilled:?}")
             });
             Ok(spilled)
         }))

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use outbox_relay::{
-    cdc::{HoldRow, SpillRow, Spilled, StreamPosition},
+    cdc::{HoldRow, SpillHold, SpillRow, Spilled, StreamPosition},
     store::{ClaimedRow, Fence},
 };
 
@@ -49,12 +49,14 @@ impl Db {
         settled
     }
 
-    /// `fence_count`, `relay_write` and `spill` in one transaction.
+    /// `fence_count`, `relay_write`, `spill` and, with `hold`, `hold` in one transaction.
+    #[allow(clippy::too_many_arguments)]
     pub fn spill(
         &mut self,
         relay_id: &str,
         fences: &[Fence],
         rows: &[SpillRow<'_>],
+        hold: Option<SpillHold<'_>>,
         relay_write_prefix: &str,
         db_now: i64,
         now: i64,
@@ -65,6 +67,7 @@ impl Db {
         let mut txn = TxnBuilder::default();
         txn.message(relay_write_prefix, Vec::new());
         let mut ids = Vec::with_capacity(rows.len());
+        let mut fresh = Vec::with_capacity(rows.len());
         for r in rows {
             let event = self.event_of(r.row.event_id).ok_or_else(|| {
                 format!(
@@ -75,10 +78,12 @@ impl Db {
             let original = &self.rows[&event];
             if original.in_table {
                 ids.push(event);
+                fresh.push(false);
                 continue;
             }
             if let Some(copy) = self.copies.get(&event) {
                 ids.push(*copy);
+                fresh.push(false);
                 continue;
             }
             let status = match r.status {
@@ -110,9 +115,16 @@ impl Db {
             self.rows.insert(id, row);
             self.copies.insert(event, id);
             ids.push(id);
+            fresh.push(true);
         }
         self.wal.commit(txn, db_now);
-        Ok(Spilled::Written(ids))
+        let head = ids.first().filter(|_| fresh.first() == Some(&true));
+        if let (Some(hold), Some(head)) = (hold, head) {
+            let key = (hold.key.0.to_owned(), hold.key.1.to_owned());
+            let wait_ms = hold.wait_seconds.map(|w| (w * 1000.0) as i64);
+            self.hold(relay_id, fences, &key, *head, wait_ms, hold.since, db_now);
+        }
+        Ok(Spilled::Written { ids, fresh })
     }
 
     /// `hold`: holds (or parks, `wait_ms` `None`) an aggregate at its row `head_id`; a new

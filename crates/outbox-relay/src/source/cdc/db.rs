@@ -39,13 +39,31 @@ pub struct SpillRow<'a> {
     pub backoff: Option<Duration>,
 }
 
+/// The hold a spill writes in its own transaction: the aggregate of the event it hands to the
+/// table path, held at the first row written (a row without its hold would be pending with
+/// nothing to publish it, if the relay died between the two).
+#[derive(Debug, Clone, Copy)]
+pub struct SpillHold<'a> {
+    /// The aggregate.
+    pub key: AggregateKey<'a>,
+    /// Seconds until its retry; `None`: parked.
+    pub wait_seconds: Option<f64>,
+    /// Where the stream carried the event.
+    pub since: StreamPosition,
+}
+
 /// What a spill did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Spilled {
     /// The relay no longer holds its leases: nothing was written.
     LeaseLost,
-    /// Written (or found written before, by event id): the rows' ids, in order.
-    Written(Vec<i64>),
+    /// Written, or found written before (by event id).
+    Written {
+        /// The rows' ids, in order.
+        ids: Vec<i64>,
+        /// For each, whether this spill wrote it (false: found).
+        fresh: Vec<bool>,
+    },
     /// The table refused the rows for their data (a retry cannot help), with its message.
     Refused(String),
 }
@@ -96,12 +114,15 @@ pub trait CdcDb: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>>;
 
     /// Writes streamed events into the table in one transaction the stream recognises as the
-    /// relay's own; an event already there (by event id) is not written twice.
+    /// relay's own; an event already there (by event id) is not written twice. With `hold`,
+    /// the same transaction holds its aggregate at the first row when it wrote that row (as
+    /// [`CdcDb::hold`] does).
     fn spill<'a>(
         &'a self,
         relay_id: &'a str,
         fences: &'a [Fence],
         rows: &'a [SpillRow<'a>],
+        hold: Option<SpillHold<'a>>,
     ) -> BoxFuture<'a, Result<Spilled, sqlx::Error>>;
 
     /// Holds an aggregate at its row `head_id` for `wait_seconds` (`None`: parks it); a new

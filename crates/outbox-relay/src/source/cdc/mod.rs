@@ -63,8 +63,8 @@ mod table_path;
 
 pub use connect::ReplicationTarget;
 pub use db::{
-    AggregateKey, CdcDb, HoldRow, Lsn, ReplicationEvent, SlotState, SpillRow, Spilled, StreamError,
-    StreamPosition, WalStream,
+    AggregateKey, CdcDb, HoldRow, Lsn, ReplicationEvent, SlotState, SpillHold, SpillRow, Spilled,
+    StreamError, StreamPosition, WalStream,
 };
 pub use messages::{heartbeat_prefix, relay_write_prefix};
 pub use pgoutput::{BadRow, Change, Decoder};

@@ -8,8 +8,8 @@ use sqlx::{PgPool, Row};
 
 use super::{
     db::{
-        AggregateKey, CdcDb, HoldRow, SlotState, SpillRow, Spilled, StreamError, StreamPosition,
-        WalStream,
+        AggregateKey, CdcDb, HoldRow, SlotState, SpillHold, SpillRow, Spilled, StreamError,
+        StreamPosition, WalStream,
     },
     messages::relay_write_prefix,
     ReplicationTarget,
@@ -85,6 +85,7 @@ impl PgCdc {
         relay_id: &str,
         fences: &[Fence],
         rows: &[SpillRow<'_>],
+        hold: Option<SpillHold<'_>>,
     ) -> Result<Spilled, sqlx::Error> {
         let (parts, epochs): (Vec<i32>, Vec<i64>) = fences.iter().copied().unzip();
         let text = |f: &dyn Fn(&SpillRow<'_>) -> String| rows.iter().map(f).collect::<Vec<_>>();
@@ -103,7 +104,7 @@ impl PgCdc {
             .bind(&self.relay_write_prefix)
             .execute(&mut *tx)
             .await?;
-        let ids: Vec<Option<i64>> = sqlx::query_scalar(&self.sql.spill)
+        let written: Vec<(Option<i64>, bool)> = sqlx::query_as(&self.sql.spill)
             .bind(rows.iter().map(|x| x.row.event_id).collect::<Vec<_>>())
             .bind(text(&|x| x.row.aggregate_type.clone()))
             .bind(text(&|x| x.row.aggregate_id.clone()))
@@ -148,13 +149,36 @@ impl PgCdc {
             .await?;
         // No id: the insert was skipped for a conflict on another unique key than the event
         // id (a duplicate aggregate version): refused, like a constraint error.
-        let Some(ids) = ids.into_iter().collect::<Option<Vec<i64>>>() else {
+        let fresh: Vec<bool> = written.iter().map(|w| w.1).collect();
+        let Some(ids) = written
+            .into_iter()
+            .map(|w| w.0)
+            .collect::<Option<Vec<i64>>>()
+        else {
             return Ok(Spilled::Refused(
                 "an event of the same aggregate already has this aggregate_version".into(),
             ));
         };
+        let head = ids.first().filter(|_| fresh.first() == Some(&true));
+        if let (Some(hold), Some(head)) = (hold, head) {
+            let held: bool = sqlx::query_scalar(&self.sql.hold)
+                .bind(hold.key.0)
+                .bind(&parts)
+                .bind(&epochs)
+                .bind(relay_id)
+                .bind(hold.key.1)
+                .bind(head)
+                .bind(hold.wait_seconds)
+                .bind(hold.since.commit_lsn as i64)
+                .bind(hold.since.change_lsn as i64)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !held {
+                return Ok(Spilled::LeaseLost);
+            }
+        }
         tx.commit().await?;
-        Ok(Spilled::Written(ids))
+        Ok(Spilled::Written { ids, fresh })
     }
 }
 
@@ -190,9 +214,10 @@ impl CdcDb for PgCdc {
         relay_id: &'a str,
         fences: &'a [Fence],
         rows: &'a [SpillRow<'a>],
+        hold: Option<SpillHold<'a>>,
     ) -> BoxFuture<'a, Result<Spilled, sqlx::Error>> {
         Box::pin(async move {
-            match self.spill_once(relay_id, fences, rows).await {
+            match self.spill_once(relay_id, fences, rows, hold).await {
                 Err(error) if refused_for_its_data(&error) => {
                     Ok(Spilled::Refused(error.to_string()))
                 }

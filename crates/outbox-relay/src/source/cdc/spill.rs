@@ -12,7 +12,7 @@
 
 use super::{
     context::End,
-    db::{SpillRow, Spilled},
+    db::{SpillHold, SpillRow, Spilled},
     source::Session,
 };
 
@@ -20,10 +20,16 @@ use super::{
 pub(crate) const UNWRITABLE: &str = "outbox.unwritable";
 
 impl Session {
-    /// Writes streamed events into the table; returns their ids, in order (a refused event's
-    /// is that of its unwritable dead letter).
-    pub(super) async fn write_rows(&self, rows: &[SpillRow<'_>]) -> Result<Vec<i64>, End> {
-        let refusal = match self.write_once(rows).await? {
+    /// Writes streamed events into the table (with `hold`, holding the aggregate at the first
+    /// in the same transaction when it is new); returns their ids, in order (a refused event's
+    /// is that of its unwritable dead letter), each with whether it is new (false: the event
+    /// was in the table before).
+    pub(super) async fn write_rows(
+        &self,
+        rows: &[SpillRow<'_>],
+        hold: Option<SpillHold<'_>>,
+    ) -> Result<Vec<(i64, bool)>, End> {
+        let refusal = match self.write_once(rows, hold).await? {
             Ok(ids) => return Ok(ids),
             Err(refusal) => refusal,
         };
@@ -36,7 +42,7 @@ impl Session {
             let refusal = if rows.len() == 1 {
                 refusal.clone()
             } else {
-                match self.write_once(std::slice::from_ref(row)).await? {
+                match self.write_once(std::slice::from_ref(row), None).await? {
                     Ok(written) => {
                         ids.extend(written);
                         continue;
@@ -44,13 +50,19 @@ impl Session {
                     Err(refusal) => refusal,
                 }
             };
-            ids.push(self.write_unwritable(row, &refusal).await?);
+            let hold = hold.filter(|_| ids.is_empty());
+            ids.push(self.write_unwritable(row, &refusal, hold).await?);
         }
         Ok(ids)
     }
 
     /// Writes `row` as a dead letter of its own key, with `refusal` and what it was.
-    async fn write_unwritable(&self, row: &SpillRow<'_>, refusal: &str) -> Result<i64, End> {
+    async fn write_unwritable(
+        &self,
+        row: &SpillRow<'_>,
+        refusal: &str,
+        hold: Option<SpillHold<'_>>,
+    ) -> Result<(i64, bool), End> {
         let original = row.row;
         let reason = format!(
             "permanent: the events table refused this event ({refusal}); it was {:?} of \
@@ -85,8 +97,11 @@ impl Session {
             error: Some(reason),
             backoff: None,
         };
-        match self.write_once(std::slice::from_ref(&substitute)).await? {
-            Ok(ids) => Ok(ids[0]),
+        match self
+            .write_once(std::slice::from_ref(&substitute), hold)
+            .await?
+        {
+            Ok(written) => Ok(written[0]),
             Err(error) => Err(End::failed(
                 "writing an unwritable event's dead letter",
                 error,
@@ -96,11 +111,18 @@ impl Session {
 
     /// One write, retried while the leases last; `Err` inside when the database refuses it for
     /// its data (a retry cannot help), with the database's message.
-    async fn write_once(&self, rows: &[SpillRow<'_>]) -> Result<Result<Vec<i64>, String>, End> {
+    async fn write_once(
+        &self,
+        rows: &[SpillRow<'_>],
+        hold: Option<SpillHold<'_>>,
+    ) -> Result<Result<Vec<(i64, bool)>, String>, End> {
         let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
-        match self.retry_db(|| db.spill(relay_id, fences, rows)).await? {
+        match self
+            .retry_db(|| db.spill(relay_id, fences, rows, hold))
+            .await?
+        {
             Spilled::LeaseLost => Err(End::LeaseLost),
-            Spilled::Written(ids) => Ok(Ok(ids)),
+            Spilled::Written { ids, fresh } => Ok(Ok(ids.into_iter().zip(fresh).collect())),
             Spilled::Refused(refusal) => Ok(Err(refusal)),
         }
     }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     context::{End, Key, Streamed},
-    db::SpillRow,
+    db::{SpillHold, SpillRow},
     inflight::key_of,
     source::Session,
 };
@@ -67,11 +67,35 @@ impl Session {
         }
         self.ctx.metrics.cdc_spilled.inc();
         let park = self.ctx.config.on_dead == OnDead::Park;
-        let head_id = if e.in_table {
+        // Held until the backoff lapses; parked when dead (or due at once with on_dead = skip,
+        // so that the later events go on).
+        let wait = if dead {
+            (!park).then_some(0.0)
+        } else {
+            Some(backoff.as_secs_f64())
+        };
+        let hold = SpillHold {
+            key: (&key.0, &key.1),
+            wait_seconds: wait,
+            since: e.position,
+        };
+        let status = if dead { "dead" } else { "pending" };
+        let spill_row = SpillRow {
+            row: &e.row,
+            status,
+            attempts,
+            permanent_failures,
+            error: Some(error.to_string()),
+            backoff: Some(backoff),
+        };
+        // Whether the hold is written: with the row written back, or by `mark_failed`.
+        let mut recorded = false;
+        let mut settled_before = false;
+        if e.in_table {
             let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
-            // The row may not be visible yet (its commit reached the stream first).
-            let mut recorded = false;
-            for tries in 1..=20u64 {
+            let db = &self.ctx.db;
+            let xids = [i64::from(e.xid)];
+            for tries in 1u64.. {
                 let n = self
                     .retry_db(|| {
                         store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true)
@@ -81,53 +105,78 @@ impl Session {
                     recorded = true;
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                // Not pending: not visible yet (its commit reached the stream first: waited
+                // for, however long), or settled before (a transaction streamed again after
+                // a restart: published, or dead-lettered and perhaps skipped since). A
+                // settled row is left as it is, and its aggregate is held at it for the
+                // backoff, never parked: parking would undo an operator's skip, or park the
+                // aggregate behind a published row; the events behind it wait in the table.
+                if tries >= 3 {
+                    let invisible = if e.xid == 0 {
+                        0
+                    } else {
+                        self.retry_db(|| db.invisible(&xids)).await?
+                    };
+                    if invisible == 0 {
+                        let n = self
+                            .retry_db(|| {
+                                store.mark_failed(
+                                    relay_id,
+                                    fences,
+                                    std::slice::from_ref(&failure),
+                                    true,
+                                )
+                            })
+                            .await?;
+                        if n > 0 {
+                            recorded = true;
+                            break;
+                        }
+                        tracing::debug!(
+                            id = e.row.id,
+                            "failed row no longer pending: settled before"
+                        );
+                        settled_before = true;
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis((5 * tries).min(250))).await;
             }
-            if recorded {
-                e.row.id
-            } else {
-                // Gone from the table (a zero-growth row of a chunked transaction, deleted at
-                // its commit): written back, so that the event is not lost.
-                let status = if dead { "dead" } else { "pending" };
-                self.write_rows(&[SpillRow {
-                    row: &e.row,
-                    status,
-                    attempts,
-                    permanent_failures,
-                    error: Some(error.to_string()),
-                    backoff: Some(backoff),
-                }])
-                .await?[0]
-            }
-        } else {
-            let status = if dead { "dead" } else { "pending" };
-            let ids = self
-                .write_rows(&[SpillRow {
-                    row: &e.row,
-                    status,
-                    attempts,
-                    permanent_failures,
-                    error: Some(error.to_string()),
-                    backoff: Some(backoff),
-                }])
-                .await?;
-            ids[0]
-        };
-        // Held until the backoff lapses; parked when dead (or due at once with on_dead = skip,
-        // so that the later events go on).
-        let wait = if dead {
-            (!park).then_some(0.0)
-        } else {
+        }
+        let mut wait = if settled_before {
             Some(backoff.as_secs_f64())
+        } else {
+            wait
         };
-        if head_id != e.row.id || !e.in_table || dead {
+        if settled_before || (recorded && dead) {
+            // A settled row's hold, or a dead one's: `mark_failed` parked it; with on_dead =
+            // skip it is due at once instead.
             let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
             let position = e.position;
             let held: bool = self
-                .retry_db(|| db.hold(relay_id, fences, (&key.0, &key.1), head_id, wait, position))
+                .retry_db(|| db.hold(relay_id, fences, (&key.0, &key.1), e.row.id, wait, position))
                 .await?;
             if !held {
                 return Err(End::LeaseLost);
+            }
+        } else if !recorded {
+            // Not a row of the table (zero-growth, table-less): written with its hold in one
+            // transaction, so that it is not lost and never pending without a hold.
+            let (id, fresh) = self
+                .write_rows(std::slice::from_ref(&spill_row), Some(hold))
+                .await?[0];
+            if !fresh {
+                // Its row was written before (a transaction streamed again after a restart),
+                // and settled since: held at it as a settled row is (see above).
+                wait = Some(backoff.as_secs_f64());
+                let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
+                let position = e.position;
+                let held: bool = self
+                    .retry_db(|| db.hold(relay_id, fences, (&key.0, &key.1), id, wait, position))
+                    .await?;
+                if !held {
+                    return Err(End::LeaseLost);
+                }
             }
         }
         let entry = self.held.entry(key).or_default();
@@ -187,9 +236,9 @@ impl Session {
         let written = if rows.is_empty() {
             Vec::new()
         } else {
-            self.write_rows(&rows).await?
+            self.write_rows(&rows, None).await?
         };
-        let mut written = written.into_iter();
+        let mut written = written.into_iter().map(|(id, _)| id);
         for e in &events {
             // A row the relay wrote is visible (its own transaction committed): no xid to wait for.
             let (id, xid) = if e.in_table {

@@ -37,7 +37,8 @@ SELECT count(*)::bigint FROM fence WHERE $1::boolean;
 -- Writes events that are not rows of the table (zero-growth rows deleted in their
 -- transaction, table-less messages) into it, for the table path: pending, or dead with the
 -- error. Returns an id for each, in order: the new row's, or that of the row already holding
--- its event id (a transaction streamed again after a restart). `ON CONFLICT DO NOTHING`
+-- its event id (a transaction streamed again after a restart), and whether it is new.
+-- `ON CONFLICT DO NOTHING`
 -- without a target: a time-partitioned outbox has no unique index on `event_id` alone. A row
 -- the table refuses otherwise (a duplicate aggregate version, a user's constraint) fails the
 -- statement; the relay then writes the rows one at a time (see table_path.rs).
@@ -75,7 +76,8 @@ WITH s AS (
 SELECT coalesce(
     (SELECT w.id FROM written w WHERE w.event_id = s.event_id),
     (SELECT e.id FROM {schema}.{events} e WHERE e.event_id = s.event_id ORDER BY e.id LIMIT 1)
-) AS id
+) AS id,
+EXISTS (SELECT 1 FROM written w WHERE w.event_id = s.event_id) AS fresh
 FROM s
 ORDER BY s.ord;
 -- name: hold
