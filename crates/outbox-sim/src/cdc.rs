@@ -82,19 +82,22 @@ impl CdcDb for SimCdc {
         relay_id: &'a str,
         fences: &'a [Fence],
         rows: &'a [SpillRow<'a>],
-        hold: Option<SpillHold<'a>>,
+        holds: &'a [SpillHold<'a>],
     ) -> BoxFuture<'a, Result<Spilled, sqlx::Error>> {
         let prefix = &self.relay_write_prefix;
         Box::pin(self.store.call("spill", move |s, db_now, now| {
             let spilled =
-                s.db.spill(relay_id, fences, rows, hold, prefix, db_now, now)?;
+                s.db.spill(relay_id, fences, rows, holds, prefix, db_now, now)?;
             s.trace(now, || {
                 let events: Vec<String> = rows
                     .iter()
                     .map(|r| format!("{}:{}", r.row.event_id.as_u128() as i64, r.status))
                     .collect();
-                let held = hold.map(|h| (h.key, h.wait_seconds));
-                format!("{relay_id} spill {events:?} hold {held:?} -> {spilled:?}")
+                let held: Vec<_> = holds
+                    .iter()
+                    .map(|h| (h.key, h.wait_seconds, h.replace))
+                    .collect();
+                format!("{relay_id} spill {events:?} holds {held:?} -> {spilled:?}")
             });
             Ok(spilled)
         }))
@@ -108,11 +111,20 @@ impl CdcDb for SimCdc {
         head_id: i64,
         wait_seconds: Option<f64>,
         since: StreamPosition,
+        replace: bool,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(self.store.call("hold", move |s, db_now, now| {
             let wait_ms = wait_seconds.map(|w| (w * 1000.0) as i64);
-            let held =
-                s.db.hold(relay_id, fences, &key(k), head_id, wait_ms, since, db_now);
+            let held = s.db.hold(
+                relay_id,
+                fences,
+                &key(k),
+                head_id,
+                wait_ms,
+                since,
+                replace,
+                db_now,
+            );
             s.trace(now, || {
                 format!("{relay_id} hold {k:?} at {head_id} for {wait_ms:?} ms -> {held}")
             });

@@ -49,14 +49,15 @@ impl Db {
         settled
     }
 
-    /// `fence_count`, `relay_write`, `spill` and, with `hold`, `hold` in one transaction.
+    /// `fence_count`, `relay_write`, `spill` and a `hold` for each of `holds` in one
+    /// transaction.
     #[allow(clippy::too_many_arguments)]
     pub fn spill(
         &mut self,
         relay_id: &str,
         fences: &[Fence],
         rows: &[SpillRow<'_>],
-        hold: Option<SpillHold<'_>>,
+        holds: &[SpillHold<'_>],
         relay_write_prefix: &str,
         db_now: i64,
         now: i64,
@@ -118,17 +119,32 @@ impl Db {
             fresh.push(true);
         }
         self.wal.commit(txn, db_now);
-        let head = ids.first().filter(|_| fresh.first() == Some(&true));
-        if let (Some(hold), Some(head)) = (hold, head) {
+        for hold in holds {
+            let (Some(&head), Some(&new)) = (ids.get(hold.head), fresh.get(hold.head)) else {
+                continue;
+            };
+            if hold.replace && !new {
+                continue;
+            }
             let key = (hold.key.0.to_owned(), hold.key.1.to_owned());
             let wait_ms = hold.wait_seconds.map(|w| (w * 1000.0) as i64);
-            self.hold(relay_id, fences, &key, *head, wait_ms, hold.since, db_now);
+            self.hold(
+                relay_id,
+                fences,
+                &key,
+                head,
+                wait_ms,
+                hold.since,
+                hold.replace,
+                db_now,
+            );
         }
         Ok(Spilled::Written { ids, fresh })
     }
 
     /// `hold`: holds (or parks, `wait_ms` `None`) an aggregate at its row `head_id`; a new
-    /// hold records `since`, a moved one keeps its own.
+    /// hold records `since`, a moved one keeps its own; without `replace` an existing hold
+    /// stays.
     #[allow(clippy::too_many_arguments)]
     pub fn hold(
         &mut self,
@@ -138,10 +154,14 @@ impl Db {
         head_id: i64,
         wait_ms: Option<i64>,
         since: StreamPosition,
+        replace: bool,
         db_now: i64,
     ) -> bool {
         if !self.holds_all(relay_id, fences) {
             return false;
+        }
+        if !replace && self.holds.contains_key(key) {
+            return true;
         }
         if self.rows.get(&head_id).is_some_and(|r| self.visible(r)) {
             let kept = self.holds.get(key).and_then(|h| h.since);

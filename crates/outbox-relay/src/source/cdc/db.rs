@@ -39,17 +39,22 @@ pub struct SpillRow<'a> {
     pub backoff: Option<Duration>,
 }
 
-/// The hold a spill writes in its own transaction: the aggregate of the event it hands to the
-/// table path, held at the first row written (a row without its hold would be pending with
-/// nothing to publish it, if the relay died between the two).
+/// A hold a spill writes in its own transaction, for the aggregate of events it hands to the
+/// table path (a row without a hold would be pending with nothing to publish it, if the relay
+/// died between the two, or an operator released the aggregate meanwhile).
 #[derive(Debug, Clone, Copy)]
 pub struct SpillHold<'a> {
     /// The aggregate.
     pub key: AggregateKey<'a>,
+    /// Which of the spilled rows is its head.
+    pub head: usize,
     /// Seconds until its retry; `None`: parked.
     pub wait_seconds: Option<f64>,
-    /// Where the stream carried the event.
+    /// Where the stream carried the head's event.
     pub since: StreamPosition,
+    /// Whether it replaces the aggregate's hold (applied only when the head row is new), or
+    /// is written only when the aggregate has none.
+    pub replace: bool,
 }
 
 /// What a spill did.
@@ -114,20 +119,20 @@ pub trait CdcDb: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>>;
 
     /// Writes streamed events into the table in one transaction the stream recognises as the
-    /// relay's own; an event already there (by event id) is not written twice. With `hold`,
-    /// the same transaction holds its aggregate at the first row when it wrote that row (as
-    /// [`CdcDb::hold`] does).
+    /// relay's own; an event already there (by event id) is not written twice. The same
+    /// transaction writes `holds` (as [`CdcDb::hold`] does).
     fn spill<'a>(
         &'a self,
         relay_id: &'a str,
         fences: &'a [Fence],
         rows: &'a [SpillRow<'a>],
-        hold: Option<SpillHold<'a>>,
+        holds: &'a [SpillHold<'a>],
     ) -> BoxFuture<'a, Result<Spilled, sqlx::Error>>;
 
     /// Holds an aggregate at its row `head_id` for `wait_seconds` (`None`: parks it); a new
     /// hold records `since`, the stream position of the event handed over, which a moved hold
-    /// keeps. Says whether the leases were held.
+    /// keeps. Without `replace`, an existing hold stays as it is. Says whether the leases were
+    /// held.
     #[allow(clippy::too_many_arguments)]
     fn hold<'a>(
         &'a self,
@@ -137,6 +142,7 @@ pub trait CdcDb: Send + Sync {
         head_id: i64,
         wait_seconds: Option<f64>,
         since: StreamPosition,
+        replace: bool,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 
     /// Up to `limit` pending rows of one aggregate, in id order.

@@ -85,7 +85,7 @@ impl PgCdc {
         relay_id: &str,
         fences: &[Fence],
         rows: &[SpillRow<'_>],
-        hold: Option<SpillHold<'_>>,
+        holds: &[SpillHold<'_>],
     ) -> Result<Spilled, sqlx::Error> {
         let (parts, epochs): (Vec<i32>, Vec<i64>) = fences.iter().copied().unzip();
         let text = |f: &dyn Fn(&SpillRow<'_>) -> String| rows.iter().map(f).collect::<Vec<_>>();
@@ -159,8 +159,13 @@ impl PgCdc {
                 "an event of the same aggregate already has this aggregate_version".into(),
             ));
         };
-        let head = ids.first().filter(|_| fresh.first() == Some(&true));
-        if let (Some(hold), Some(head)) = (hold, head) {
+        for hold in holds {
+            let (Some(head), Some(new)) = (ids.get(hold.head), fresh.get(hold.head)) else {
+                continue;
+            };
+            if hold.replace && !new {
+                continue;
+            }
             let held: bool = sqlx::query_scalar(&self.sql.hold)
                 .bind(hold.key.0)
                 .bind(&parts)
@@ -171,6 +176,7 @@ impl PgCdc {
                 .bind(hold.wait_seconds)
                 .bind(hold.since.commit_lsn as i64)
                 .bind(hold.since.change_lsn as i64)
+                .bind(hold.replace)
                 .fetch_one(&mut *tx)
                 .await?;
             if !held {
@@ -214,10 +220,10 @@ impl CdcDb for PgCdc {
         relay_id: &'a str,
         fences: &'a [Fence],
         rows: &'a [SpillRow<'a>],
-        hold: Option<SpillHold<'a>>,
+        holds: &'a [SpillHold<'a>],
     ) -> BoxFuture<'a, Result<Spilled, sqlx::Error>> {
         Box::pin(async move {
-            match self.spill_once(relay_id, fences, rows, hold).await {
+            match self.spill_once(relay_id, fences, rows, holds).await {
                 Err(error) if refused_for_its_data(&error) => {
                     Ok(Spilled::Refused(error.to_string()))
                 }
@@ -234,6 +240,7 @@ impl CdcDb for PgCdc {
         head_id: i64,
         wait_seconds: Option<f64>,
         since: StreamPosition,
+        replace: bool,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         let (parts, epochs) = arrays(fences);
         Box::pin(async move {
@@ -247,6 +254,7 @@ impl CdcDb for PgCdc {
                 .bind(wait_seconds)
                 .bind(since.commit_lsn as i64)
                 .bind(since.change_lsn as i64)
+                .bind(replace)
                 .fetch_one(&self.pool)
                 .await
         })

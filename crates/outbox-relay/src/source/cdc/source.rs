@@ -210,6 +210,20 @@ impl Session {
             Ok(c) => c,
             Err(e) => return End::failed("starting replication", e),
         };
+        // A slot created (`outbox migrate --cdc`) after the catch-up found no record of it,
+        // and before the stream opened: the rows that predate it go out first, from the table,
+        // in the next session.
+        match self.ctx.db.catch_up_max_id(slot).await {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                client.abort();
+                return End::failed_because("the slot was created meanwhile: catching up first");
+            }
+            Err(e) => {
+                client.abort();
+                return End::failed("reading the slot record", e);
+            }
+        }
         let end = self.stream(client.as_mut(), shutdown).await;
         match end {
             End::Stop => {

@@ -20,16 +20,15 @@ use super::{
 pub(crate) const UNWRITABLE: &str = "outbox.unwritable";
 
 impl Session {
-    /// Writes streamed events into the table (with `hold`, holding the aggregate at the first
-    /// in the same transaction when it is new); returns their ids, in order (a refused event's
-    /// is that of its unwritable dead letter), each with whether it is new (false: the event
-    /// was in the table before).
+    /// Writes streamed events into the table with `holds` in the same transaction; returns
+    /// their ids, in order (a refused event's is that of its unwritable dead letter), each with
+    /// whether it is new (false: the event was in the table before).
     pub(super) async fn write_rows(
         &self,
         rows: &[SpillRow<'_>],
-        hold: Option<SpillHold<'_>>,
+        holds: &[SpillHold<'_>],
     ) -> Result<Vec<(i64, bool)>, End> {
-        let refusal = match self.write_once(rows, hold).await? {
+        let refusal = match self.write_once(rows, holds).await? {
             Ok(ids) => return Ok(ids),
             Err(refusal) => refusal,
         };
@@ -42,7 +41,7 @@ impl Session {
             let refusal = if rows.len() == 1 {
                 refusal.clone()
             } else {
-                match self.write_once(std::slice::from_ref(row), None).await? {
+                match self.write_once(std::slice::from_ref(row), &[]).await? {
                     Ok(written) => {
                         ids.extend(written);
                         continue;
@@ -50,8 +49,33 @@ impl Session {
                     Err(refusal) => refusal,
                 }
             };
-            let hold = hold.filter(|_| ids.is_empty());
-            ids.push(self.write_unwritable(row, &refusal, hold).await?);
+            ids.push(self.write_unwritable(row, &refusal).await?);
+        }
+        // Rows written one at a time: their holds after them (a rare path).
+        let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
+        for h in holds {
+            let Some(&(id, fresh)) = ids.get(h.head) else {
+                continue;
+            };
+            if h.replace && !fresh {
+                continue;
+            }
+            let held = self
+                .retry_db(|| {
+                    db.hold(
+                        relay_id,
+                        fences,
+                        h.key,
+                        id,
+                        h.wait_seconds,
+                        h.since,
+                        h.replace,
+                    )
+                })
+                .await?;
+            if !held {
+                return Err(End::LeaseLost);
+            }
         }
         Ok(ids)
     }
@@ -61,7 +85,6 @@ impl Session {
         &self,
         row: &SpillRow<'_>,
         refusal: &str,
-        hold: Option<SpillHold<'_>>,
     ) -> Result<(i64, bool), End> {
         let original = row.row;
         let reason = format!(
@@ -98,7 +121,7 @@ impl Session {
             backoff: None,
         };
         match self
-            .write_once(std::slice::from_ref(&substitute), hold)
+            .write_once(std::slice::from_ref(&substitute), &[])
             .await?
         {
             Ok(written) => Ok(written[0]),
@@ -114,11 +137,11 @@ impl Session {
     async fn write_once(
         &self,
         rows: &[SpillRow<'_>],
-        hold: Option<SpillHold<'_>>,
+        holds: &[SpillHold<'_>],
     ) -> Result<Result<Vec<(i64, bool)>, String>, End> {
         let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
         match self
-            .retry_db(|| db.spill(relay_id, fences, rows, hold))
+            .retry_db(|| db.spill(relay_id, fences, rows, holds))
             .await?
         {
             Spilled::LeaseLost => Err(End::LeaseLost),

@@ -76,8 +76,10 @@ impl Session {
         };
         let hold = SpillHold {
             key: (&key.0, &key.1),
+            head: 0,
             wait_seconds: wait,
             since: e.position,
+            replace: true,
         };
         let status = if dead { "dead" } else { "pending" };
         let spill_row = SpillRow {
@@ -107,10 +109,11 @@ impl Session {
                 }
                 // Not pending: not visible yet (its commit reached the stream first: waited
                 // for, however long), or settled before (a transaction streamed again after
-                // a restart: published, or dead-lettered and perhaps skipped since). A
-                // settled row is left as it is, and its aggregate is held at it for the
-                // backoff, never parked: parking would undo an operator's skip, or park the
-                // aggregate behind a published row; the events behind it wait in the table.
+                // a restart: published, or dead-lettered and perhaps skipped since; or the
+                // answer to our own mark was lost). A settled row is left as it is, and its
+                // aggregate, unless held already, is held at it for the backoff, never parked:
+                // parking would undo an operator's skip, or park the aggregate behind a
+                // published row; the events behind it wait in the table.
                 if tries >= 3 {
                     let invisible = if e.xid == 0 {
                         0
@@ -154,29 +157,55 @@ impl Session {
             let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
             let position = e.position;
             let held: bool = self
-                .retry_db(|| db.hold(relay_id, fences, (&key.0, &key.1), e.row.id, wait, position))
+                .retry_db(|| {
+                    db.hold(
+                        relay_id,
+                        fences,
+                        (&key.0, &key.1),
+                        e.row.id,
+                        wait,
+                        position,
+                        !settled_before,
+                    )
+                })
                 .await?;
             if !held {
                 return Err(End::LeaseLost);
+            }
+            if settled_before {
+                // A hold that was there stays: the next upkeep reads it before resuming.
+                self.holds_loaded_at = None;
             }
         } else if !recorded {
             // Not a row of the table (zero-growth, table-less): written with its hold in one
             // transaction, so that it is not lost and never pending without a hold.
             let (id, fresh) = self
-                .write_rows(std::slice::from_ref(&spill_row), Some(hold))
+                .write_rows(std::slice::from_ref(&spill_row), &[hold])
                 .await?[0];
             if !fresh {
-                // Its row was written before (a transaction streamed again after a restart),
-                // and settled since: held at it as a settled row is (see above).
+                // Its row was written before (a transaction streamed again after a restart, or
+                // the answer to our own write lost): held at it as a settled row is (above).
                 wait = Some(backoff.as_secs_f64());
                 let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
                 let position = e.position;
                 let held: bool = self
-                    .retry_db(|| db.hold(relay_id, fences, (&key.0, &key.1), id, wait, position))
+                    .retry_db(|| {
+                        db.hold(
+                            relay_id,
+                            fences,
+                            (&key.0, &key.1),
+                            id,
+                            wait,
+                            position,
+                            false,
+                        )
+                    })
                     .await?;
                 if !held {
                     return Err(End::LeaseLost);
                 }
+                // A hold that was there stays: the next upkeep reads it before resuming.
+                self.holds_loaded_at = None;
             }
         }
         let entry = self.held.entry(key).or_default();
@@ -233,10 +262,26 @@ impl Session {
                 backoff: None,
             })
             .collect();
+        // Each aggregate keeps (or, released meanwhile by an operator, gets back) a hold, due
+        // at once: its rows are never pending without one.
+        let mut holds: Vec<SpillHold<'_>> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, e) in to_write.iter().enumerate() {
+            let key = (e.row.aggregate_type.as_str(), e.row.aggregate_id.as_str());
+            if seen.insert(key) {
+                holds.push(SpillHold {
+                    key,
+                    head: i,
+                    wait_seconds: Some(0.0),
+                    since: e.position,
+                    replace: false,
+                });
+            }
+        }
         let written = if rows.is_empty() {
             Vec::new()
         } else {
-            self.write_rows(&rows, None).await?
+            self.write_rows(&rows, &holds).await?
         };
         let mut written = written.into_iter().map(|(id, _)| id);
         for e in &events {

@@ -84,9 +84,9 @@ ORDER BY s.ord;
 -- Holds (or parks, with a NULL $7) an aggregate whose events were spilled into the table,
 -- fenced: only while this relay holds every lease it streams under. Says whether it did. The
 -- stream position ($8 commit, $9 change) of the first event handed over is kept while the
--- hold lasts (see migration 0013).
+-- hold lasts (see migration 0013). With $10 false, an existing hold stays as it is.
 -- $1 aggregate type, $2/$3 (partition, epoch) pairs, $4 relay id, $5 aggregate id,
--- $6 head event id, $7 held until (seconds from now), $8/$9 stream position
+-- $6 head event id, $7 held until (seconds from now), $8/$9 stream position, $10 replace
 WITH fence AS (
     {fence}
 ), fenced AS (
@@ -109,6 +109,7 @@ WITH fence AS (
             stream_change_lsn = CASE WHEN holds.stream_commit_lsn IS NULL
                                      THEN EXCLUDED.stream_change_lsn
                                      ELSE holds.stream_change_lsn END
+        WHERE $10::boolean
 )
 SELECT held FROM fenced;
 -- name: pending_of
