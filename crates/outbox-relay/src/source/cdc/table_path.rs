@@ -100,7 +100,7 @@ impl Session {
             for tries in 1u64.. {
                 let n = self
                     .retry_db(|| {
-                        store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true)
+                        store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), park)
                     })
                     .await?;
                 if n > 0 {
@@ -127,7 +127,7 @@ impl Session {
                                     relay_id,
                                     fences,
                                     std::slice::from_ref(&failure),
-                                    true,
+                                    park,
                                 )
                             })
                             .await?;
@@ -151,9 +151,10 @@ impl Session {
         } else {
             wait
         };
-        if settled_before || (recorded && dead) {
-            // A settled row's hold, or a dead one's: `mark_failed` parked it; with on_dead =
-            // skip it is due at once instead.
+        // A dead row `mark_failed` recorded is parked by it (or, with on_dead = skip, its
+        // aggregate released), in the same statement, as in polling: a second statement could
+        // undo an operator's skip made between the two.
+        if settled_before {
             let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
             let position = e.position;
             let held: bool = self
@@ -165,17 +166,15 @@ impl Session {
                         e.row.id,
                         wait,
                         position,
-                        !settled_before,
+                        false,
                     )
                 })
                 .await?;
             if !held {
                 return Err(End::LeaseLost);
             }
-            if settled_before {
-                // A hold that was there stays: the next upkeep reads it before resuming.
-                self.holds_loaded_at = None;
-            }
+            // A hold that was there stays: the next upkeep reads it before resuming.
+            self.holds_loaded_at = None;
         } else if !recorded {
             // Not a row of the table (zero-growth, table-less): written with its hold in one
             // transaction, so that it is not lost and never pending without a hold.
