@@ -277,7 +277,7 @@ impl CdcDb for SimCdc {
                     Ok(opened)
                 })
                 .await?;
-            let n = opened.map_err(|e| sqlx::Error::Protocol(e))?;
+            let n = opened.map_err(sqlx::Error::Protocol)?;
             Ok(Box::new(SimStream {
                 world: self.world.clone(),
                 node,
@@ -326,6 +326,7 @@ impl SimStream {
                     s.db.wal.end_stream(self.n);
                 }
                 let applied = self.applied.load(std::sync::atomic::Ordering::SeqCst);
+                let on_receipt = s.bug == Some(crate::Bug::ConfirmOnReceipt);
                 let Some(stream) = s.db.wal.streams.get_mut(&self.n) else {
                     return Err("the stream is gone".into());
                 };
@@ -333,6 +334,9 @@ impl SimStream {
                     return Err("terminating connection due to administrator command".into());
                 }
                 stream.applied = stream.applied.max(applied);
+                if on_receipt {
+                    stream.applied = stream.applied.max(stream.sent);
+                }
                 if s.chance(0.2) {
                     s.db.wal.report(self.n);
                 }

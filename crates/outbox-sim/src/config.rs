@@ -19,6 +19,9 @@ pub enum Bug {
     /// its aggregate's later rows (the relay's bug before the `_pending_aggregate` check).
     /// Breaks G4.
     UncheckedFloors,
+    /// CDC: the slot confirms what the stream sent, not what the relay confirmed (a relay
+    /// that confirms on receipt, before publishing).
+    ConfirmOnReceipt,
 }
 
 /// Probabilities of the faults injected while chaos is on (per call or per second).

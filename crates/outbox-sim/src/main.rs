@@ -13,7 +13,7 @@ use std::{
 };
 
 use clap::Parser;
-use outbox_sim::{Bug, Report, SimConfig, Source, WriteMode};
+use outbox_sim::{Bug, Faults, Report, SimConfig, Source, WriteMode};
 
 /// Deterministic fault-injection simulation of the outbox relay.
 #[derive(Parser, Debug)]
@@ -49,6 +49,9 @@ struct Args {
     /// CDC: how the writers write (default: drawn from each seed).
     #[arg(long, value_enum)]
     write_mode: Option<WriteMode>,
+    /// No faults at all: the calm baseline.
+    #[arg(long)]
+    calm: bool,
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,11 @@ fn main() -> ExitCode {
         keep_trace: args.trace,
         source: args.source,
         write_mode: args.write_mode,
+        faults: if args.calm {
+            Faults::none()
+        } else {
+            Faults::default()
+        },
         ..SimConfig::default()
     };
     if let Some(seed) = args.seed {
