@@ -139,8 +139,8 @@ impl CdcDb for SimCdc {
         max_payload: usize,
     ) -> BoxFuture<'a, Result<Vec<ClaimedRow>, sqlx::Error>> {
         let node = self.node;
-        Box::pin(self.store.call("pending_of", move |s, _db_now, now| {
-            let rows = s.db.pending_of(&key(k), limit, max_payload);
+        Box::pin(self.store.call("pending_of", move |s, db_now, now| {
+            let rows = s.db.pending_of(&key(k), limit, max_payload, db_now);
             let name = s.nodes[node].name.clone();
             s.trace(now, || {
                 let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();

@@ -186,9 +186,21 @@ impl Db {
         })
     }
 
-    /// `pending_of`.
-    pub fn pending_of(&self, key: &Key, limit: i64, max_payload: usize) -> Vec<ClaimedRow> {
+    /// `pending_of`: none at or after the head of a hold that is not due.
+    pub fn pending_of(
+        &self,
+        key: &Key,
+        limit: i64,
+        max_payload: usize,
+        db_now: i64,
+    ) -> Vec<ClaimedRow> {
+        let held_from = self
+            .holds
+            .get(key)
+            .filter(|h| h.held_until.is_none_or(|t| t > db_now))
+            .map(|h| h.event_id);
         self.pending_rows(Some(key))
+            .filter(|(id, _)| held_from.is_none_or(|head| **id < head))
             .take(limit.max(0) as usize)
             .map(|(id, r)| claimed(*id, r, max_payload))
             .collect()

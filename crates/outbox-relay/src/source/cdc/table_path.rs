@@ -513,6 +513,14 @@ impl Session {
             }
             if free {
                 self.held.remove(&key);
+            } else if found == 0 {
+                // Rows pending, none of them due: its hold in the table says otherwise than
+                // this relay's memory (parked or moved by another statement): read the holds
+                // before it is resumed again.
+                if let Some(h) = self.held.get_mut(&key) {
+                    h.due = None;
+                }
+                self.holds_loaded_at = None;
             } else if let Some(h) = self.held.get_mut(&key) {
                 h.due = Some(now);
             }

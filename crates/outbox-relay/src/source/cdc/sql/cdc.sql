@@ -113,11 +113,18 @@ WITH fence AS (
 )
 SELECT held FROM fenced;
 -- name: pending_of
--- The pending rows of one aggregate, in id order (the table path). $1 type, $2 id, $3 limit,
--- $4 max payload bytes
+-- The pending rows of one aggregate, in id order (the table path), but none at or after the
+-- head of a hold that is not due (parked, or retrying later): a relay acting on a stale view
+-- of the holds (one that lost its leases, or raced another statement) must not publish past
+-- a dead event. $1 type, $2 id, $3 limit, $4 max payload bytes
 SELECT {claim_columns:$4}
 FROM {schema}.{events} e
 WHERE e.aggregate_type = $1 AND e.aggregate_id = $2 AND e.status = 'pending'
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.holds h
+      WHERE h.aggregate_type = $1 AND h.aggregate_id = $2 AND e.id >= h.event_id
+        AND (h.held_until IS NULL OR h.held_until > now())
+  )
 ORDER BY e.id
 LIMIT $3;
 -- name: catch_up
