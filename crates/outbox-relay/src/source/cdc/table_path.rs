@@ -155,26 +155,7 @@ impl Session {
         // aggregate released), in the same statement, as in polling: a second statement could
         // undo an operator's skip made between the two.
         if settled_before {
-            let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
-            let position = e.position;
-            let held: bool = self
-                .retry_db(|| {
-                    db.hold(
-                        relay_id,
-                        fences,
-                        (&key.0, &key.1),
-                        e.row.id,
-                        wait,
-                        position,
-                        false,
-                    )
-                })
-                .await?;
-            if !held {
-                return Err(End::LeaseLost);
-            }
-            // A hold that was there stays: the next upkeep reads it before resuming.
-            self.holds_loaded_at = None;
+            self.hold_settled(&key, e.row.id, wait, e.position).await?;
         } else if !recorded {
             // Not a row of the table (zero-growth, table-less): written with its hold in one
             // transaction, so that it is not lost and never pending without a hold.
@@ -185,26 +166,7 @@ impl Session {
                 // Its row was written before (a transaction streamed again after a restart, or
                 // the answer to our own write lost): held at it as a settled row is (above).
                 wait = Some(backoff.as_secs_f64());
-                let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
-                let position = e.position;
-                let held: bool = self
-                    .retry_db(|| {
-                        db.hold(
-                            relay_id,
-                            fences,
-                            (&key.0, &key.1),
-                            id,
-                            wait,
-                            position,
-                            false,
-                        )
-                    })
-                    .await?;
-                if !held {
-                    return Err(End::LeaseLost);
-                }
-                // A hold that was there stays: the next upkeep reads it before resuming.
-                self.holds_loaded_at = None;
+                self.hold_settled(&key, id, wait, e.position).await?;
             }
         }
         let entry = self.held.entry(key).or_default();
@@ -212,6 +174,37 @@ impl Session {
         if e.position != super::StreamPosition::default() {
             entry.since.get_or_insert(e.position);
         }
+        Ok(())
+    }
+
+    /// Holds `key` at its settled row `head_id` for `wait` unless it is held already (see
+    /// `spill_failed`); the holds are read again before the next resume.
+    async fn hold_settled(
+        &mut self,
+        key: &Key,
+        head_id: i64,
+        wait: Option<f64>,
+        position: super::StreamPosition,
+    ) -> Result<(), End> {
+        let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
+        let held: bool = self
+            .retry_db(|| {
+                db.hold(
+                    relay_id,
+                    fences,
+                    (&key.0, &key.1),
+                    head_id,
+                    wait,
+                    position,
+                    false,
+                )
+            })
+            .await?;
+        if !held {
+            return Err(End::LeaseLost);
+        }
+        // A hold that was there stays: the next upkeep reads it before resuming.
+        self.holds_loaded_at = None;
         Ok(())
     }
 
