@@ -120,12 +120,9 @@ impl Db {
         }
         self.wal.commit(txn, db_now);
         for hold in holds {
-            let (Some(&head), Some(&new)) = (ids.get(hold.head), fresh.get(hold.head)) else {
+            let Some(head) = hold.head_id(&ids, &fresh) else {
                 continue;
             };
-            if hold.replace && !new {
-                continue;
-            }
             let key = (hold.key.0.to_owned(), hold.key.1.to_owned());
             let wait_ms = hold.wait_seconds.map(|w| (w * 1000.0) as i64);
             self.hold(

@@ -57,6 +57,15 @@ pub struct SpillHold<'a> {
     pub replace: bool,
 }
 
+impl SpillHold<'_> {
+    /// The head row's id when the hold applies, given the spill's ids and which of them it
+    /// wrote (see [`SpillHold::replace`]).
+    pub fn head_id(&self, ids: &[i64], fresh: &[bool]) -> Option<i64> {
+        let (id, new) = (*ids.get(self.head)?, *fresh.get(self.head)?);
+        (new || !self.replace).then_some(id)
+    }
+}
+
 /// What a spill did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Spilled {

@@ -160,22 +160,18 @@ impl PgCdc {
             ));
         };
         for hold in holds {
-            let (Some(head), Some(new)) = (ids.get(hold.head), fresh.get(hold.head)) else {
+            let Some(head) = hold.head_id(&ids, &fresh) else {
                 continue;
             };
-            if hold.replace && !new {
-                continue;
-            }
-            let held: bool = sqlx::query_scalar(&self.sql.hold)
-                .bind(hold.key.0)
-                .bind(&parts)
-                .bind(&epochs)
-                .bind(relay_id)
-                .bind(hold.key.1)
-                .bind(head)
-                .bind(hold.wait_seconds)
-                .bind(hold.since.commit_lsn as i64)
-                .bind(hold.since.change_lsn as i64)
+            let held: bool = self
+                .hold_query(
+                    relay_id,
+                    fences,
+                    hold.key,
+                    head,
+                    hold.wait_seconds,
+                    hold.since,
+                )
                 .bind(hold.replace)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -185,6 +181,31 @@ impl PgCdc {
         }
         tx.commit().await?;
         Ok(Spilled::Written { ids, fresh })
+    }
+}
+
+impl PgCdc {
+    /// The `hold` statement with every parameter bound but the last (`replace`).
+    fn hold_query<'q>(
+        &'q self,
+        relay_id: &'q str,
+        fences: &[Fence],
+        key: AggregateKey<'q>,
+        head_id: i64,
+        wait_seconds: Option<f64>,
+        since: StreamPosition,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, bool, sqlx::postgres::PgArguments> {
+        let (parts, epochs) = arrays(fences);
+        sqlx::query_scalar(&self.sql.hold)
+            .bind(key.0)
+            .bind(parts)
+            .bind(epochs)
+            .bind(relay_id)
+            .bind(key.1)
+            .bind(head_id)
+            .bind(wait_seconds)
+            .bind(since.commit_lsn as i64)
+            .bind(since.change_lsn as i64)
     }
 }
 
@@ -242,18 +263,8 @@ impl CdcDb for PgCdc {
         since: StreamPosition,
         replace: bool,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        let (parts, epochs) = arrays(fences);
         Box::pin(async move {
-            sqlx::query_scalar(&self.sql.hold)
-                .bind(key.0)
-                .bind(parts)
-                .bind(epochs)
-                .bind(relay_id)
-                .bind(key.1)
-                .bind(head_id)
-                .bind(wait_seconds)
-                .bind(since.commit_lsn as i64)
-                .bind(since.change_lsn as i64)
+            self.hold_query(relay_id, fences, key, head_id, wait_seconds, since)
                 .bind(replace)
                 .fetch_one(&self.pool)
                 .await

@@ -53,13 +53,11 @@ impl Session {
         }
         // Rows written one at a time: their holds after them (a rare path).
         let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
+        let (written, fresh): (Vec<i64>, Vec<bool>) = ids.iter().copied().unzip();
         for h in holds {
-            let Some(&(id, fresh)) = ids.get(h.head) else {
+            let Some(id) = h.head_id(&written, &fresh) else {
                 continue;
             };
-            if h.replace && !fresh {
-                continue;
-            }
             let held = self
                 .retry_db(|| {
                     db.hold(
