@@ -55,6 +55,9 @@ pub struct Faults {
     pub rollback: f64,
     /// Per transaction: it stays open long (commits after many later ones).
     pub long_transaction: f64,
+    /// Per committed transaction (CDC): its commit reaches the stream 50 ms to 3 s before
+    /// queries see its rows, as a commit waiting for a synchronous standby does.
+    pub invisible_commit: f64,
     /// Operator actions per second: `replay` or `skip` of a dead event.
     pub operator: f64,
 }
@@ -76,6 +79,7 @@ impl Default for Faults {
             malformed: 0.001,
             rollback: 0.08,
             long_transaction: 0.05,
+            invisible_commit: 0.05,
             operator: 0.3,
         }
     }
@@ -99,6 +103,7 @@ impl Faults {
             malformed: 0.0,
             rollback: 0.0,
             long_transaction: 0.0,
+            invisible_commit: 0.0,
             operator: 0.0,
         }
     }

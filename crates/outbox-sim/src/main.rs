@@ -52,6 +52,17 @@ struct Args {
     /// No faults at all: the calm baseline.
     #[arg(long)]
     calm: bool,
+    /// CDC: the share of commits the stream carries before queries see them (0 to 1).
+    #[arg(long, conflicts_with = "calm", value_parser = share)]
+    invisible_commits: Option<f64>,
+}
+
+/// A share between 0 and 1.
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("`{s}` is not a share between 0 and 1")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -66,7 +77,11 @@ fn main() -> ExitCode {
         faults: if args.calm {
             Faults::none()
         } else {
-            Faults::default()
+            let defaults = Faults::default();
+            Faults {
+                invisible_commit: args.invisible_commits.unwrap_or(defaults.invisible_commit),
+                ..defaults
+            }
         },
         ..SimConfig::default()
     };

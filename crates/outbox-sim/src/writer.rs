@@ -90,7 +90,7 @@ pub async fn write(world: Arc<World>, writer: usize, keys: Vec<Key>, until: i64)
                     let xid = s.db.log_commit(&ids, mode, &event_prefix(), db_now);
                     // A commit waiting for a synchronous standby: in the WAL (and the stream)
                     // before queries see it.
-                    let late = s.faults.long_transaction;
+                    let late = s.faults.invisible_commit;
                     // (Only once the slot exists: a commit still invisible when the slot is
                     // created and through the whole catch-up is a known gap, in
                     // docs/reliability.md.)

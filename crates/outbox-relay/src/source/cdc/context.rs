@@ -2,7 +2,7 @@
 //! statements, how a session ends, the streamed events, and the retry of a statement while the
 //! leases last.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use outbox::Tables;
 use tokio::time::Instant;
@@ -125,11 +125,6 @@ pub(super) struct Held {
     pub(super) until_commit: bool,
     /// When to publish it from the table; `None`: parked until an operator acts.
     pub(super) due: Option<Instant>,
-    /// Ids of its rows the stream passed while it was held, with their transactions (they must
-    /// be seen in the table before the aggregate goes back to the stream).
-    pub(super) skipped: BTreeMap<i64, u32>,
-    /// Since when skipped rows were not found in the table.
-    pub(super) missing_since: Option<Instant>,
     /// Where the stream first handed it to the table path: what the stream sends again from
     /// before was settled before the hold (published), and is not written behind it.
     pub(super) since: Option<super::StreamPosition>,

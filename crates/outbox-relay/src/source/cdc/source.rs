@@ -93,7 +93,7 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             continue;
         }
         waiting_logged = false;
-        let mut session = Session::new(ctx.clone(), fences);
+        let mut session = Session::new(ctx.clone(), fences, shutdown.clone());
         let end = session
             .run(names.slot.as_str(), names.publication.as_str(), &shutdown)
             .await;
@@ -149,10 +149,12 @@ pub(super) struct Session {
     pub(super) inflight: InFlight,
     /// The newest position handed to the replication client as confirmed.
     pub(super) applied: Lsn,
+    /// The relay's shutdown, for waits of unbounded length inside a step of the stream.
+    pub(super) stop: CancellationToken,
 }
 
 impl Session {
-    fn new(ctx: Arc<Context>, fences: Vec<Fence>) -> Self {
+    fn new(ctx: Arc<Context>, fences: Vec<Fence>, stop: CancellationToken) -> Self {
         let marks = Marks::new(ctx.clone(), fences.clone());
         Self {
             ctx,
@@ -166,6 +168,7 @@ impl Session {
             chunk: None,
             inflight: InFlight::default(),
             applied: Lsn::default(),
+            stop,
         }
     }
 

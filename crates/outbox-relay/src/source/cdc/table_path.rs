@@ -186,6 +186,21 @@ impl Session {
         wait: Option<f64>,
         position: super::StreamPosition,
     ) -> Result<(), End> {
+        self.hold_unless_held(key, head_id, wait, position).await?;
+        // A hold that was there stays: the next upkeep reads it before resuming.
+        self.holds_loaded_at = None;
+        Ok(())
+    }
+
+    /// Holds `key` at `head_id` for `wait` unless it has a hold in the table already (one an
+    /// operator released meanwhile comes back).
+    async fn hold_unless_held(
+        &mut self,
+        key: &Key,
+        head_id: i64,
+        wait: Option<f64>,
+        position: super::StreamPosition,
+    ) -> Result<(), End> {
         let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
         let held: bool = self
             .retry_db(|| {
@@ -203,13 +218,11 @@ impl Session {
         if !held {
             return Err(End::LeaseLost);
         }
-        // A hold that was there stays: the next upkeep reads it before resuming.
-        self.holds_loaded_at = None;
         Ok(())
     }
 
     /// Hands events of held aggregates (in stream order) to the table: rows already there are
-    /// noted; the others are written.
+    /// waited for until visible, and their aggregates held; the others are written.
     pub(super) async fn spill_behind(&mut self, events: Vec<Streamed>) -> Result<(), End> {
         if events.is_empty() {
             return Ok(());
@@ -270,26 +283,64 @@ impl Session {
                 });
             }
         }
-        let written = if rows.is_empty() {
-            Vec::new()
-        } else {
-            self.write_rows(&rows, &holds).await?
-        };
-        let mut written = written.into_iter().map(|(id, _)| id);
-        for e in &events {
-            // A row the relay wrote is visible (its own transaction committed): no xid to wait for.
-            let (id, xid) = if e.in_table {
-                (e.row.id, e.xid)
-            } else {
-                match written.next() {
-                    Some(id) => (id, 0),
-                    None => continue,
-                }
-            };
-            let key = (e.row.aggregate_type.clone(), e.row.aggregate_id.clone());
-            self.held.entry(key).or_default().skipped.insert(id, xid);
+        if !rows.is_empty() {
+            self.write_rows(&rows, &holds).await?;
+        }
+        // Rows already in the table: the stream passes them (and confirms past them) only once
+        // they are visible to queries (a commit waiting for a synchronous standby reaches the
+        // stream first) and their aggregate has a hold in the table (an operator may have
+        // released it meanwhile), so that after a restart the table path finds them, in order.
+        let in_table: Vec<&Streamed> = events.iter().filter(|e| e.in_table).collect();
+        let mut xids: Vec<i64> = in_table
+            .iter()
+            .filter(|e| e.xid != 0)
+            .map(|e| i64::from(e.xid))
+            .collect();
+        xids.sort_unstable();
+        xids.dedup();
+        self.wait_visible(&xids).await?;
+        let mut seen = std::collections::HashSet::new();
+        for e in in_table {
+            let key = key_of(e);
+            if seen.insert(key.clone()) {
+                self.hold_unless_held(&key, e.row.id, Some(0.0), e.position)
+                    .await?;
+            }
         }
         Ok(())
+    }
+
+    /// Waits, however long, until the transactions `xids` (32-bit, as the stream gave them)
+    /// are visible to queries; while the leases last, and the relay is not stopping.
+    async fn wait_visible(&mut self, xids: &[i64]) -> Result<(), End> {
+        if xids.is_empty() {
+            return Ok(());
+        }
+        let mut tries = 0u64;
+        loop {
+            let db = &self.ctx.db;
+            if self.retry_db(|| db.invisible(xids)).await? == 0 {
+                return Ok(());
+            }
+            if !self.lease_ok() {
+                return Err(End::LeaseLost);
+            }
+            tries += 1;
+            if tries == 30 {
+                // About two seconds.
+                tracing::warn!(
+                    ?xids,
+                    "the stream waits for transactions it carried to become \
+                    visible to queries (commits waiting for a synchronous standby?)"
+                );
+            }
+            // Nothing past these transactions was confirmed: a stop here loses nothing.
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return Err(End::Stop),
+                () = tokio::time::sleep(Duration::from_millis((5 * tries).min(250))) => {}
+            }
+        }
     }
 
     /// While a chunk of an open transaction is processed, an event for the table path waits
@@ -321,13 +372,18 @@ impl Session {
                 h.until_commit = false;
             }
         }
+        // Events behind holds go in runs (one statement each, not one per event).
+        let mut behind = Vec::new();
         for (e, error) in spills {
             match error {
-                Some(error) => self.spill_failed(e, &error).await?,
-                None => self.spill_behind(vec![e]).await?,
+                Some(error) => {
+                    self.spill_behind(std::mem::take(&mut behind)).await?;
+                    self.spill_failed(e, &error).await?;
+                }
+                None => behind.push(e),
             }
         }
-        Ok(())
+        self.spill_behind(behind).await
     }
 
     /// Reads the holds: aggregates held or parked in the table. One no longer there was
@@ -376,7 +432,6 @@ impl Session {
             items.extend(rows);
         }
         let park = self.ctx.config.on_dead == OnDead::Park;
-        let published_ids: std::collections::HashSet<i64>;
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_keys: HashMap<Key, Option<Duration>> = HashMap::new();
         {
@@ -442,7 +497,6 @@ impl Session {
                 self.retry_db(|| store.mark_failed(relay_id, fences, &failures, park))
                     .await?;
             }
-            published_ids = published.into_iter().collect();
         }
         let now = Instant::now();
         for key in keys {
@@ -453,7 +507,6 @@ impl Session {
             let Some(h) = self.held.get_mut(&key) else {
                 continue;
             };
-            h.skipped.retain(|id, _| !published_ids.contains(id));
             if let Some(wait) = failed_keys.get(&key) {
                 h.due = wait.map(|w| now + w);
                 continue;
@@ -461,41 +514,6 @@ impl Session {
             if found >= LIMIT {
                 h.due = Some(now);
                 continue;
-            }
-            if !h.skipped.is_empty() {
-                // Rows the stream passed are not found pending. While their transaction is not
-                // visible to queries yet (its commit reached the stream first: a commit waiting
-                // for a synchronous standby), the aggregate waits for them, however long;
-                // once it is, they were published, dead-lettered or deleted meanwhile.
-                let xids: Vec<i64> = h
-                    .skipped
-                    .values()
-                    .filter(|x| **x != 0)
-                    .map(|x| i64::from(*x))
-                    .collect();
-                let since = *h.missing_since.get_or_insert(now);
-                let invisible: i64 = if xids.is_empty() {
-                    0
-                } else {
-                    let db = &self.ctx.db;
-                    self.retry_db(|| db.invisible(&xids)).await?
-                };
-                let Some(h) = self.held.get_mut(&key) else {
-                    continue;
-                };
-                if invisible > 0 {
-                    let wait = if since.elapsed() < Duration::from_secs(1) {
-                        Duration::from_millis(20)
-                    } else {
-                        Duration::from_millis(250)
-                    };
-                    h.due = Some(now + wait);
-                    continue;
-                }
-                tracing::warn!(aggregate_type = %key.0, aggregate_id = %key.1,
-                    rows = h.skipped.len(), "rows the stream carried are not pending in the \
-                    table although their transactions are visible (published, dead-lettered \
-                    or deleted meanwhile): giving the aggregate back to the stream");
             }
             let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
             let (held, free): (bool, bool) = self
