@@ -43,6 +43,9 @@ pub struct Faults {
     pub broker_duplicate: f64,
     /// Per second: the broker becomes unavailable for a while.
     pub broker_outage: f64,
+    /// Per second: one aggregate's publishes fail transiently for 2–15 s (its Kafka partition
+    /// has no leader, its webhook answers 503), while the others go through.
+    pub sick_aggregate: f64,
     /// Per second: the database restarts (unavailable for a while; statements in flight fail).
     pub database_restart: f64,
     /// Per second: the database clock steps forwards or backwards.
@@ -73,6 +76,7 @@ impl Default for Faults {
             ack_delayed: 0.01,
             broker_duplicate: 0.005,
             broker_outage: 0.05,
+            sick_aggregate: 0.1,
             database_restart: 0.03,
             clock_step: 0.03,
             poison: 0.002,
@@ -97,6 +101,7 @@ impl Faults {
             ack_delayed: 0.0,
             broker_duplicate: 0.0,
             broker_outage: 0.0,
+            sick_aggregate: 0.0,
             database_restart: 0.0,
             clock_step: 0.0,
             poison: 0.0,

@@ -10,7 +10,8 @@
 //! * relay processes stopped (SIGSTOP, a long GC pause) for longer than their lease, then
 //!   resumed;
 //! * acks lost, acks delayed past the publish timeout, messages stored twice by the broker,
-//!   broker outages;
+//!   broker outages, one aggregate's publishes failing transiently for seconds (a partition
+//!   without a leader, an endpoint answering 503);
 //! * database restarts (statements fail; a commit's answer can be lost), steps of the database
 //!   clock (forwards and backwards) against the relays' clocks;
 //! * transactions that commit long after later ones, rollbacks, events the broker rejects and
@@ -101,9 +102,9 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  faults: {} crashes, {} pauses, {} relay starts, {} broker outages, {} database restarts, {} clock steps, {} replies lost, {} acks lost, {} acks delayed, {} broker duplicates, {} replays, {} skips",
-            s.crashes, s.pauses, s.relays_started, s.broker_outages, s.database_restarts,
-            s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates,
+            "  faults: {} crashes, {} pauses, {} relay starts, {} broker outages, {} sick aggregates, {} database restarts, {} clock steps, {} replies lost, {} acks lost, {} acks delayed, {} broker duplicates, {} replays, {} skips",
+            s.crashes, s.pauses, s.relays_started, s.broker_outages, s.sick_aggregates,
+            s.database_restarts, s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates,
             s.replays, s.skips
         )?;
         writeln!(f, "  trace hash {:016x}", self.trace_hash)?;
@@ -222,7 +223,11 @@ async fn simulate(seed: u64, config: &SimConfig) -> Report {
         config.bug,
         config.keep_trace,
     );
-    world.lock().cdc = write_mode;
+    {
+        let mut s = world.lock();
+        s.cdc = write_mode;
+        s.aggregates = config.aggregates;
+    }
     if slot_at == Some(0) {
         world.lock().db.wal.create_slot();
     }
@@ -355,6 +360,7 @@ impl Summary {
             a.pauses += b.pauses;
             a.relays_started += b.relays_started;
             a.broker_outages += b.broker_outages;
+            a.sick_aggregates += b.sick_aggregates;
             a.database_restarts += b.database_restarts;
             a.clock_steps += b.clock_steps;
             a.replies_lost += b.replies_lost;
@@ -393,9 +399,9 @@ impl fmt::Display for Summary {
         )?;
         write!(
             f,
-            "faults: crashes {}  pauses {}  broker outages {}  database restarts {}  clock steps {}  replies lost {}  acks lost {}  acks delayed {}  broker duplicates {}  replays {}  skips {}  ({} store calls, {} publishes)",
-            s.crashes, s.pauses, s.broker_outages, s.database_restarts, s.clock_steps,
-            s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates, s.replays,
+            "faults: crashes {}  pauses {}  broker outages {}  sick aggregates {}  database restarts {}  clock steps {}  replies lost {}  acks lost {}  acks delayed {}  broker duplicates {}  replays {}  skips {}  ({} store calls, {} publishes)",
+            s.crashes, s.pauses, s.broker_outages, s.sick_aggregates, s.database_restarts,
+            s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates, s.replays,
             s.skips, s.store_calls, s.publish_calls
         )
     }

@@ -376,6 +376,18 @@ impl SimPublisher {
                     )
                 });
                 Ack::Refused
+            } else if s
+                .sick
+                .as_ref()
+                .is_some_and(|(id, until)| now < *until && *id == m.aggregate_id)
+            {
+                s.trace(now, || {
+                    format!(
+                        "{name} publish {}: its aggregate is sick",
+                        m.event_id.as_u128() as i64
+                    )
+                });
+                Ack::Refused
             } else if m.payload.as_ref() == b"poison" {
                 s.trace(now, || {
                     format!("{name} publish {}: rejected", m.event_id.as_u128() as i64)

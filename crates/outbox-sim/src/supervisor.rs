@@ -124,7 +124,8 @@ impl Supervisor {
         }
     }
 
-    /// Broker outages, database restarts and clock steps, at their rates per second.
+    /// Broker outages, sick aggregates, database restarts and clock steps, at their rates per
+    /// second.
     fn inject(&mut self) {
         let now = self.world.now();
         let mut s = self.world.lock();
@@ -135,6 +136,15 @@ impl Supervisor {
             s.broker_down_until = now + ms;
             s.stats.broker_outages += 1;
             s.trace(now, || format!("BROKER DOWN {ms}ms"));
+        }
+        let healthy = s.sick.as_ref().is_none_or(|(_, until)| now >= *until);
+        if healthy && s.aggregates > 0 && s.chance(f.sick_aggregate * per_tick) {
+            let last = s.aggregates as i64 - 1;
+            let id = format!("agg{}", s.between(0, last));
+            let ms = s.between(2000, 15000);
+            s.stats.sick_aggregates += 1;
+            s.trace(now, || format!("AGGREGATE {id} SICK {ms}ms"));
+            s.sick = Some((id, now + ms));
         }
         if now >= s.database_down_until && s.chance(f.database_restart * per_tick) {
             let ms = s.between(300, 3000);

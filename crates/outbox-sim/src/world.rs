@@ -50,6 +50,8 @@ pub struct Stats {
     pub relays_started: u64,
     /// Broker outages.
     pub broker_outages: u64,
+    /// Aggregates made sick (their publishes failing transiently for a while).
+    pub sick_aggregates: u64,
     /// Database restarts.
     pub database_restarts: u64,
     /// Steps of the database clock.
@@ -95,6 +97,10 @@ pub struct State {
     pub database_down_until: i64,
     /// Broker unavailable until this virtual time (ms).
     pub broker_down_until: i64,
+    /// The aggregate id whose publishes fail transiently until the given virtual time (ms).
+    pub sick: Option<(String, i64)>,
+    /// How many aggregates the writers write (`agg0`, `agg1`, …).
+    pub aggregates: usize,
     /// Injection counts.
     pub stats: Stats,
     /// Events an operator skipped: they stay dead but no longer park their aggregate.
@@ -173,6 +179,8 @@ impl World {
                 skew_ms: 0,
                 database_down_until: 0,
                 broker_down_until: 0,
+                sick: None,
+                aggregates: 0,
                 stats: Stats::default(),
                 cdc: None,
                 skipped: BTreeSet::new(),

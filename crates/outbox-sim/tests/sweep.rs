@@ -58,6 +58,7 @@ fn sweep(part: u64, source: Source, faults: Faults) {
     // The faults really happened: a sweep without them would prove nothing.
     let s = &summary.stats;
     assert!(s.crashes > 0 && s.pauses > 0 && s.broker_outages > 0 && s.database_restarts > 0);
+    assert!(s.sick_aggregates > 0);
     assert!(s.acks_lost > 0 && s.replies_lost > 0 && s.clock_steps > 0);
     assert!(
         summary.duplicates > 0,
