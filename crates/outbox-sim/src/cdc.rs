@@ -182,10 +182,13 @@ impl CdcDb for SimCdc {
         relay_id: &'a str,
         fences: &'a [Fence],
         _slot: &'a str,
+        max_id: i64,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(self.store.call("catch_up_done", move |s, _db_now, now| {
-            let held = s.db.catch_up_done(relay_id, fences);
-            s.trace(now, || format!("{relay_id} catch_up_done -> {held}"));
+            let held = s.db.catch_up_done(relay_id, fences, max_id);
+            s.trace(now, || {
+                format!("{relay_id} catch_up_done {max_id} -> {held}")
+            });
             Ok(held)
         }))
     }

@@ -46,6 +46,10 @@ pub struct Faults {
     /// Per second: one aggregate's publishes fail transiently for 2–15 s (its Kafka partition
     /// has no leader, its webhook answers 503), while the others go through.
     pub sick_aggregate: f64,
+    /// Per second (CDC, table mode): the replication slot is lost (`max_slot_wal_keep_size`);
+    /// 0.5–5 s later an operator makes it again (`outbox migrate --cdc`), recording the rows
+    /// to catch up from the table.
+    pub slot_loss: f64,
     /// Per second: the database restarts (unavailable for a while; statements in flight fail).
     pub database_restart: f64,
     /// Per second: the database clock steps forwards or backwards.
@@ -77,6 +81,7 @@ impl Default for Faults {
             broker_duplicate: 0.005,
             broker_outage: 0.05,
             sick_aggregate: 0.1,
+            slot_loss: 0.03,
             database_restart: 0.03,
             clock_step: 0.03,
             poison: 0.002,
@@ -102,6 +107,7 @@ impl Faults {
             broker_duplicate: 0.0,
             broker_outage: 0.0,
             sick_aggregate: 0.0,
+            slot_loss: 0.0,
             database_restart: 0.0,
             clock_step: 0.0,
             poison: 0.0,

@@ -212,10 +212,10 @@ impl Db {
             .collect()
     }
 
-    /// `catch_up_done`.
-    pub fn catch_up_done(&mut self, relay_id: &str, fences: &[Fence]) -> bool {
+    /// `catch_up_done`: clears the record only if it is still the one caught up to.
+    pub fn catch_up_done(&mut self, relay_id: &str, fences: &[Fence], max_id: i64) -> bool {
         let held = self.holds_all(relay_id, fences);
-        if held {
+        if held && self.catch_up_max_id == Some(max_id) {
             self.catch_up_max_id = None;
         }
         held

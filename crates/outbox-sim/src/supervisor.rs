@@ -137,6 +137,31 @@ impl Supervisor {
             s.stats.broker_outages += 1;
             s.trace(now, || format!("BROKER DOWN {ms}ms"));
         }
+        if s.slot_back_at.is_some_and(|at| now >= at) {
+            // Made again whether chaos is on or not, as an operator would.
+            s.slot_back_at = None;
+            s.db.wal.create_slot();
+            let max_id = s.db.next_id - 1;
+            s.db.catch_up_max_id = Some(max_id);
+            s.trace(now, || {
+                format!("SLOT MADE AGAIN (outbox migrate --cdc); catch up to {max_id}")
+            });
+        }
+        // Table mode only: zero-growth and table-less events not yet streamed are lost with
+        // the slot, by design (README). Never while a commit is in the WAL but not yet
+        // visible: such a commit through the whole catch-up is a known gap
+        // (docs/reliability.md).
+        if s.cdc == Some(crate::db_cdc::WriteMode::Table)
+            && s.db.wal.slot_exists
+            && s.chance(f.slot_loss * per_tick)
+            && !s.db.rows.values().any(|r| r.committed && !r.visible)
+        {
+            s.db.wal.lose_slot();
+            s.stats.slots_lost += 1;
+            let ms = s.between(500, 5000);
+            s.slot_back_at = Some(now + ms);
+            s.trace(now, || format!("SLOT LOST; made again in {ms}ms"));
+        }
         let healthy = s.sick.as_ref().is_none_or(|(_, until)| now >= *until);
         if healthy && s.aggregates > 0 && s.chance(f.sick_aggregate * per_tick) {
             let last = s.aggregates as i64 - 1;

@@ -265,6 +265,12 @@ impl Wal {
         self.confirmed = self.next_lsn;
     }
 
+    /// Loses the slot (invalidated: it retained too much WAL); its stream ends.
+    pub fn lose_slot(&mut self) {
+        self.slot_exists = false;
+        self.end_all();
+    }
+
     /// The current end of the log.
     pub fn end(&self) -> u64 {
         self.next_lsn

@@ -52,6 +52,8 @@ pub struct Stats {
     pub broker_outages: u64,
     /// Aggregates made sick (their publishes failing transiently for a while).
     pub sick_aggregates: u64,
+    /// Replication slots lost (and made again).
+    pub slots_lost: u64,
     /// Database restarts.
     pub database_restarts: u64,
     /// Steps of the database clock.
@@ -99,6 +101,8 @@ pub struct State {
     pub broker_down_until: i64,
     /// The aggregate id whose publishes fail transiently until the given virtual time (ms).
     pub sick: Option<(String, i64)>,
+    /// When the operator makes the lost slot again (virtual ms).
+    pub slot_back_at: Option<i64>,
     /// How many aggregates the writers write (`agg0`, `agg1`, …).
     pub aggregates: usize,
     /// Injection counts.
@@ -180,6 +184,7 @@ impl World {
                 database_down_until: 0,
                 broker_down_until: 0,
                 sick: None,
+                slot_back_at: None,
                 aggregates: 0,
                 stats: Stats::default(),
                 cdc: None,

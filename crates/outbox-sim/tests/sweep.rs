@@ -59,6 +59,9 @@ fn sweep(part: u64, source: Source, faults: Faults) {
     let s = &summary.stats;
     assert!(s.crashes > 0 && s.pauses > 0 && s.broker_outages > 0 && s.database_restarts > 0);
     assert!(s.sick_aggregates > 0);
+    if source == Source::Cdc {
+        assert!(s.slots_lost > 0, "table-mode seeds must lose their slot");
+    }
     assert!(s.acks_lost > 0 && s.replies_lost > 0 && s.clock_steps > 0);
     assert!(
         summary.duplicates > 0,

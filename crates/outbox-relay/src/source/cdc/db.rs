@@ -176,12 +176,14 @@ pub trait CdcDb: Send + Sync {
         slot: &'a str,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>>;
 
-    /// Records that catch-up is done. Says whether the leases were held.
+    /// Records that the rows up to `max_id` are caught up; a record made since (the slot
+    /// made again, with a higher id) stays. Says whether the leases were held.
     fn catch_up_done<'a>(
         &'a self,
         relay_id: &'a str,
         fences: &'a [Fence],
         slot: &'a str,
+        max_id: i64,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 
     /// Every held or parked aggregate.

@@ -322,6 +322,7 @@ impl CdcDb for PgCdc {
         relay_id: &'a str,
         fences: &'a [Fence],
         slot: &'a str,
+        max_id: i64,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         let (parts, epochs) = arrays(fences);
         Box::pin(async move {
@@ -330,6 +331,7 @@ impl CdcDb for PgCdc {
                 .bind(parts)
                 .bind(epochs)
                 .bind(relay_id)
+                .bind(max_id)
                 .fetch_one(&self.pool)
                 .await
         })

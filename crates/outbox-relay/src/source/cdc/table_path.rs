@@ -610,7 +610,7 @@ impl Session {
         }
         let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
         let held: bool = self
-            .retry_db(|| db.catch_up_done(relay_id, fences, slot))
+            .retry_db(|| db.catch_up_done(relay_id, fences, slot, max_id))
             .await?;
         if !held {
             return Err(End::LeaseLost);

@@ -142,15 +142,17 @@ LIMIT $2;
 -- name: catch_up_max_id
 SELECT catch_up_max_id FROM {schema}.cdc_slots WHERE slot = $1;
 -- name: catch_up_done
--- Fenced (see `hold`); says whether this relay still held its leases.
--- $1 slot, $2/$3 (partition, epoch) pairs, $4 relay id
+-- Records that the rows up to $5 are caught up. A record made since (the slot lost and made
+-- again meanwhile, with a higher id) stays: those rows are still to catch up. Fenced (see
+-- `hold`); says whether this relay still held its leases.
+-- $1 slot, $2/$3 (partition, epoch) pairs, $4 relay id, $5 the highest id caught up
 WITH fence AS (
     {fence}
 ), fenced AS (
     SELECT count(*) = cardinality($2::integer[]) AS held FROM fence
 ), done AS (
     UPDATE {schema}.cdc_slots SET catch_up_max_id = NULL
-    FROM fenced WHERE fenced.held AND slot = $1
+    FROM fenced WHERE fenced.held AND slot = $1 AND catch_up_max_id = $5
 )
 SELECT held FROM fenced;
 -- name: holds

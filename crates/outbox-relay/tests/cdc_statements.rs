@@ -1,7 +1,7 @@
 //! The CDC statements that change shared state (`hold`, `unpark`, the end of catch-up,
 //! `terminate`) against a real PostgreSQL with `wal_level = logical`: a streamer whose lease
 //! was taken over (a paused process that wakes up) changes nothing through them, while the
-//! lease's holder can.
+//! lease's holder can; and the end of a catch-up leaves a newer catch-up record be.
 
 mod common;
 
@@ -116,9 +116,15 @@ async fn a_former_streamer_cannot_end_the_catch_up_or_the_successors_stream() {
     .execute(&db.pool)
     .await
     .unwrap();
-    assert!(!cdc.catch_up_done(FORMER.0, FORMER.1, slot).await.unwrap());
+    assert!(!cdc
+        .catch_up_done(FORMER.0, FORMER.1, slot, 7)
+        .await
+        .unwrap());
     assert_eq!(catch_up().await, Some(7), "catch-up is still to be done");
-    assert!(cdc.catch_up_done(HOLDER.0, HOLDER.1, slot).await.unwrap());
+    assert!(cdc
+        .catch_up_done(HOLDER.0, HOLDER.1, slot, 7)
+        .await
+        .unwrap());
     assert_eq!(catch_up().await, None);
 
     // The successor streams the slot; the former streamer's `terminate` leaves its stream be.
@@ -160,4 +166,41 @@ async fn a_former_streamer_cannot_end_the_catch_up_or_the_successors_stream() {
     })
     .await;
     stream.abort();
+}
+
+#[tokio::test]
+async fn the_end_of_a_catch_up_leaves_a_newer_record_to_catch_up() {
+    let (db, cdc, _) = set_up().await;
+    let slot = CdcNames::for_tables(&db.tables).slot;
+    let record = |max: Option<i64>| {
+        let (db, slot) = (&db, slot.as_str());
+        async move {
+            sqlx::query_scalar::<_, Option<i64>>(&db.tables.render(
+                "UPDATE {schema}.cdc_slots SET catch_up_max_id = coalesce($2, catch_up_max_id) \
+                 WHERE slot = $1 RETURNING catch_up_max_id",
+            ))
+            .bind(slot)
+            .bind(max)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        }
+    };
+    // A relay caught up to 7 while the slot was lost and made again (`outbox migrate --cdc`
+    // recorded 300: the rows written meanwhile).
+    record(Some(300)).await;
+    assert!(cdc
+        .catch_up_done(HOLDER.0, HOLDER.1, slot.as_str(), 7)
+        .await
+        .unwrap());
+    assert_eq!(
+        record(None).await,
+        Some(300),
+        "rows up to 300 still to catch up"
+    );
+    assert!(cdc
+        .catch_up_done(HOLDER.0, HOLDER.1, slot.as_str(), 300)
+        .await
+        .unwrap());
+    assert_eq!(record(None).await, None);
 }
