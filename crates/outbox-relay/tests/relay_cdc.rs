@@ -316,6 +316,73 @@ async fn without_a_live_slot_zero_growth_and_table_less_writes_keep_rows_and_los
     reader.cleanup().await;
 }
 
+/// The slot's `wal_status` (`None`: no such slot).
+async fn wal_status(db: &TestDb, slot: &str) -> Option<String> {
+    sqlx::query_scalar::<_, Option<String>>(
+        "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(&db.pool)
+    .await
+    .unwrap()
+    .flatten()
+}
+
+#[tokio::test]
+async fn a_slot_invalidated_by_max_slot_wal_keep_size_is_made_again_and_loses_nothing() {
+    // A server of the test's own: a slot may keep 1 MB of WAL.
+    let server =
+        PrivatePostgres::start_with(&["wal_level=logical", "max_slot_wal_keep_size=1"]).await;
+    let db = with_slot(outbox_on(&server.url(), 2).await).await;
+    let names = cdc::CdcNames::for_tables(&db.tables);
+    let Streaming { db, reader, relay } = streaming_on(db).await;
+    let streamed = write(&db, WriteMode::Table, "streamed", 3, 2, 2).await;
+    reader.wait_for(streamed, WAIT).await;
+    relay.shutdown().await.unwrap();
+
+    // The relay is down: rows are written, and WAL past the slot's limit is removed.
+    let before = write(&db, WriteMode::Table, "before", 3, 2, 2).await;
+    wait_until("the slot to be lost", WAIT, || async {
+        for statement in [
+            "SELECT pg_logical_emit_message(false, 'filler', repeat('x', 100000))",
+            "SELECT pg_switch_wal()",
+            "CHECKPOINT",
+        ] {
+            sqlx::query(statement).execute(&db.pool).await.unwrap();
+        }
+        wal_status(&db, names.slot.as_str()).await.as_deref() == Some("lost")
+    })
+    .await;
+    // Zero-growth writes see no live slot: they keep their rows.
+    let meanwhile = write(&db, WriteMode::ZeroGrowth, "meanwhile", 3, 2, 2).await;
+
+    // `outbox migrate --cdc` again: the lost slot is dropped and made anew.
+    let setup = cdc::setup(&db.pool, &db.tables, &names).await.unwrap();
+    assert!(setup.created_slot, "{setup:?}");
+    assert_eq!(
+        wal_status(&db, names.slot.as_str()).await.as_deref(),
+        Some("reserved")
+    );
+    let prefix = reader.prefix.clone();
+    let relay = start(
+        &db,
+        common::nats(NATS_URL, &reader.stream).await,
+        cdc_config(&db, &prefix),
+    )
+    .await;
+    let after = write(&db, WriteMode::ZeroGrowth, "after", 3, 2, 2).await;
+    let total = streamed + before + meanwhile + after;
+    let got = reader.wait_for(total, WAIT).await;
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, total, "{report:?}");
+    assert_eq!(report.order_violations, 0, "{report:?}");
+    reader.cleanup().await;
+    drop(db);
+    drop(server);
+}
+
 #[tokio::test]
 async fn a_permanent_failure_dead_letters_keeps_the_event_and_parks_only_its_aggregate() {
     let db = cdc_db(4).await;

@@ -86,7 +86,9 @@ pub async fn run(args: Args) -> CommandResult {
             s.publication,
             match (s.exists, s.active_pid, s.wal_status.as_deref()) {
                 (false, _, _) => "LOST: run `outbox migrate --cdc` to recreate it".to_owned(),
-                (true, _, Some("lost")) => "LOST (WAL removed): drop and recreate it".to_owned(),
+                (true, _, Some("lost")) => {
+                    "LOST (WAL removed): run `outbox migrate --cdc` to recreate it".to_owned()
+                }
                 (true, Some(pid), _) => format!("streamed by pid {pid}"),
                 (true, None, _) => "not streamed (no CDC relay connected)".to_owned(),
             },

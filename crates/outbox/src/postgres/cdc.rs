@@ -68,8 +68,9 @@ pub async fn check_wal_level(pool: &PgPool) -> Result<(), Error> {
 }
 
 /// Creates the publication (inserts and deletes of the events table) and the slot (pgoutput)
-/// if they do not exist, and records the slot in `{schema}.cdc_slots`. The outbox must be
-/// migrated first.
+/// if they do not exist, and records the slot in `{schema}.cdc_slots`. A slot invalidated by
+/// `max_slot_wal_keep_size` (`wal_status` `lost`) is dropped and made anew; an error if a
+/// process still holds it. The outbox must be migrated first.
 pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<CdcSetup, Error> {
     check_wal_level(pool).await?;
     let created_publication = {
@@ -99,13 +100,33 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
     };
     // A slot cannot be created in a transaction that wrote: its own connection, autocommit.
     let mut conn = pool.acquire().await.map_err(Error::Database)?;
-    let exists: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+    let found: Option<(Option<String>, Option<i32>)> = sqlx::query_as(
+        "SELECT wal_status, active_pid FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(names.slot.as_str())
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(Error::Database)?;
+    let mut exists = found.is_some();
+    // A slot invalidated by `max_slot_wal_keep_size` is still listed but can never stream
+    // again: it is dropped and made anew (the rows it missed are caught up from the table).
+    if let Some((Some(status), active)) = &found {
+        if status == "lost" {
+            if let Some(pid) = active {
+                return Err(cdc_error(format!(
+                    "replication slot {} is lost (its WAL was removed) and still in use by \
+                     process {pid}: stop the CDC relays, then run this again",
+                    names.slot.as_str()
+                )));
+            }
+            sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(names.slot.as_str())
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::Database)?;
+            exists = false;
+        }
+    }
     let mut created_slot = false;
     if !exists {
         let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
