@@ -302,18 +302,24 @@ async fn without_a_live_slot_zero_growth_and_table_less_writes_keep_rows_and_los
     .await;
     let streamed = write(&db, WriteMode::ZeroGrowth, "streamed", 2, 2, 4).await;
     let total = zero + wal + dropped + streamed;
-    let got = reader.wait_for(total, WAIT).await;
-    common::drained(&db, WAIT).await;
-    relay.shutdown().await.unwrap();
-    let report = Report::of(&got);
-    assert_eq!(report.unique, total);
-    assert_eq!(report.order_violations, 0);
+    all_once_in_order(&db, &reader, relay, total).await;
     assert_eq!(
         rows(&db).await as usize,
         zero + wal + dropped,
         "streamed rows deleted"
     );
     reader.cleanup().await;
+}
+
+/// Waits for `total` events on `reader` and for the outbox to drain, stops `relay`, and checks
+/// that every event arrived once, in order.
+async fn all_once_in_order(db: &TestDb, reader: &NatsReader, relay: RelayHandle, total: usize) {
+    let got = reader.wait_for(total, WAIT).await;
+    common::drained(db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    let report = Report::of(&got);
+    assert_eq!(report.unique, total, "{report:?}");
+    assert_eq!(report.order_violations, 0, "{report:?}");
 }
 
 /// The slot's `wal_status` (`None`: no such slot).
@@ -363,21 +369,15 @@ async fn a_slot_invalidated_by_max_slot_wal_keep_size_is_made_again_and_loses_no
         wal_status(&db, names.slot.as_str()).await.as_deref(),
         Some("reserved")
     );
-    let prefix = reader.prefix.clone();
     let relay = start(
         &db,
         common::nats(NATS_URL, &reader.stream).await,
-        cdc_config(&db, &prefix),
+        cdc_config(&db, &reader.prefix),
     )
     .await;
     let after = write(&db, WriteMode::ZeroGrowth, "after", 3, 2, 2).await;
     let total = streamed + before + meanwhile + after;
-    let got = reader.wait_for(total, WAIT).await;
-    common::drained(&db, WAIT).await;
-    relay.shutdown().await.unwrap();
-    let report = Report::of(&got);
-    assert_eq!(report.unique, total, "{report:?}");
-    assert_eq!(report.order_violations, 0, "{report:?}");
+    all_once_in_order(&db, &reader, relay, total).await;
     reader.cleanup().await;
     drop(db);
     drop(server);
