@@ -233,3 +233,27 @@ fn a_relay_waits_for_an_unreachable_database_but_not_for_a_missing_one() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_database_url_of_another_kind_is_refused_with_a_sentence_that_says_so() {
+    // The MariaDB of this machine answers on 3306: nothing is sent to it.
+    for (url, expected) in [
+        (
+            "mysql://root:secret@127.0.0.1:3306/test",
+            "mysql:// URLs are not supported by this version",
+        ),
+        (
+            "redis://:secret@127.0.0.1:6379",
+            "unsupported database URL scheme \"redis\"",
+        ),
+        ("127.0.0.1:5432/test", "the database URL has no scheme"),
+    ] {
+        for command in ["migrate", "status"] {
+            let out = run(&[command, "--database-url", url]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{command} {url}: {err}");
+            assert!(err.contains(expected), "{command} {url}: {err}");
+            assert!(!err.contains("secret"), "the password leaked: {err}");
+        }
+    }
+}

@@ -67,9 +67,28 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
 
 /// Opens a small pool; the error never contains the URL (it may hold a password).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, String> {
+    postgres_scheme(url)?;
     open_pool(url, max_connections)
         .await
         .map_err(|e| format!("cannot connect to the database: {e}"))
+}
+
+/// Refuses a URL whose scheme names a database this binary does not speak, before a byte is
+/// sent to it (PostgreSQL's protocol sent to a MySQL server fails with a riddle). Names only
+/// the scheme: the rest of the URL may hold a password.
+fn postgres_scheme(url: &str) -> Result<(), String> {
+    const SPOKEN: &str = "use postgres://… (PostgreSQL) or sqlite://… (SQLite)";
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") => Ok(()),
+        Some(scheme @ ("mysql" | "mariadb")) => Err(format!(
+            "{scheme}:// URLs are not supported by this version: MySQL and MariaDB outboxes are \
+             not available yet; {SPOKEN}"
+        )),
+        Some(scheme) => Err(format!(
+            "unsupported database URL scheme {scheme:?}: {SPOKEN}"
+        )),
+        None => Err(format!("the database URL has no scheme: {SPOKEN}")),
+    }
 }
 
 async fn open_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
@@ -89,6 +108,7 @@ pub async fn connect_waiting(url: &str, max_connections: u32) -> Result<Db, Stri
     if url.starts_with("sqlite:") {
         return connect_any(url, max_connections).await;
     }
+    postgres_scheme(url)?;
     let mut delay = Duration::from_millis(500);
     loop {
         match open_pool(url, max_connections).await {
