@@ -74,3 +74,57 @@ async fn a_sqlite_outbox_is_migrated_relayed_and_reported_by_the_cli() {
     }
     let _ = std::fs::remove_file(config);
 }
+
+/// `outbox relay 2>&1 | head`: once the reader of its stderr is gone, its log lines cannot be
+/// written. SIGTERM still stops it (before the fix, reporting the failed write panicked the
+/// task that handles SIGTERM, and the relay ran on until SIGKILL).
+#[tokio::test]
+async fn sigterm_stops_a_relay_whose_stderr_reader_is_gone() {
+    use std::io::{BufRead, BufReader};
+    let path = std::env::temp_dir().join(format!("{}.db", unique("closed")));
+    let url = format!("sqlite://{}", path.display());
+    assert!(support::run(&["migrate", "--database-url", &url])
+        .status
+        .success());
+    let mut relay = support::bin()
+        .args([
+            "relay",
+            "--database-url",
+            &url,
+            "--broker-url",
+            NATS_URL,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It has started logging; then the pipe's only reader goes away.
+    let mut first = String::new();
+    BufReader::new(relay.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("INFO"), "{first}");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &relay.id().to_string()])
+        .status();
+    let mut status = None;
+    wait_until(
+        "the relay to stop on SIGTERM",
+        Duration::from_secs(30),
+        || {
+            status = status.or_else(|| relay.try_wait().unwrap());
+            let stopped = status.is_some();
+            async move { stopped }
+        },
+    )
+    .await;
+    if status.is_none() {
+        let _ = relay.kill();
+    }
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
