@@ -8,6 +8,22 @@ use outbox::{sqlite::SqliteOutbox, Event, Tables};
 use outbox_testkit::{unique, wait_until, NatsReader, Report, NATS_URL};
 use sqlx::sqlite::SqlitePoolOptions;
 
+/// `outbox relay` on the SQLite file at `url`, publishing to NATS, its admin port chosen by
+/// the system.
+fn relay_on(url: &str) -> std::process::Command {
+    let mut command = support::bin();
+    command.args([
+        "relay",
+        "--database-url",
+        url,
+        "--broker-url",
+        NATS_URL,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    command
+}
+
 #[tokio::test]
 async fn a_sqlite_outbox_is_migrated_relayed_and_reported_by_the_cli() {
     let path = std::env::temp_dir().join(format!("{}.db", unique("cli")));
@@ -34,16 +50,7 @@ async fn a_sqlite_outbox_is_migrated_relayed_and_reported_by_the_cli() {
     let stream = unique("S");
     let reader = NatsReader::start(NATS_URL, &stream, &prefix).await;
     let config = support::fast_config(&prefix, &format!("[nats]\nstream = \"{stream}\""));
-    let mut relay = support::bin()
-        .args([
-            "relay",
-            "--database-url",
-            &url,
-            "--broker-url",
-            NATS_URL,
-            "--listen",
-            "127.0.0.1:0",
-        ])
+    let mut relay = relay_on(&url)
         .arg("--config")
         .arg(&config)
         .stdout(Stdio::null())
@@ -86,16 +93,7 @@ async fn sigterm_stops_a_relay_whose_stderr_reader_is_gone() {
     assert!(support::run(&["migrate", "--database-url", &url])
         .status
         .success());
-    let mut relay = support::bin()
-        .args([
-            "relay",
-            "--database-url",
-            &url,
-            "--broker-url",
-            NATS_URL,
-            "--listen",
-            "127.0.0.1:0",
-        ])
+    let mut relay = relay_on(&url)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

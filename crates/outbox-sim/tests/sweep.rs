@@ -28,6 +28,8 @@ fn sweep(part: u64, source: Source, faults: Faults) {
         },
         faults.invisible_commit
     );
+    // A slot is lost only while no commit is invisible: rare when many commits are.
+    let loses_slots = source == Source::Cdc && faults.invisible_commit <= 0.05;
     let config = SimConfig {
         source,
         faults,
@@ -59,7 +61,7 @@ fn sweep(part: u64, source: Source, faults: Faults) {
     let s = &summary.stats;
     assert!(s.crashes > 0 && s.pauses > 0 && s.broker_outages > 0 && s.database_restarts > 0);
     assert!(s.sick_aggregates > 0);
-    if source == Source::Cdc {
+    if loses_slots {
         assert!(s.slots_lost > 0, "table-mode seeds must lose their slot");
     }
     assert!(s.acks_lost > 0 && s.replies_lost > 0 && s.clock_steps > 0);

@@ -95,18 +95,16 @@ impl Session {
         let mut settled_before = false;
         if e.in_table {
             let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
-            let db = &self.ctx.db;
-            let xids = [i64::from(e.xid)];
-            for tries in 1u64.. {
-                let n = self
-                    .retry_db(|| {
-                        store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), park)
-                    })
-                    .await?;
-                if n > 0 {
-                    recorded = true;
+            let mark = || store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), park);
+            let mut marked = 0;
+            for tries in 1..=3u64 {
+                marked = self.retry_db(mark).await?;
+                if marked > 0 {
                     break;
                 }
+                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+            }
+            if marked == 0 {
                 // Not pending: not visible yet (its commit reached the stream first: waited
                 // for, however long), or settled before (a transaction streamed again after
                 // a restart: published, or dead-lettered and perhaps skipped since; or the
@@ -114,37 +112,19 @@ impl Session {
                 // aggregate, unless held already, is held at it for the backoff, never parked:
                 // parking would undo an operator's skip, or park the aggregate behind a
                 // published row; the events behind it wait in the table.
-                if tries >= 3 {
-                    let invisible = if e.xid == 0 {
-                        0
-                    } else {
-                        self.retry_db(|| db.invisible(&xids)).await?
-                    };
-                    if invisible == 0 {
-                        let n = self
-                            .retry_db(|| {
-                                store.mark_failed(
-                                    relay_id,
-                                    fences,
-                                    std::slice::from_ref(&failure),
-                                    park,
-                                )
-                            })
-                            .await?;
-                        if n > 0 {
-                            recorded = true;
-                            break;
-                        }
-                        tracing::debug!(
-                            id = e.row.id,
-                            "failed row no longer pending: settled before"
-                        );
-                        settled_before = true;
-                        break;
-                    }
+                if e.xid != 0 {
+                    self.wait_visible(&[i64::from(e.xid)]).await?;
                 }
-                tokio::time::sleep(Duration::from_millis((5 * tries).min(250))).await;
+                marked = self.retry_db(mark).await?;
+                if marked == 0 {
+                    tracing::debug!(
+                        id = e.row.id,
+                        "failed row no longer pending: settled before"
+                    );
+                    settled_before = true;
+                }
             }
+            recorded = marked > 0;
         }
         let mut wait = if settled_before {
             Some(backoff.as_secs_f64())
@@ -312,7 +292,7 @@ impl Session {
 
     /// Waits, however long, until the transactions `xids` (32-bit, as the stream gave them)
     /// are visible to queries; while the leases last, and the relay is not stopping.
-    async fn wait_visible(&mut self, xids: &[i64]) -> Result<(), End> {
+    async fn wait_visible(&self, xids: &[i64]) -> Result<(), End> {
         if xids.is_empty() {
             return Ok(());
         }
