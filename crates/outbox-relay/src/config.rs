@@ -128,7 +128,7 @@ pub struct RelayConfig {
     #[serde(with = "humantime_serde")]
     pub stall_timeout: Duration,
     /// Delete published rows older than this, from inside the relay (default: off; run
-    /// `outbox purge` from a scheduler instead, or set e.g. "7d"). PostgreSQL only.
+    /// `outbox purge` from a scheduler instead, or set e.g. "7d"). PostgreSQL and SQLite.
     #[serde(with = "humantime_serde")]
     pub purge_retention: Option<Duration>,
     /// How often the relay's purge runs when `purge_retention` is set (default 1m).

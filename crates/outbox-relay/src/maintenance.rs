@@ -1,6 +1,6 @@
 //! The relay's background upkeep, beside the source: the backlog sample behind the lag gauges
-//! and readiness (with the repair of rows left waiting, and planner statistics), and, on
-//! PostgreSQL, time partitions ahead and the purge of published rows. Each task runs until the
+//! and readiness (with the repair of rows left waiting, and planner statistics), time
+//! partitions ahead (PostgreSQL), and the purge of published rows. Each task runs until the
 //! relay stops; `Relay::run` waits for them.
 
 use std::{sync::Arc, time::Duration};
@@ -62,7 +62,7 @@ pub(crate) async fn sample_stats(
     }
 }
 
-/// The relay's upkeep (PostgreSQL), every `every`: on a time-partitioned outbox, creates the
+/// The relay's upkeep, every `every`: on a time-partitioned PostgreSQL outbox, creates the
 /// partitions a week ahead and, with a retention, drops expired partitions that hold only
 /// published events; then, with a retention, deletes published rows older than it in batches
 /// of 1000. Never touches pending or dead rows.

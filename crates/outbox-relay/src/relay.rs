@@ -28,7 +28,7 @@ pub struct Relay {
 /// What the relay loop and its batch tasks share.
 struct Shared {
     store: Arc<dyn Store>,
-    /// Operator actions (PostgreSQL only): the periodic purge uses them.
+    /// Operator actions: the periodic purge uses them.
     admin: Option<crate::admin::Admin>,
     /// What the relay publishes through: the broker's publisher, wrapped by
     /// [`crate::outgoing::Outgoing`] when the config fans out or changes the envelope.
@@ -125,14 +125,13 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, Error> {
         config.validate()?;
-        if config.purge_retention.is_some() {
-            return Err(Error::Config(
-                "purge_retention: the relay's purge runs on PostgreSQL only; unset it for SQLite"
-                    .into(),
-            ));
-        }
+        let admin = crate::admin::Admin::sqlite(pool.clone(), &config.tables());
         let store = crate::store::SqliteStore::open(pool, &config.tables()).await?;
-        Self::with_store(Arc::new(store), publisher, config)
+        let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
+        Arc::get_mut(&mut relay.shared)
+            .expect("not shared yet")
+            .admin = Some(admin);
+        Ok(relay)
     }
 
     /// A relay over any [`Store`].

@@ -19,7 +19,7 @@ const TOKEN: &str = "t0ken-for-tests";
 async fn serve(db: &TestDb, token: Option<&str>) -> String {
     let router = dashboard::router(Dashboard {
         admin: Admin::new(db.pool.clone(), &db.tables),
-        store: PgStore::open(db.pool.clone(), &db.tables).await.unwrap(),
+        store: Arc::new(PgStore::open(db.pool.clone(), &db.tables).await.unwrap()),
         metrics: Arc::new(Metrics::new()),
         token: token.map(str::to_owned),
     });

@@ -14,8 +14,7 @@ use std::{
 use futures::future::BoxFuture;
 use outbox::{sqlite::SqliteOutbox, Event, Tables};
 use outbox_relay::{retry::RetryPolicy, Message, PublishError, Publisher, Relay, RelayConfig};
-use outbox_testkit::{unique, wait_until};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use outbox_testkit::{wait_until, SqliteFile};
 
 /// Records what it acknowledges; panics on the events whose aggregate id is `panic` (when the
 /// publish starts) or `panic-later` (while it runs).
@@ -60,48 +59,17 @@ fn config() -> RelayConfig {
     }
 }
 
-struct SqliteFile {
-    pool: SqlitePool,
-    path: std::path::PathBuf,
-}
-
-impl SqliteFile {
-    async fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("{}.db", unique("poison")));
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap();
-        SqliteOutbox::new(Tables::default())
-            .migrate(&pool)
-            .await
-            .unwrap();
-        Self { pool, path }
-    }
-
-    async fn status(&self, aggregate_id: &str) -> (String, Option<String>, i32) {
-        sqlx::query_as(&Tables::default().render_sqlite(
+/// The status, last error and attempts of the row of `aggregate_id`.
+async fn status(db: &SqliteFile, aggregate_id: &str) -> (String, Option<String>, i32) {
+    sqlx::query_as(
+        &db.tables.render_sqlite(
             "SELECT status, last_error, attempts FROM {events} WHERE aggregate_id = ?",
-        ))
-        .bind(aggregate_id)
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
-    }
-}
-
-impl Drop for SqliteFile {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
-        }
-    }
+        ),
+    )
+    .bind(aggregate_id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -139,10 +107,10 @@ async fn sqlite_rows_with_an_id_or_a_time_the_relay_cannot_read_are_dead_letters
         "the readable event published, the others dead",
         Duration::from_secs(20),
         || async {
-            db.status("good").await.0 == "published"
-                && db.status("bad-id").await.0 == "dead"
-                && db.status("numeric-id").await.0 == "dead"
-                && db.status("bad-time").await.0 == "dead"
+            status(&db, "good").await.0 == "published"
+                && status(&db, "bad-id").await.0 == "dead"
+                && status(&db, "numeric-id").await.0 == "dead"
+                && status(&db, "bad-time").await.0 == "dead"
         },
     )
     .await;
@@ -155,18 +123,65 @@ async fn sqlite_rows_with_an_id_or_a_time_the_relay_cannot_read_are_dead_letters
             "occurred_at \"yesterday\" is not a time the relay can read",
         ),
     ] {
-        let error = db.status(aggregate_id).await.1.unwrap_or_default();
+        let error = status(&db, aggregate_id).await.1.unwrap_or_default();
         assert!(error.contains(reason), "{aggregate_id}: {error}");
     }
-    let published = recorder.0.lock().unwrap();
+    let published: Vec<String> = (recorder.0.lock().unwrap().iter())
+        .map(|m| m.event_id.to_string())
+        .collect();
     assert_eq!(
-        published.len(),
-        1,
+        published,
+        vec!["0192f0c4-7d1e-7b3a-9c55-1d2e3f405163"],
         "only the readable event reached the broker"
     );
+
+    // The operators see these rows as they are, with rows written in types no writer should
+    // use beside them (bytes that are not UTF-8, a text version, headers that are not JSON),
+    // and can replay them.
+    sqlx::raw_sql(&db.tables.render_sqlite(
+        "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type,
+                               schema_version, payload, headers, status, last_error)
+         VALUES ('0192f0c4-7d1e-7b3a-9c55-1d2e3f405164', X'FF6F72646572', 'bytes', 'Placed',
+                 'one', 'text payload', 'not json', 'dead', 'permanent: hand-written')",
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let admin = outbox_relay::admin::Admin::sqlite(db.pool.clone(), &db.tables);
+    let dead = admin.dead_letters(&Default::default()).await.unwrap();
+    let shown: Vec<(&str, &str, Option<String>)> = dead
+        .iter()
+        .map(|d| {
+            let at = d.occurred_at.map(|_| "a time".to_owned());
+            (d.aggregate_id.as_str(), d.event_id.as_str(), at)
+        })
+        .collect();
     assert_eq!(
-        published[0].event_id.to_string(),
-        "0192f0c4-7d1e-7b3a-9c55-1d2e3f405163"
+        shown,
+        vec![
+            ("bad-id", "not-a-uuid", Some("a time".into())),
+            ("numeric-id", "42", Some("a time".into())),
+            ("bad-time", "0192f0c4-7d1e-7b3a-9c55-1d2e3f405162", None),
+            (
+                "bytes",
+                "0192f0c4-7d1e-7b3a-9c55-1d2e3f405164",
+                Some("a time".into())
+            ),
+        ]
+    );
+    let bytes = &dead[3];
+    assert_eq!(bytes.aggregate_type, "\u{FFFD}order");
+    assert_eq!(bytes.schema_version, 0, "'one' cast to a number");
+    assert_eq!(bytes.headers, serde_json::json!("not json"));
+    assert_eq!(bytes.payload_size, 12);
+    let ids: Vec<i64> = dead.iter().map(|d| d.id).collect();
+    assert_eq!(admin.replay(&ids, "test", "hostile rows").await.unwrap(), 4);
+    assert_eq!(status(&db, "bad-id").await.0, "pending");
+    let audit = admin.audit(10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (audit[0].action.as_str(), &audit[0].event_ids),
+        ("replay", &ids)
     );
 }
 
@@ -190,7 +205,7 @@ async fn an_event_that_makes_the_publisher_panic_is_dead_lettered_and_the_rest_f
         "the panicking events dead",
         Duration::from_secs(20),
         || async {
-            db.status("panic").await.0 == "dead" && db.status("panic-later").await.0 == "dead"
+            status(&db, "panic").await.0 == "dead" && status(&db, "panic-later").await.0 == "dead"
         },
     )
     .await;
@@ -200,7 +215,7 @@ async fn an_event_that_makes_the_publisher_panic_is_dead_lettered_and_the_rest_f
     .await;
     assert!(!relay.is_finished(), "the relay is still running");
     relay.shutdown().await.unwrap();
-    let (_, error, attempts) = db.status("panic").await;
+    let (_, error, attempts) = status(&db, "panic").await;
     let error = error.unwrap_or_default();
     assert!(
         error.contains("the recorder publisher panicked: a publisher bug this event triggers"),
@@ -210,7 +225,7 @@ async fn an_event_that_makes_the_publisher_panic_is_dead_lettered_and_the_rest_f
         attempts, 3,
         "dead after max_attempts permanent failures, not a crash loop"
     );
-    let (_, error, _) = db.status("panic-later").await;
+    let (_, error, _) = status(&db, "panic-later").await;
     assert!(error
         .unwrap_or_default()
         .contains("the recorder publisher panicked: a bug while publishing"));

@@ -1,13 +1,17 @@
 //! One behaviour suite that every relay storage backend passes: PostgreSQL, SQLite, and the
 //! in-memory model of the deterministic simulation (`outbox-sim`), which must behave as the real
-//! ones do for the simulation's findings to hold.
+//! ones do for the simulation's findings to hold. The operators' dead-letter replay and skip
+//! (`outbox_relay::admin`) are part of it: they change event state on every backend.
 
 use std::{sync::Arc, time::Duration};
 
 use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Tables};
-use outbox_relay::store::{Failure, PgStore, SqliteStore, Store};
-use outbox_testkit::{unique, TestDb};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use outbox_relay::{
+    admin::Admin,
+    store::{Failure, PgStore, SqliteStore, Store},
+};
+use outbox_testkit::{SqliteFile, TestDb};
+use sqlx::sqlite::SqlitePool;
 
 const TTL: Duration = Duration::from_secs(30);
 const MAX: usize = 1024;
@@ -16,8 +20,10 @@ const MAX: usize = 1024;
 struct Backend {
     store: Arc<dyn Store>,
     write: Writer,
+    /// The operator actions (the model applies its own, `outbox-sim`'s `db_admin.rs`).
+    admin: Option<Admin>,
     _pg: Option<TestDb>,
-    _file: Option<std::path::PathBuf>,
+    _file: Option<SqliteFile>,
 }
 
 enum Writer {
@@ -33,6 +39,7 @@ impl Backend {
         let writer_db = TestDb::adopt(db.pool.clone(), db.tables.clone());
         Self {
             store: Arc::new(store),
+            admin: Some(Admin::new(db.pool.clone(), &db.tables)),
             write: Writer::Pg(writer_db),
             _pg: Some(db),
             _file: None,
@@ -40,28 +47,15 @@ impl Backend {
     }
 
     async fn sqlite() -> Self {
-        let path = std::env::temp_dir().join(format!("{}.db", unique("outbox")));
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap();
-        let tables = Tables::default();
-        SqliteOutbox::new(tables.clone())
-            .migrate(&pool)
-            .await
-            .unwrap();
+        let file = SqliteFile::new().await;
+        let (pool, tables) = (file.pool.clone(), file.tables.clone());
         let store = SqliteStore::open(pool.clone(), &tables).await.unwrap();
         Self {
             store: Arc::new(store),
+            admin: Some(Admin::sqlite(pool.clone(), &tables)),
             write: Writer::Sqlite(pool, tables),
             _pg: None,
-            _file: Some(path),
+            _file: Some(file),
         }
     }
 
@@ -69,6 +63,7 @@ impl Backend {
         let (world, store) = outbox_sim::model(1);
         Self {
             store: Arc::new(store),
+            admin: None,
             write: Writer::Model(world),
             _pg: None,
             _file: None,
@@ -105,6 +100,34 @@ impl Backend {
         }
     }
 
+    /// Replays dead rows `ids`; how many were replayed.
+    async fn replay(&self, ids: &[i64]) -> i64 {
+        match (&self.admin, &self.write) {
+            (Some(admin), _) => admin.replay(ids, "test", "conformance").await.unwrap(),
+            (None, Writer::Model(world)) => {
+                let now = world.now();
+                let mut s = world.lock();
+                let db_now = now + s.skew_ms;
+                ids.iter().filter(|id| s.db.replay(**id, db_now)).count() as i64
+            }
+            (None, _) => unreachable!("a database backend has its admin"),
+        }
+    }
+
+    /// Skips dead rows `ids`; how many aggregates were released.
+    async fn skip(&self, ids: &[i64]) -> i64 {
+        match (&self.admin, &self.write) {
+            (Some(admin), _) => admin.skip(ids, "test", "conformance").await.unwrap(),
+            (None, Writer::Model(world)) => {
+                let now = world.now();
+                let mut s = world.lock();
+                let db_now = now + s.skew_ms;
+                ids.iter().filter(|id| s.db.skip(**id, db_now)).count() as i64
+            }
+            (None, _) => unreachable!("a database backend has its admin"),
+        }
+    }
+
     async fn status_of(&self, id: i64) -> String {
         match &self.write {
             Writer::Model(world) => {
@@ -126,16 +149,6 @@ impl Backend {
             .fetch_one(pool)
             .await
             .unwrap(),
-        }
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        if let Some(path) = &self._file {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
         }
     }
 }
@@ -526,6 +539,100 @@ async fn a_parked_aggregate_waits_and_a_dead_head_that_skips_lets_its_rest_go(b:
     assert_eq!(b.status_of(first("p")).await, "dead");
 }
 
+/// Dead-letters the first claimed row of `aggregate` (parking its aggregate) and returns its id.
+async fn kill_head(s: &Arc<dyn Store>, fences: &[(i32, i64)], aggregate: &str) -> i64 {
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let head = rows
+        .iter()
+        .find(|r| r.aggregate_id == aggregate)
+        .unwrap()
+        .id;
+    let dead = Failure {
+        id: head,
+        error: "permanent: rejected by the broker".into(),
+        backoff: Duration::ZERO,
+        dead: true,
+        permanent: true,
+    };
+    assert_eq!(s.mark_failed("r1", fences, &[dead], true).await.unwrap(), 1);
+    head
+}
+
+/// The versions of `aggregate` a claim returns, in the order it returns them.
+async fn versions(s: &Arc<dyn Store>, fences: &[(i32, i64)], aggregate: &str) -> Vec<i64> {
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    claim(s, &parts, 100)
+        .await
+        .iter()
+        .filter(|r| r.aggregate_id == aggregate)
+        .map(|r| r.aggregate_version.unwrap())
+        .collect()
+}
+
+async fn a_replayed_dead_head_resumes_its_aggregate_from_it_in_order(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 3)).await;
+    b.enqueue(&events("b", 1)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let head = kill_head(s, &fences, "a").await;
+    assert_eq!(versions(s, &fences, "a").await, Vec::<i64>::new(), "parked");
+    assert_eq!(b.replay(&[head]).await, 1);
+    assert_eq!(b.status_of(head).await, "pending");
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let a: Vec<_> = rows.iter().filter(|r| r.aggregate_id == "a").collect();
+    assert_eq!(
+        a.iter().map(|r| r.aggregate_version).collect::<Vec<_>>(),
+        vec![Some(1), Some(2), Some(3)],
+        "the aggregate resumes from its replayed head: {rows:?}"
+    );
+    assert_eq!((a[0].attempts, a[0].permanent_failures), (0, 0), "reset");
+    assert_eq!(b.replay(&[head]).await, 0, "no longer dead");
+    let all: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    assert_eq!(s.mark_published("r1", &fences, &all).await.unwrap(), 4);
+    assert_eq!(s.backlog().await.unwrap().dead, 0);
+}
+
+async fn a_skipped_dead_head_stays_dead_and_lets_the_rest_go_in_order(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 3)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let head = kill_head(s, &fences, "a").await;
+    assert_eq!(versions(s, &fences, "a").await, Vec::<i64>::new(), "parked");
+    assert_eq!(b.skip(&[head]).await, 1);
+    assert_eq!(b.status_of(head).await, "dead");
+    assert_eq!(versions(s, &fences, "a").await, vec![2, 3]);
+    assert_eq!(b.skip(&[head]).await, 0, "it parks nothing any more");
+    assert_eq!(s.backlog().await.unwrap().dead, 1);
+}
+
+async fn a_skip_with_nothing_behind_drops_the_hold_for_later_events(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 1)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let head = kill_head(s, &fences, "a").await;
+    let later = Event::new("order", "a", "Changed").aggregate_version(2);
+    assert_eq!(b.skip(&[head]).await, 1);
+    b.enqueue(&[later]).await;
+    assert_eq!(versions(s, &fences, "a").await, vec![2], "a flows again");
+}
+
+async fn replay_and_skip_leave_rows_that_are_not_dead_alone(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 2)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let (first, second) = (rows[0].id, rows[1].id);
+    assert_eq!(s.mark_published("r1", &fences, &[first]).await.unwrap(), 1);
+    assert_eq!(b.replay(&[first, second, 999_999]).await, 0);
+    assert_eq!(b.skip(&[first, second, 999_999]).await, 0);
+    assert_eq!(b.status_of(first).await, "published");
+    assert_eq!(b.status_of(second).await, "pending");
+    assert_eq!(versions(s, &fences, "a").await, vec![2]);
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -554,4 +661,8 @@ conformance!(
     transient_failures_leave_the_permanent_budget_alone,
     a_held_aggregate_waits_and_comes_back_whole_and_in_order_when_due,
     a_parked_aggregate_waits_and_a_dead_head_that_skips_lets_its_rest_go,
+    a_replayed_dead_head_resumes_its_aggregate_from_it_in_order,
+    a_skipped_dead_head_stays_dead_and_lets_the_rest_go_in_order,
+    a_skip_with_nothing_behind_drops_the_hold_for_later_events,
+    replay_and_skip_leave_rows_that_are_not_dead_alone,
 );

@@ -1,4 +1,5 @@
-//! The operators' statements on the model (`crates/outbox-relay/src/admin/sql/admin.sql`):
+//! The operators' statements on the model (`crates/outbox-relay/src/admin/sql/postgres.sql`,
+//! and `sqlite.sql`, which the store conformance suite holds to the same results):
 //! `replay` and `skip` of one dead event, each applied atomically, whether relays run or not.
 
 use crate::db::{Db, Key, Status};

@@ -11,6 +11,7 @@ mod postgres;
 mod process;
 mod rabbitmq;
 mod redis_streams;
+mod sqlite;
 
 use std::{future::Future, time::Duration};
 
@@ -22,6 +23,7 @@ pub use postgres::PrivatePostgres;
 pub use process::{free_port, BrokerProcess, NatsServer};
 pub use rabbitmq::{RabbitReader, RABBITMQ_URL};
 pub use redis_streams::{stream_deliveries, REDIS_URL};
+pub use sqlite::SqliteFile;
 
 /// A name no other test (or earlier run) uses: `{prefix}_{12 hex digits}`, lowercase.
 pub fn unique(prefix: &str) -> String {

@@ -104,7 +104,15 @@ impl Tables {
     pub fn render_sqlite(&self, template: &str) -> String {
         let prefix = self.schema.as_str();
         let mut out = template.replace("{events}", &format!("{prefix}_{}", self.events.as_str()));
-        for table in ["leases", "relays", "holds", "meta", "inbox", "migrations"] {
+        for table in [
+            "leases",
+            "relays",
+            "holds",
+            "meta",
+            "inbox",
+            "audit",
+            "migrations",
+        ] {
             out = out.replace(&format!("{{{table}}}"), &format!("{prefix}_{table}"));
         }
         out

@@ -5,7 +5,7 @@ use std::{process::ExitCode, time::Duration};
 use chrono::{DateTime, Utc};
 use outbox_relay::admin::{Admin, DeadLetter, DeadLetterFilter};
 
-use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
+use super::{CommandResult, DatabaseArgs};
 
 /// Options of `outbox dead-letters`.
 #[derive(clap::Args, Debug)]
@@ -143,12 +143,7 @@ impl Filter {
 }
 
 async fn admin(db: &DatabaseArgs) -> Result<Admin, Box<dyn std::error::Error>> {
-    let tables = db.tables()?;
-    let Db::Postgres(pool) = connect_any(require_url(db.database_url.as_deref())?, 2).await? else {
-        return Err("outbox dead-letters runs on PostgreSQL outboxes only for now".into());
-    };
-    outbox_relay::store::PgStore::open(pool.clone(), &tables).await?;
-    Ok(Admin::new(pool, &tables))
+    Ok(super::open_outbox(db).await?.admin)
 }
 
 /// Runs the action.

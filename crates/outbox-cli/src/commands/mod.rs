@@ -39,6 +39,7 @@ impl DatabaseArgs {
 }
 
 /// A database the commands can work on.
+#[derive(Clone)]
 pub enum Db {
     /// PostgreSQL (`postgres://…`).
     Postgres(PgPool),
@@ -63,6 +64,41 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
         return Ok(Db::Sqlite(pool));
     }
     connect(url, max_connections).await.map(Db::Postgres)
+}
+
+/// An outbox an operator command works on, PostgreSQL or SQLite.
+pub struct Outbox {
+    /// The database.
+    pub db: Db,
+    /// Its tables.
+    pub tables: outbox::Tables,
+    /// Operator actions on it.
+    pub admin: outbox_relay::admin::Admin,
+    /// Its backlog and partitions.
+    pub store: std::sync::Arc<dyn outbox_relay::store::Store>,
+}
+
+/// Opens the outbox `args` names; an outbox that is not migrated is an error that says so.
+pub async fn open_outbox(args: &DatabaseArgs) -> Result<Outbox, Box<dyn std::error::Error>> {
+    use outbox_relay::{admin::Admin, store};
+    let tables = args.tables()?;
+    let db = connect_any(require_url(args.database_url.as_deref())?, 2).await?;
+    let (admin, store): (Admin, std::sync::Arc<dyn store::Store>) = match &db {
+        Db::Postgres(pool) => (
+            Admin::new(pool.clone(), &tables),
+            std::sync::Arc::new(store::PgStore::open(pool.clone(), &tables).await?),
+        ),
+        Db::Sqlite(pool) => (
+            Admin::sqlite(pool.clone(), &tables),
+            std::sync::Arc::new(store::SqliteStore::open(pool.clone(), &tables).await?),
+        ),
+    };
+    Ok(Outbox {
+        db,
+        tables,
+        admin,
+        store,
+    })
 }
 
 /// Opens a small pool; the error never contains the URL (it may hold a password).

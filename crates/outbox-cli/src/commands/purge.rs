@@ -3,9 +3,8 @@
 use std::{process::ExitCode, time::Duration};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use outbox_relay::admin::Admin;
 
-use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
+use super::{CommandResult, DatabaseArgs, Db};
 
 /// Options of `outbox purge`.
 #[derive(clap::Args, Debug)]
@@ -36,14 +35,19 @@ pub struct Args {
 
 /// Purges and reports the count.
 pub async fn run(args: Args) -> CommandResult {
-    let tables = args.db.tables()?;
-    let Db::Postgres(pool) = connect_any(require_url(args.db.database_url.as_deref())?, 2).await?
-    else {
-        return Err("outbox purge runs on PostgreSQL outboxes only for now".into());
+    let outbox = super::open_outbox(&args.db).await?;
+    let saga_pool = match (&outbox.db, args.sagas_older_than) {
+        (Db::Postgres(pool), Some(_)) => Some(pool.clone()),
+        (Db::Sqlite(_), Some(_)) => {
+            return Err(
+                "--sagas-older-than: sagas are stored on PostgreSQL only; a SQLite \
+                        outbox has none to purge"
+                    .into(),
+            )
+        }
+        (_, None) => None,
     };
-    outbox_relay::store::PgStore::open(pool.clone(), &tables).await?;
-    let admin_pool = pool.clone();
-    let admin = Admin::new(pool, &tables);
+    let (admin, tables) = (outbox.admin, outbox.tables);
     let age = humantime::format_duration(args.older_than);
     let partitions = admin
         .drop_expired_partitions(args.older_than, args.archive, args.dry_run)
@@ -94,9 +98,9 @@ pub async fn run(args: Args) -> CommandResult {
             humantime::format_duration(retention)
         ));
     }
-    if let Some(retention) = args.sagas_older_than {
+    if let (Some(retention), Some(pool)) = (args.sagas_older_than, saga_pool) {
         let (instances, steps) =
-            super::sagas::purge_finished(&admin_pool, &tables, retention, args.batch).await?;
+            super::sagas::purge_finished(&pool, &tables, retention, args.batch).await?;
         super::print(&format!(
             "purged {instances} finished sagas and {steps} saga steps older than {}\n",
             humantime::format_duration(retention)

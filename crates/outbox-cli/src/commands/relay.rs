@@ -1,8 +1,8 @@
 //! `outbox relay`.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
-use outbox_relay::{http, Relay};
+use outbox_relay::{http, store::Store, Relay};
 use tokio_util::sync::CancellationToken;
 
 use super::{connect_waiting, CommandResult, Db};
@@ -93,7 +93,7 @@ pub async fn run(args: Args) -> CommandResult {
     )?;
     let db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches)).await?;
     let publisher = outbox_relay::publishers::connect(&broker_url, cfg.broker_settings()).await?;
-    let (relay, dashboard) = match db {
+    let (relay, admin, store) = match db {
         Db::Postgres(pool) => {
             let mut relay = Relay::new(pool.clone(), publisher, cfg.relay.clone()).await?;
             if cfg.relay.mode == outbox_relay::Mode::Cdc {
@@ -101,27 +101,29 @@ pub async fn run(args: Args) -> CommandResult {
                 relay = relay.with_replication_url(database_url)?;
             }
             let tables = cfg.relay.tables();
-            let dashboard = outbox_relay::dashboard::router(outbox_relay::dashboard::Dashboard {
-                admin: outbox_relay::admin::Admin::new(pool.clone(), &tables),
-                store: outbox_relay::store::PgStore::open(pool, &tables).await?,
-                metrics: relay.metrics(),
-                token: cfg.admin_token.clone().filter(|t| !t.is_empty()),
-            });
-            (relay, Some(dashboard))
+            let admin = outbox_relay::admin::Admin::new(pool.clone(), &tables);
+            let store = outbox_relay::store::PgStore::open(pool, &tables).await?;
+            (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
         Db::Sqlite(_) if cfg.relay.mode == outbox_relay::Mode::Cdc => {
             return Err("--mode cdc: change data capture needs PostgreSQL".into())
         }
-        Db::Sqlite(pool) => (
-            Relay::sqlite(pool, publisher, cfg.relay.clone()).await?,
-            None,
-        ),
+        Db::Sqlite(pool) => {
+            let tables = cfg.relay.tables();
+            let relay = Relay::sqlite(pool.clone(), publisher, cfg.relay.clone()).await?;
+            let admin = outbox_relay::admin::Admin::sqlite(pool.clone(), &tables);
+            let store = outbox_relay::store::SqliteStore::open(pool, &tables).await?;
+            (relay, admin, Arc::new(store) as Arc<dyn Store>)
+        }
     };
+    let dashboard = outbox_relay::dashboard::router(outbox_relay::dashboard::Dashboard {
+        admin,
+        store,
+        metrics: relay.metrics(),
+        token: cfg.admin_token.clone().filter(|t| !t.is_empty()),
+    });
     let shutdown = CancellationToken::new();
-    let mut router = http::router(relay.metrics(), relay.health());
-    if let Some(dashboard) = dashboard {
-        router = router.merge(dashboard);
-    }
+    let router = http::router(relay.metrics(), relay.health()).merge(dashboard);
     let (bound, server) = http::serve(cfg.listen, router, shutdown.clone()).await?;
     tracing::info!(listen = %bound, relay_id = relay.relay_id(),
         "serving the dashboard (/), /api, /metrics, /healthz, /readyz");

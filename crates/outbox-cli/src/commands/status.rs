@@ -2,9 +2,7 @@
 
 use std::process::ExitCode;
 
-use outbox_relay::store::{PgStore, SqliteStore, Store};
-
-use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
+use super::{CommandResult, DatabaseArgs, Db};
 
 /// Options of `outbox status`.
 #[derive(clap::Args, Debug)]
@@ -18,23 +16,14 @@ pub struct Args {
 
 /// Prints backlog, lag, dead letters and partition owners.
 pub async fn run(args: Args) -> CommandResult {
-    let tables = args.db.tables()?;
-    let (backlog, partitions, slots) =
-        match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
-            Db::Postgres(pool) => {
-                let slots = outbox::postgres::cdc::slots(&pool, &tables).await?;
-                let store = PgStore::open(pool, &tables).await?;
-                (
-                    store.backlog().await?,
-                    store.partition_status().await?,
-                    slots,
-                )
-            }
-            Db::Sqlite(pool) => {
-                let store = SqliteStore::open(pool, &tables).await?;
-                (Store::backlog(&store).await?, Vec::new(), Vec::new())
-            }
-        };
+    let outbox = super::open_outbox(&args.db).await?;
+    let tables = outbox.tables;
+    let slots = match &outbox.db {
+        Db::Postgres(pool) => outbox::postgres::cdc::slots(pool, &tables).await?,
+        Db::Sqlite(_) => Vec::new(),
+    };
+    let backlog = outbox.store.backlog().await?;
+    let partitions = outbox.store.partition_status().await?;
     let oldest = backlog.oldest_age.map(|a| a.as_secs_f64());
     if args.json {
         let doc = serde_json::json!({

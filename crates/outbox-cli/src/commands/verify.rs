@@ -10,10 +10,9 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use sqlx::Row;
 use uuid::Uuid;
 
-use super::{connect, require_url, CommandResult, DatabaseArgs};
+use super::{CommandResult, DatabaseArgs, Db};
 
 /// Options of `outbox verify`.
 #[derive(clap::Args, Debug)]
@@ -69,29 +68,16 @@ pub async fn run(args: Args) -> CommandResult {
             return Err(format!("--since {since} must be before --until {until}").into());
         }
     }
-    let tables = args.db.tables()?;
-    let pool = connect(require_url(args.db.database_url.as_deref())?, 2).await?;
-    outbox_relay::store::PgStore::open(pool.clone(), &tables).await?;
-    let rows = sqlx::query(&tables.render(
-        "SELECT id, event_id, aggregate_type, aggregate_id, status FROM {schema}.{events}
-         WHERE ($1::timestamptz IS NULL OR occurred_at >= $1)
-           AND ($2::timestamptz IS NULL OR occurred_at < $2)
-         ORDER BY id",
-    ))
-    .bind(args.since)
-    .bind(args.until)
-    .fetch_all(&pool)
-    .await?;
+    let outbox = super::open_outbox(&args.db).await?;
     // event id → (row id, aggregate key, published?)
-    let mut outbox: HashMap<Uuid, (i64, (String, String), bool)> = HashMap::new();
-    for r in &rows {
-        let status: String = r.try_get("status")?;
-        outbox.insert(
-            r.try_get("event_id")?,
+    let mut events: HashMap<Uuid, (i64, (String, String), bool)> = HashMap::new();
+    for row in outbox_rows(&outbox, args.since, args.until).await? {
+        events.insert(
+            row.event_id,
             (
-                r.try_get("id")?,
-                (r.try_get("aggregate_type")?, r.try_get("aggregate_id")?),
-                status == "published",
+                row.id,
+                (row.aggregate_type, row.aggregate_id),
+                row.published,
             ),
         );
     }
@@ -104,8 +90,8 @@ pub async fn run(args: Args) -> CommandResult {
     };
 
     let mut verdict = Verdict {
-        outbox_events: outbox.len(),
-        published: outbox.values().filter(|v| v.2).count(),
+        outbox_events: events.len(),
+        published: events.values().filter(|v| v.2).count(),
         broker_messages: messages.len() + foreign,
         not_an_outbox_message: foreign,
         ..Default::default()
@@ -119,7 +105,7 @@ pub async fn run(args: Args) -> CommandResult {
             verdict.duplicates += 1;
             continue;
         }
-        let Some((id, key, _)) = outbox.get(&m.event_id) else {
+        let Some((id, key, _)) = events.get(&m.event_id) else {
             verdict.unknown_to_outbox += 1;
             continue;
         };
@@ -130,7 +116,7 @@ pub async fn run(args: Args) -> CommandResult {
         *previous = (*previous).max(*id);
     }
     let mut missing: BTreeMap<i64, Uuid> = BTreeMap::new();
-    for (event_id, (id, _, published)) in &outbox {
+    for (event_id, (id, _, published)) in &events {
         if *published && !delivered.contains_key(event_id) {
             missing.insert(*id, *event_id);
         }
@@ -169,6 +155,80 @@ pub async fn run(args: Args) -> CommandResult {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// One outbox row as the audit reads it.
+struct Row {
+    id: i64,
+    event_id: Uuid,
+    aggregate_type: String,
+    aggregate_id: String,
+    published: bool,
+}
+
+/// The outbox's rows that occurred in the window, in id order. On SQLite, a row whose event
+/// id is not a UUID (dead-lettered for it, never published) is left out.
+async fn outbox_rows(
+    outbox: &super::Outbox,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let tables = &outbox.tables;
+    let rows = match &outbox.db {
+        Db::Postgres(pool) => sqlx::query(&tables.render(
+            "SELECT id, event_id::text AS event_id, aggregate_type, aggregate_id, status
+                 FROM {schema}.{events}
+                 WHERE ($1::timestamptz IS NULL OR occurred_at >= $1)
+                   AND ($2::timestamptz IS NULL OR occurred_at < $2)
+                 ORDER BY id",
+        ))
+        .bind(since)
+        .bind(until)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(read_row)
+        .collect::<Result<Vec<_>, _>>()?,
+        Db::Sqlite(pool) => {
+            let time = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339());
+            sqlx::query(&tables.render_sqlite(
+                "SELECT id, CAST(event_id AS TEXT) AS event_id, aggregate_type, aggregate_id,
+                        status
+                 FROM {events}
+                 WHERE (?1 IS NULL OR julianday(occurred_at) >= julianday(?1))
+                   AND (?2 IS NULL OR julianday(occurred_at) < julianday(?2))
+                 ORDER BY id",
+            ))
+            .bind(time(since))
+            .bind(time(until))
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(read_row)
+            .collect::<Result<Vec<_>, _>>()?
+        }
+    };
+    Ok(rows.into_iter().flatten().collect())
+}
+
+fn read_row<R: sqlx::Row>(r: &R) -> Result<Option<Row>, sqlx::Error>
+where
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'v> String: sqlx::Decode<'v, R::Database> + sqlx::Type<R::Database>,
+    for<'v> i64: sqlx::Decode<'v, R::Database> + sqlx::Type<R::Database>,
+{
+    let event_id: String = r.try_get("event_id")?;
+    let Ok(event_id) = Uuid::parse_str(&event_id) else {
+        return Ok(None);
+    };
+    let status: String = r.try_get("status")?;
+    Ok(Some(Row {
+        id: r.try_get("id")?,
+        event_id,
+        aggregate_type: r.try_get("aggregate_type")?,
+        aggregate_id: r.try_get("aggregate_id")?,
+        published: status == "published",
+    }))
 }
 
 fn event_id_of(value: Option<&str>) -> Option<Uuid> {

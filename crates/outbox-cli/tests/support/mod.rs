@@ -66,9 +66,22 @@ impl RelayProcess {
         listen: &str,
         env: &[(&str, &str)],
     ) -> Self {
+        let database = ["--database-url", &db.url, "--schema", &db.schema];
+        Self::start_on(&database, broker, config, listen, env)
+    }
+
+    /// Starts `outbox relay` with the database options `database` (`--database-url …`).
+    pub fn start_on(
+        database: &[&str],
+        broker: &str,
+        config: &PathBuf,
+        listen: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::env::temp_dir().join(format!("{}.log", outbox_testkit::unique("relay")));
         let child = bin()
-            .args(["relay", "--database-url", &db.url, "--schema", &db.schema])
+            .arg("relay")
+            .args(database)
             .args(["--broker-url", broker, "--listen", listen, "--config"])
             .arg(config)
             .envs(env.iter().copied())

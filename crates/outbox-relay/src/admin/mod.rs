@@ -1,15 +1,20 @@
-//! Operator actions on a PostgreSQL outbox: purge published rows, and list, inspect, replay or
-//! skip dead letters. Every mutating dead-letter action is recorded in `{schema}.audit` in the
-//! same statement that performs it.
+//! Operator actions on an outbox, PostgreSQL or SQLite: purge published rows, and list,
+//! inspect, replay or skip dead letters. Every mutating dead-letter action is recorded in the
+//! `audit` table in the same transaction that performs it. Both backends give the same
+//! result for the same rows (`tests/admin_conformance.rs`), the result the simulation's model
+//! (`outbox-sim`, `db_admin.rs`) gives.
+
+mod postgres;
+mod sqlite;
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox::Tables;
-use sqlx::{PgPool, Row};
-use uuid::Uuid;
+use sqlx::{PgPool, SqlitePool};
 
-use crate::store::named;
+use postgres::PgAdmin;
+use sqlite::SqliteAdmin;
 
 /// Which dead letters an action applies to. Empty fields match everything.
 #[derive(Clone, Debug, Default)]
@@ -55,8 +60,9 @@ impl DeadLetterFilter {
 pub struct DeadLetter {
     /// Row id (what `replay` and `skip` take).
     pub id: i64,
-    /// Event id.
-    pub event_id: Uuid,
+    /// Event id as stored: a UUID (SQLite keeps any text a writer gives, and a row whose id
+    /// is not a UUID is dead for that reason).
+    pub event_id: String,
     /// Aggregate type.
     pub aggregate_type: String,
     /// Aggregate id.
@@ -75,8 +81,9 @@ pub struct DeadLetter {
     /// cannot parse (a number out of range, nesting too deep), so that the list never fails
     /// on the very rows it must show.
     pub headers: serde_json::Value,
-    /// When it happened.
-    pub occurred_at: DateTime<Utc>,
+    /// When it happened; `None` when the stored text is not a time (SQLite keeps any text,
+    /// and such a row is dead for that reason: `last_error` says so).
+    pub occurred_at: Option<DateTime<Utc>>,
     /// Attempts made.
     pub attempts: i32,
     /// Why it is dead.
@@ -107,94 +114,80 @@ pub struct AuditEntry {
 /// Operator actions on one outbox.
 #[derive(Clone, Debug)]
 pub struct Admin {
-    pool: PgPool,
-    tables: Tables,
-    purge: String,
-    archive: String,
-    purgeable: String,
-    list_dead: String,
-    payload: String,
-    replay: String,
-    skip: String,
-    audit: String,
+    backend: Backend,
+}
+
+#[derive(Clone, Debug)]
+enum Backend {
+    Postgres(PgAdmin),
+    Sqlite(SqliteAdmin),
 }
 
 impl Admin {
-    /// Actions on the outbox at `tables`.
+    /// Actions on the PostgreSQL outbox at `tables`.
     pub fn new(pool: PgPool, tables: &Tables) -> Self {
-        let file = include_str!("sql/admin.sql");
-        let r = |name: &str| tables.render(named(file, name));
         Self {
-            pool,
-            tables: tables.clone(),
-            purge: r("purge"),
-            archive: r("archive"),
-            purgeable: r("purgeable"),
-            list_dead: r("list_dead"),
-            payload: r("payload"),
-            replay: r("replay"),
-            skip: r("skip"),
-            audit: r("audit"),
+            backend: Backend::Postgres(PgAdmin::new(pool, tables)),
         }
     }
 
-    /// On a time-partitioned outbox, creates the partitions from today to a week ahead that
-    /// do not exist yet and returns their names (nothing on a plain table).
-    pub async fn create_partitions_ahead(&self) -> Result<Vec<String>, outbox::Error> {
-        outbox::postgres::time_partitions::ensure_ahead(
-            &self.pool,
-            &self.tables,
-            outbox::postgres::time_partitions::DEFAULT_PREMAKE_DAYS,
-        )
-        .await
+    /// Actions on the SQLite outbox at `tables` (migrated with
+    /// `outbox::sqlite::SqliteOutbox::migrate`).
+    pub fn sqlite(pool: SqlitePool, tables: &Tables) -> Self {
+        Self {
+            backend: Backend::Sqlite(SqliteAdmin::new(pool, tables)),
+        }
     }
 
-    /// On a time-partitioned outbox, drops (or, with `archive`, archives then drops) the
-    /// partitions that ended more than `retention` ago and hold only published events.
+    /// On a time-partitioned PostgreSQL outbox, creates the partitions from today to a week
+    /// ahead that do not exist yet and returns their names (nothing on a plain table, nor on
+    /// SQLite).
+    pub async fn create_partitions_ahead(&self) -> Result<Vec<String>, outbox::Error> {
+        match &self.backend {
+            Backend::Postgres(pg) => pg.create_partitions_ahead().await,
+            Backend::Sqlite(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// On a time-partitioned PostgreSQL outbox, drops (or, with `archive`, archives then
+    /// drops) the partitions that ended more than `retention` ago and hold only published
+    /// events (nothing on a plain table, nor on SQLite).
     pub async fn drop_expired_partitions(
         &self,
         retention: Duration,
         archive: bool,
         dry_run: bool,
     ) -> Result<outbox::postgres::time_partitions::DropReport, outbox::Error> {
-        let retention = chrono::Duration::from_std(retention).map_err(|_| {
-            outbox::Error::Schema(outbox::SchemaError::TimePartitioning(
-                "retention too long".into(),
-            ))
-        })?;
-        outbox::postgres::time_partitions::drop_expired(
-            &self.pool,
-            &self.tables,
-            chrono::Utc::now() - retention,
-            archive,
-            dry_run,
-        )
-        .await
+        match &self.backend {
+            Backend::Postgres(pg) => {
+                pg.drop_expired_partitions(retention, archive, dry_run)
+                    .await
+            }
+            Backend::Sqlite(_) => Ok(Default::default()),
+        }
     }
 
     /// Published rows older than `retention` (what a purge would delete now).
     pub async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.purgeable)
-            .bind(retention.as_secs_f64())
-            .fetch_one(&self.pool)
-            .await
+        match &self.backend {
+            Backend::Postgres(pg) => pg.purgeable(retention).await,
+            Backend::Sqlite(lite) => lite.purgeable(retention).await,
+        }
     }
 
     /// Deletes (or, with `archive`, moves to `{table}_archive`) one batch of published rows
-    /// older than `retention`; returns how many.
+    /// older than `retention`, oldest first; returns how many. Never pending or dead rows.
     pub async fn purge_batch(
         &self,
         retention: Duration,
         batch: i64,
         archive: bool,
     ) -> Result<u64, sqlx::Error> {
-        let sql = if archive { &self.archive } else { &self.purge };
-        sqlx::query(sql)
-            .bind(retention.as_secs_f64())
-            .bind(batch.max(1))
-            .execute(&self.pool)
-            .await
-            .map(|done| done.rows_affected())
+        let batch = batch.max(1);
+        match &self.backend {
+            Backend::Postgres(pg) => pg.purge_batch(retention, batch, archive).await,
+            Backend::Sqlite(lite) => lite.purge_batch(retention, batch, archive).await,
+        }
     }
 
     /// Deletes published rows older than `retention` in batches (short transactions, no long
@@ -220,9 +213,10 @@ impl Admin {
     /// Deletes inbox rows older than `retention` (see `outbox::postgres::PgInbox::purge` for
     /// the rule on choosing it); returns how many.
     pub async fn purge_inbox(&self, retention: Duration, batch: i64) -> Result<u64, outbox::Error> {
-        outbox::postgres::PgInbox::new(&self.tables)
-            .purge(&self.pool, retention, batch)
-            .await
+        match &self.backend {
+            Backend::Postgres(pg) => pg.purge_inbox(retention, batch).await,
+            Backend::Sqlite(lite) => lite.purge_inbox(retention, batch).await,
+        }
     }
 
     /// Dead letters matching `filter`, oldest first.
@@ -230,91 +224,45 @@ impl Admin {
         &self,
         filter: &DeadLetterFilter,
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-        let rows = sqlx::query(&self.list_dead)
-            .bind(&filter.event_type)
-            .bind(&filter.aggregate_type)
-            .bind(&filter.aggregate_id)
-            .bind(filter.since)
-            .bind(filter.until)
-            .bind(&filter.error_contains)
-            .bind(filter.limit.unwrap_or(100))
-            .bind(&filter.ids)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DeadLetter {
-                    id: r.try_get("id")?,
-                    event_id: r.try_get("event_id")?,
-                    aggregate_type: r.try_get("aggregate_type")?,
-                    aggregate_id: r.try_get("aggregate_id")?,
-                    aggregate_version: r.try_get("aggregate_version")?,
-                    event_type: r.try_get("event_type")?,
-                    schema_version: r.try_get("schema_version")?,
-                    destination: r.try_get("destination")?,
-                    content_type: r.try_get("content_type")?,
-                    headers: {
-                        let text: String = r.try_get("headers")?;
-                        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
-                    },
-                    occurred_at: r.try_get("occurred_at")?,
-                    attempts: r.try_get("attempts")?,
-                    last_error: r.try_get("last_error")?,
-                    payload_size: r.try_get("payload_size")?,
-                    parked: r.try_get("parked")?,
-                })
-            })
-            .collect()
+        match &self.backend {
+            Backend::Postgres(pg) => pg.dead_letters(filter).await,
+            Backend::Sqlite(lite) => lite.dead_letters(filter).await,
+        }
     }
 
     /// The payload of row `id`, if it exists.
     pub async fn payload(&self, id: i64) -> Result<Option<Vec<u8>>, sqlx::Error> {
-        sqlx::query_scalar(&self.payload)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await
+        match &self.backend {
+            Backend::Postgres(pg) => pg.payload(id).await,
+            Backend::Sqlite(lite) => lite.payload(id).await,
+        }
     }
 
-    /// Makes dead events pending again (attempts reset) and unparks their aggregates; returns
-    /// how many were replayed. Recorded in the audit table.
+    /// Makes dead events pending again (attempts reset): each aggregate concerned resumes
+    /// from its first pending row, in id order, at once. Returns how many were replayed.
+    /// Recorded in the audit table.
     pub async fn replay(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.replay)
-            .bind(ids)
-            .bind(actor)
-            .bind(reason)
-            .fetch_one(&self.pool)
-            .await
+        match &self.backend {
+            Backend::Postgres(pg) => pg.replay(ids, actor, reason).await,
+            Backend::Sqlite(lite) => lite.replay(ids, actor, reason).await,
+        }
     }
 
     /// Abandons dead events: they stay dead but stop parking their aggregates, whose later
     /// events then flow (the one exception to per-aggregate order, G4). Recorded in the audit
     /// table; returns how many aggregates were released.
     pub async fn skip(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.skip)
-            .bind(ids)
-            .bind(actor)
-            .bind(reason)
-            .fetch_one(&self.pool)
-            .await
+        match &self.backend {
+            Backend::Postgres(pg) => pg.skip(ids, actor, reason).await,
+            Backend::Sqlite(lite) => lite.skip(ids, actor, reason).await,
+        }
     }
 
     /// The latest `limit` audit records, newest first.
     pub async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
-        let rows = sqlx::query(&self.audit)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(AuditEntry {
-                    id: r.try_get("id")?,
-                    at: r.try_get("at")?,
-                    actor: r.try_get("actor")?,
-                    action: r.try_get("action")?,
-                    event_ids: r.try_get("event_ids")?,
-                    reason: r.try_get("reason")?,
-                })
-            })
-            .collect()
+        match &self.backend {
+            Backend::Postgres(pg) => pg.audit(limit).await,
+            Backend::Sqlite(lite) => lite.audit(limit).await,
+        }
     }
 }

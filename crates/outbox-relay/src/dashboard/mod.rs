@@ -31,7 +31,7 @@ use serde::Deserialize;
 
 use crate::{
     admin::{Admin, DeadLetterFilter},
-    store::PgStore,
+    store::Store,
     telemetry::Metrics,
 };
 
@@ -43,7 +43,7 @@ pub struct Dashboard {
     /// Operator actions.
     pub admin: Admin,
     /// Backlog and partitions.
-    pub store: PgStore,
+    pub store: Arc<dyn Store>,
     /// This relay's metrics (totals).
     pub metrics: Arc<Metrics>,
     /// Bearer token for mutating calls; `None` makes the dashboard read-only.

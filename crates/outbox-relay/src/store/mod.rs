@@ -12,6 +12,7 @@ use outbox::Tables;
 use sqlx::{postgres::PgPoolOptions, PgPool, Row};
 
 pub use rows::{Claimed, ClaimedRow, Failure};
+pub(crate) use sqlite::parse_time;
 pub use sqlite::SqliteStore;
 
 use crate::Error;
@@ -190,6 +191,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<i64, sqlx::Error>>;
     /// Pending count, oldest pending age, dead count.
     fn backlog(&self) -> BoxFuture<'_, Result<Backlog, sqlx::Error>>;
+    /// Every partition with its lease owner and backlog, for `outbox status` and the
+    /// dashboard. Stores without leases to show (the simulation's model) list none.
+    fn partition_status(&self) -> BoxFuture<'_, Result<Vec<PartitionStatus>, sqlx::Error>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     /// Sets free the rows waiting behind a hold that is gone (see `sql/waiting.sql`); returns
     /// how many. Stores without waiting rows do nothing.
     fn release_stale(&self) -> BoxFuture<'_, Result<u64, sqlx::Error>> {
@@ -577,6 +583,9 @@ impl Store for PgStore {
     }
     fn backlog(&self) -> BoxFuture<'_, Result<Backlog, sqlx::Error>> {
         Box::pin(PgStore::backlog(self))
+    }
+    fn partition_status(&self) -> BoxFuture<'_, Result<Vec<PartitionStatus>, sqlx::Error>> {
+        Box::pin(PgStore::partition_status(self))
     }
     fn refresh_statistics(&self) -> BoxFuture<'_, Result<bool, sqlx::Error>> {
         Box::pin(PgStore::refresh_statistics(self))

@@ -11,7 +11,7 @@ use outbox::Tables;
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
-use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Store};
+use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, PartitionStatus, Store};
 use crate::Error;
 
 #[derive(Debug)]
@@ -32,6 +32,7 @@ struct Sql {
     hold: String,
     unhold: String,
     backlog: String,
+    partitions: String,
     flag_behind: String,
     wait_behind: String,
     resume: String,
@@ -68,6 +69,7 @@ impl SqliteStore {
             hold: r("hold"),
             unhold: r("unhold"),
             backlog: r("backlog"),
+            partitions: r("partitions"),
             flag_behind: r("flag_behind"),
             wait_behind: r("wait_behind"),
             resume: r("resume"),
@@ -143,7 +145,8 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn parse_time(text: &str) -> Option<DateTime<Utc>> {
+/// A time as SQLite rows hold it: RFC 3339, or `YYYY-MM-DD HH:MM:SS[.fff]` taken as UTC.
+pub(crate) fn parse_time(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.with_timezone(&Utc))
         .ok()
@@ -522,6 +525,33 @@ impl Store for SqliteStore {
                     .map(|t| (Utc::now() - t).to_std().unwrap_or_default()),
                 dead: row.try_get(2)?,
             })
+        })
+    }
+
+    fn partition_status(&self) -> BoxFuture<'_, Result<Vec<PartitionStatus>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            let now = self.now_ms(&mut conn).await?;
+            let rows = sqlx::query(&self.sql.partitions)
+                .bind(now)
+                .fetch_all(&mut *conn)
+                .await?;
+            rows.iter()
+                .map(|r| {
+                    let oldest: Option<String> = r.try_get("oldest")?;
+                    Ok(PartitionStatus {
+                        partition: r.try_get("partition")?,
+                        owner: r.try_get("owner")?,
+                        epoch: r.try_get("epoch")?,
+                        live: r.try_get("live")?,
+                        pending: r.try_get("pending")?,
+                        oldest_age_seconds: oldest
+                            .as_deref()
+                            .and_then(parse_time)
+                            .map(|t| (Utc::now() - t).num_microseconds().unwrap_or(0) as f64 / 1e6),
+                    })
+                })
+                .collect()
         })
     }
 }

@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "waiting rows out of the claim's index",
         include_str!("migrations/0004_waiting_rows.sql"),
     ),
+    (
+        5,
+        "purge index, audit and archive",
+        include_str!("migrations/0005_operations.sql"),
+    ),
 ];
 
 /// Writes events into a SQLite outbox. Cheap to clone; holds no connection.

@@ -179,3 +179,12 @@ DELETE FROM {holds} WHERE aggregate_type = ?1 AND aggregate_id = ?2;
 SELECT (SELECT count(*) FROM {events} WHERE status = 'pending'),
        (SELECT min(occurred_at) FROM {events} WHERE status = 'pending'),
        (SELECT count(*) FROM {events} WHERE status = 'dead');
+-- name: partitions
+-- The lease of each partition (one on SQLite) with its backlog. ?1 now (ms)
+SELECT l.partition, l.owner, l.epoch, l.expires_at > ?1 AS live,
+       (SELECT count(*) FROM {events} e
+        WHERE e.status = 'pending' AND e.partition = l.partition) AS pending,
+       (SELECT CAST(min(e.occurred_at) AS TEXT) FROM {events} e
+        WHERE e.status = 'pending' AND e.partition = l.partition) AS oldest
+FROM {leases} l
+ORDER BY l.partition;
