@@ -12,6 +12,7 @@ mod process;
 mod progress;
 mod rabbitmq;
 mod report;
+mod sqlite;
 mod steady;
 mod writers;
 
@@ -51,6 +52,9 @@ enum Command {
     /// (f) One claim's time and rows visited with `--parked` events behind a dead head, next
     /// to the same with nothing parked.
     Parked,
+    /// (g) SQLite, the embedded default: a backlog drained by the relay into JetStream next
+    /// to the SQLite-alone claim + mark limit, then the batched purge next to one DELETE.
+    Sqlite,
 }
 
 /// Settings shared by every scenario. Flags may come before or after the subcommand.
@@ -201,8 +205,31 @@ async fn run(cli: Cli) -> common::Result<()> {
     let needs_nats = match cli.command {
         Command::Drain => cli.options.broker == Broker::Nats,
         Command::Dbbound | Command::Parked => false,
-        Command::Naive | Command::Steady | Command::All | Command::Cdc => true,
+        Command::Naive | Command::Steady | Command::All | Command::Cdc | Command::Sqlite => true,
     };
+    if cli.command == Command::Sqlite {
+        let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
+        bench.settle("sqlite").await;
+        let result = sqlite::run(&bench).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# SQLite, the embedded default\n\nMachine: nproc {} ({}), SQLite {} (WAL, \
+             synchronous = FULL, file in `{}`), load average {} at the start; {}.\n\n{}\n`{}`\n",
+            m.nproc,
+            m.cpu_model,
+            sqlite::version().await?,
+            bench.out_dir().display(),
+            m.load_average,
+            m.brokers,
+            sqlite::render(&result),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("sqlite.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
+    }
     if cli.command == Command::Cdc {
         let mut options = cli.options.clone();
         options.database_url = options.cdc_database_url.clone();

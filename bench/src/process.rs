@@ -60,6 +60,11 @@ impl RelayProcess {
     /// Writes the scenario's relay config and starts `outbox relay` with it; its stdout and
     /// stderr go to `<out>/relay-<scenario>.log`.
     pub async fn start(bench: &Bench, scope: &Scope) -> Result<Self> {
+        Self::start_on(bench, scope, &bench.options.database_url).await
+    }
+
+    /// The same, on the database at `database_url` (a SQLite file for the `sqlite` scenario).
+    pub async fn start_on(bench: &Bench, scope: &Scope, database_url: &str) -> Result<Self> {
         let out = bench.out_dir();
         let config = out.join(format!("relay-{}.toml", scope.scenario));
         std::fs::write(&config, relay_config(bench, scope))?;
@@ -69,7 +74,7 @@ impl RelayProcess {
         command
             .arg("relay")
             .arg("--database-url")
-            .arg(&bench.options.database_url)
+            .arg(database_url)
             .arg("--schema")
             .arg(scope.tables.schema().as_str())
             .arg("--broker-url")
@@ -210,7 +215,8 @@ pub fn field_kb(text: &str, name: &str) -> Option<u64> {
 }
 
 /// utime + stime of a process (all its threads), in seconds.
-fn process_cpu_seconds(pid: u32) -> Option<f64> {
+/// CPU seconds (user + system, all threads) process `pid` has used so far.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start at field 3 (state).
     let rest = &stat[stat.rfind(')')? + 2..];
