@@ -27,7 +27,7 @@ struct Sql {
     held: String,
     claim: String,
     mark_published: String,
-    release_hold: String,
+    release_holds: String,
     mark_failed: String,
     hold: String,
     unhold: String,
@@ -64,7 +64,7 @@ impl SqliteStore {
             held: r("held"),
             claim: r("claim"),
             mark_published: r("mark_published"),
-            release_hold: r("release_hold"),
+            release_holds: r("release_holds"),
             mark_failed: r("mark_failed"),
             hold: r("hold"),
             unhold: r("unhold"),
@@ -90,6 +90,13 @@ impl SqliteStore {
             pool,
             sql: std::sync::Arc::new(sql),
         })
+    }
+
+    /// The claim statement (parameters: partitions as JSON, limit, max payload bytes, now in
+    /// ms, floor, byte budget), for `EXPLAIN QUERY PLAN` in tests.
+    #[doc(hidden)]
+    pub fn claim_statement(&self) -> &str {
+        &self.sql.claim
     }
 
     async fn now_ms(&self, conn: &mut sqlx::SqliteConnection) -> Result<i64, sqlx::Error> {
@@ -403,24 +410,24 @@ impl Store for SqliteStore {
                     .bind(serde_json::to_string(ids).expect("integers"))
                     .fetch_all(&mut *conn)
                     .await?;
-                for row in &done {
-                    let (aggregate_type, aggregate_id): (String, String) =
-                        (row.try_get(1)?, row.try_get(2)?);
-                    let released = sqlx::query(&self.sql.release_hold)
-                        .bind(&aggregate_type)
-                        .bind(&aggregate_id)
-                        .bind(row.try_get::<i64, _>(0)?)
-                        .fetch_optional(&mut *conn)
+                let marked = done
+                    .iter()
+                    .map(|row| row.try_get::<i64, _>(0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                // One statement for the batch: a statement per row cost more than the rest of
+                // the claim and the mark together (89 µs of CPU per event at 1000 per batch).
+                let released: Vec<(String, String)> = sqlx::query_as(&self.sql.release_holds)
+                    .bind(serde_json::to_string(&marked).expect("integers"))
+                    .fetch_all(&mut *conn)
+                    .await?;
+                for (aggregate_type, aggregate_id) in &released {
+                    sqlx::query(&self.sql.resume)
+                        .bind(aggregate_type)
+                        .bind(aggregate_id)
+                        .execute(&mut *conn)
                         .await?;
-                    if released.is_some() {
-                        sqlx::query(&self.sql.resume)
-                            .bind(&aggregate_type)
-                            .bind(&aggregate_id)
-                            .execute(&mut *conn)
-                            .await?;
-                    }
                 }
-                Ok(done.len() as i64)
+                Ok(marked.len() as i64)
             }
             .await;
             Self::finish(tx, result).await

@@ -51,10 +51,14 @@ WITH scanned AS (
     ORDER BY e.id
     LIMIT ?2
 ), due AS (
+    -- Driven from the holds (few rows): CROSS JOIN is SQLite's way to fix the join order, and
+    -- INDEXED BY its way to fix the index. With planner statistics (ANALYZE, PRAGMA optimize)
+    -- and a plain JOIN, SQLite started from the events table and scanned all of it, or built
+    -- an automatic index over it, on every claim (1.5 s instead of 11 ms at 60,000 rows).
     SELECT e.id, 0 AS behind
     FROM {holds} h
-    JOIN {events} hd ON hd.id = h.event_id AND hd.status = 'pending'
-    JOIN {events} e
+    CROSS JOIN {events} hd ON hd.id = h.event_id AND hd.status = 'pending'
+    CROSS JOIN {events} e INDEXED BY {events}_pending_aggregate
       ON e.aggregate_type = hd.aggregate_type AND e.aggregate_id = hd.aggregate_id
      AND e.status = 'pending' AND e.id >= hd.id
     WHERE h.partition IN (SELECT value FROM json_each(?1))
@@ -111,7 +115,7 @@ SELECT e.id, e.event_id, p.behind,
         + min(length(e.aggregate_id), 4096) + min(length(e.event_type), 4096)
         + min(length(e.content_type), 4096) + coalesce(min(length(e.destination), 4096), 0))
            AS row_bytes
-FROM picked p JOIN {events} e ON e.id = p.id
+FROM picked p CROSS JOIN {events} e ON e.id = p.id  -- the picked rows first, as in `due`
 ) x
 ) WHERE behind OR running - row_bytes < ?6
 ORDER BY id;
@@ -155,9 +159,17 @@ SET status = 'published', published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
     attempts = min(attempts, 2147483646) + 1, next_attempt_at = NULL
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
 RETURNING id, aggregate_type, aggregate_id;
--- name: release_hold
-DELETE FROM {holds} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND event_id = ?3
-RETURNING event_id;
+-- name: release_holds
+-- The holds whose head event was just published (?1: the ids marked, JSON), as PostgreSQL's
+-- mark_published releases them, in one statement for the batch; returns their aggregates,
+-- whose waiting rows are then set free.
+DELETE FROM {holds}
+WHERE event_id IN (SELECT value FROM json_each(?1))
+  AND EXISTS (
+      SELECT 1 FROM {events} e
+      WHERE e.id = {holds}.event_id AND e.aggregate_type = {holds}.aggregate_type
+        AND e.aggregate_id = {holds}.aggregate_id)
+RETURNING aggregate_type, aggregate_id;
 -- name: mark_failed
 UPDATE {events}
 SET attempts = min(attempts, 2147483646) + 1,
