@@ -34,6 +34,11 @@ async fn a_sqlite_outbox_is_migrated_relayed_and_reported_by_the_cli() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "outbox outbox_events is up to date\n",
+        "the table SQLite holds, not a PostgreSQL name"
+    );
     let out = support::run(&["migrate", "--database-url", &url, "--partitions", "8"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("one partition"));
 

@@ -39,7 +39,9 @@ pub struct Args {
 /// Applies pending migrations.
 pub async fn run(args: Args) -> CommandResult {
     let tables = args.db.tables()?;
-    match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
+    // The events table as the database names it: `"outbox"."events"` on PostgreSQL,
+    // `outbox_events` on SQLite (which has no schemas).
+    let table = match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
         Db::Postgres(pool) => {
             PgOutbox::new(tables.clone())
                 .migrate(
@@ -90,6 +92,7 @@ pub async fn run(args: Args) -> CommandResult {
                     ));
                 }
             }
+            format!("{}.{}", tables.schema(), tables.events())
         }
         Db::Sqlite(pool) => {
             if args.cdc || args.drop_cdc {
@@ -107,13 +110,10 @@ pub async fn run(args: Args) -> CommandResult {
             }
             outbox::sqlite::SqliteOutbox::new(tables.clone())
                 .migrate(&pool)
-                .await?
+                .await?;
+            tables.render_sqlite("{events}")
         }
-    }
-    super::print(&format!(
-        "outbox {}.{} is up to date\n",
-        tables.schema(),
-        tables.events()
-    ));
+    };
+    super::print(&format!("outbox {table} is up to date\n"));
     Ok(ExitCode::SUCCESS)
 }
