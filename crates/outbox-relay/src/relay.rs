@@ -134,6 +134,23 @@ impl Relay {
         Ok(relay)
     }
 
+    /// Opens the MySQL or MariaDB outbox (migrated with `outbox::mysql::MySqlOutbox::migrate`).
+    /// Partitions and leases as on PostgreSQL: any number of relays share the work.
+    pub async fn mysql(
+        pool: sqlx::MySqlPool,
+        publisher: Arc<dyn Publisher>,
+        config: RelayConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let admin = crate::admin::Admin::mysql(pool.clone(), &config.tables());
+        let store = crate::store::MySqlStore::open(pool, &config.tables()).await?;
+        let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
+        Arc::get_mut(&mut relay.shared)
+            .expect("not shared yet")
+            .admin = Some(admin);
+        Ok(relay)
+    }
+
     /// A relay over any [`Store`].
     pub fn with_store(
         store: Arc<dyn Store>,

@@ -1,4 +1,5 @@
-//! One behaviour suite that every relay storage backend passes: PostgreSQL, SQLite, and the
+//! One behaviour suite that every relay storage backend passes: PostgreSQL, MySQL (run on
+//! MariaDB), SQLite, and the
 //! in-memory model of the deterministic simulation (`outbox-sim`), which must behave as the real
 //! ones do for the simulation's findings to hold. The operators' dead-letter replay and skip
 //! (`outbox_relay::admin`) are part of it: they change event state on every backend.
@@ -8,9 +9,9 @@ use std::{sync::Arc, time::Duration};
 use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Tables};
 use outbox_relay::{
     admin::Admin,
-    store::{Failure, PgStore, SqliteStore, Store},
+    store::{Failure, MySqlStore, PgStore, SqliteStore, Store},
 };
-use outbox_testkit::{SqliteFile, TestDb};
+use outbox_testkit::{MySqlDb, SqliteFile, TestDb};
 use sqlx::sqlite::SqlitePool;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -28,6 +29,7 @@ struct Backend {
 
 enum Writer {
     Pg(TestDb),
+    MySql(MySqlDb),
     Sqlite(SqlitePool, Tables),
     Model(Arc<outbox_sim::world::World>),
 }
@@ -56,6 +58,18 @@ impl Backend {
             write: Writer::Sqlite(pool, tables),
             _pg: None,
             _file: Some(file),
+        }
+    }
+
+    async fn mysql() -> Self {
+        let db = MySqlDb::new(1).await;
+        let store = MySqlStore::open(db.pool.clone(), &db.tables).await.unwrap();
+        Self {
+            store: Arc::new(store),
+            admin: Some(Admin::mysql(db.pool.clone(), &db.tables)),
+            write: Writer::MySql(db),
+            _pg: None,
+            _file: None,
         }
     }
 
@@ -88,6 +102,7 @@ impl Backend {
                     .unwrap();
                 tx.commit().await.unwrap();
             }
+            Writer::MySql(db) => db.enqueue(events).await,
             Writer::Sqlite(pool, tables) => {
                 let mut tx = pool.begin().await.unwrap();
                 SqliteOutbox::new(tables.clone())
@@ -137,6 +152,14 @@ impl Backend {
             Writer::Pg(db) => sqlx::query_scalar(
                 &db.tables
                     .render("SELECT status FROM {schema}.{events} WHERE id = $1"),
+            )
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap(),
+            Writer::MySql(db) => sqlx::query_scalar(
+                &db.tables
+                    .render_mysql("SELECT status FROM {events} WHERE id = ?"),
             )
             .bind(id)
             .fetch_one(&db.pool)
@@ -638,6 +661,10 @@ macro_rules! conformance {
         mod postgres {
             $(#[tokio::test]
             async fn $name() { super::$name(super::Backend::postgres().await).await })*
+        }
+        mod mysql {
+            $(#[tokio::test]
+            async fn $name() { super::$name(super::Backend::mysql().await).await })*
         }
         mod sqlite {
             $(#[tokio::test]

@@ -6,6 +6,7 @@
 mod db;
 mod delivery;
 mod mqtt;
+mod mysql;
 mod nats;
 mod postgres;
 mod process;
@@ -18,6 +19,7 @@ use std::{future::Future, time::Duration};
 pub use db::{cdc_database_url, database_url, insert_sequences, TestDb};
 pub use delivery::{Delivery, Report};
 pub use mqtt::MqttReader;
+pub use mysql::{mysql_url, MySqlDb};
 pub use nats::{NatsReader, NATS_URL};
 pub use postgres::PrivatePostgres;
 pub use process::{free_port, BrokerProcess, NatsServer};

@@ -86,6 +86,8 @@ pub enum SchemaError {
     TimePartitioning(String),
     /// Change data capture cannot be set up or used as asked; the text says why.
     Cdc(String),
+    /// The migration lock could not be taken; the text says why.
+    Locked(String),
 }
 
 impl fmt::Display for SchemaError {
@@ -114,6 +116,7 @@ impl fmt::Display for SchemaError {
             Self::Missing => write!(f, "outbox tables not found; run `outbox migrate` first"),
             Self::TimePartitioning(why) => write!(f, "time partitioning: {why}"),
             Self::Cdc(why) => write!(f, "change data capture: {why}"),
+            Self::Locked(why) => write!(f, "migration lock: {why}"),
         }
     }
 }

@@ -102,6 +102,16 @@ impl Tables {
     /// `{schema}_{name}` (`outbox_events`, `outbox_leases`, …). The names are validated
     /// identifiers and need no quoting.
     pub fn render_sqlite(&self, template: &str) -> String {
+        self.render_prefixed(template)
+    }
+
+    /// Renders a MySQL / MariaDB statement: tables are named as on SQLite
+    /// (`{schema}_events`, …), in the connection's database.
+    pub fn render_mysql(&self, template: &str) -> String {
+        self.render_prefixed(template)
+    }
+
+    fn render_prefixed(&self, template: &str) -> String {
         let prefix = self.schema.as_str();
         let mut out = template.replace("{events}", &format!("{prefix}_{}", self.events.as_str()));
         for table in [

@@ -35,6 +35,8 @@ mod event;
 mod ident;
 mod inbox;
 mod migration;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sql;

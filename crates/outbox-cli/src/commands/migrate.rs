@@ -40,7 +40,7 @@ pub struct Args {
 pub async fn run(args: Args) -> CommandResult {
     let tables = args.db.tables()?;
     // The events table as the database names it: `"outbox"."events"` on PostgreSQL,
-    // `outbox_events` on SQLite (which has no schemas).
+    // `outbox_events` on MySQL and SQLite (prefixed tables in the URL's database).
     let table = match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
         Db::Postgres(pool) => {
             PgOutbox::new(tables.clone())
@@ -93,6 +93,24 @@ pub async fn run(args: Args) -> CommandResult {
                 }
             }
             format!("{}.{}", tables.schema(), tables.events())
+        }
+        Db::MySql(pool) => {
+            if args.cdc || args.drop_cdc {
+                return Err("--cdc: change data capture needs PostgreSQL".into());
+            }
+            if args.time_partition_days.is_some() {
+                return Err("--time-partition-days: time partitioning needs PostgreSQL".into());
+            }
+            outbox::mysql::MySqlOutbox::new(tables.clone())
+                .migrate(
+                    &pool,
+                    MigrateOptions {
+                        partitions: args.partitions,
+                        time_partition_days: None,
+                    },
+                )
+                .await?;
+            tables.render_mysql("{events}")
         }
         Db::Sqlite(pool) => {
             if args.cdc || args.drop_cdc {

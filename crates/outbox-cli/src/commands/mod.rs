@@ -20,7 +20,8 @@ pub type CommandResult = Result<std::process::ExitCode, Box<dyn std::error::Erro
 /// Options every database command takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
+    /// PostgreSQL URL (postgres://…), MySQL or MariaDB URL (mysql://…) or SQLite file
+    /// (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Schema holding the outbox.
@@ -43,12 +44,62 @@ impl DatabaseArgs {
 pub enum Db {
     /// PostgreSQL (`postgres://…`).
     Postgres(PgPool),
+    /// MySQL 8 or MariaDB 10.6+ (`mysql://…`, `mariadb://…`).
+    MySql(sqlx::MySqlPool),
     /// SQLite (`sqlite://path/to/file.db`), the embedded default: one relay at a time.
     Sqlite(sqlx::SqlitePool),
 }
 
-/// Opens PostgreSQL or SQLite by the URL's scheme (a SQLite file is created if missing).
+/// The database a URL names, by its scheme.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+/// Which database `url` names; an unknown scheme is an error that names only the scheme (the
+/// rest of the URL may hold a password).
+fn kind(url: &str) -> Result<Kind, String> {
+    const SPOKEN: &str =
+        "use postgres://… (PostgreSQL), mysql://… (MySQL, MariaDB) or sqlite://… (SQLite)";
+    if url.starts_with("sqlite:") {
+        return Ok(Kind::Sqlite);
+    }
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") => Ok(Kind::Postgres),
+        Some("mysql" | "mariadb") => Ok(Kind::MySql),
+        Some(scheme) => Err(format!(
+            "unsupported database URL scheme {scheme:?}: {SPOKEN}"
+        )),
+        None => Err(format!("the database URL has no scheme: {SPOKEN}")),
+    }
+}
+
+/// Opens MySQL or MariaDB (`mariadb://` is taken as `mysql://`).
+async fn open_mysql(url: &str, max_connections: u32) -> Result<sqlx::MySqlPool, sqlx::Error> {
+    use std::str::FromStr;
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&url)?;
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+}
+
+/// Opens PostgreSQL, MySQL or SQLite by the URL's scheme (a SQLite file is created if
+/// missing).
 pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> {
+    if kind(url)? == Kind::MySql {
+        return open_mysql(url, max_connections)
+            .await
+            .map(Db::MySql)
+            .map_err(|e| format!("cannot connect to the database: {e}"));
+    }
     if url.starts_with("sqlite:") {
         use std::str::FromStr;
         let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
@@ -66,7 +117,7 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
     connect(url, max_connections).await.map(Db::Postgres)
 }
 
-/// An outbox an operator command works on, PostgreSQL or SQLite.
+/// An outbox an operator command works on, PostgreSQL, MySQL or SQLite.
 pub struct Outbox {
     /// The database.
     pub db: Db,
@@ -87,6 +138,10 @@ pub async fn open_outbox(args: &DatabaseArgs) -> Result<Outbox, Box<dyn std::err
         Db::Postgres(pool) => (
             Admin::new(pool.clone(), &tables),
             std::sync::Arc::new(store::PgStore::open(pool.clone(), &tables).await?),
+        ),
+        Db::MySql(pool) => (
+            Admin::mysql(pool.clone(), &tables),
+            std::sync::Arc::new(store::MySqlStore::open(pool.clone(), &tables).await?),
         ),
         Db::Sqlite(pool) => (
             Admin::sqlite(pool.clone(), &tables),
@@ -109,21 +164,16 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, String> 
         .map_err(|e| format!("cannot connect to the database: {e}"))
 }
 
-/// Refuses a URL whose scheme names a database this binary does not speak, before a byte is
-/// sent to it (PostgreSQL's protocol sent to a MySQL server fails with a riddle). Names only
-/// the scheme: the rest of the URL may hold a password.
+/// Refuses a URL that does not name PostgreSQL, before a byte is sent to it (PostgreSQL's
+/// protocol sent to a MySQL server fails with a riddle). Names only the scheme: the rest of
+/// the URL may hold a password.
 fn postgres_scheme(url: &str) -> Result<(), String> {
-    const SPOKEN: &str = "use postgres://… (PostgreSQL) or sqlite://… (SQLite)";
-    match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("postgres" | "postgresql") => Ok(()),
-        Some(scheme @ ("mysql" | "mariadb")) => Err(format!(
-            "{scheme}:// URLs are not supported by this version: MySQL and MariaDB outboxes are \
-             not available yet; {SPOKEN}"
-        )),
-        Some(scheme) => Err(format!(
-            "unsupported database URL scheme {scheme:?}: {SPOKEN}"
-        )),
-        None => Err(format!("the database URL has no scheme: {SPOKEN}")),
+    match kind(url)? {
+        Kind::Postgres => Ok(()),
+        Kind::MySql | Kind::Sqlite => Err(
+            "this command needs PostgreSQL (postgres://…): sagas are stored on PostgreSQL only"
+                .into(),
+        ),
     }
 }
 
@@ -135,20 +185,24 @@ async fn open_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Erro
         .await
 }
 
-/// Like [`connect_any`], but waits for a PostgreSQL that cannot be reached yet (connection
+/// Like [`connect_any`], but waits for a server that cannot be reached yet (connection
 /// refused or timed out, server starting up or shutting down), retrying with backoff up to 30 s
 /// and saying so in the log: a relay started before its database, or during a restart, comes
 /// up with it, as it does with its broker. Errors that waiting cannot cure (a malformed URL, a
 /// refused password, a missing database) are returned at once.
 pub async fn connect_waiting(url: &str, max_connections: u32) -> Result<Db, String> {
-    if url.starts_with("sqlite:") {
+    let kind = kind(url)?;
+    if kind == Kind::Sqlite {
         return connect_any(url, max_connections).await;
     }
-    postgres_scheme(url)?;
     let mut delay = Duration::from_millis(500);
     loop {
-        match open_pool(url, max_connections).await {
-            Ok(pool) => return Ok(Db::Postgres(pool)),
+        let opened = match kind {
+            Kind::MySql => open_mysql(url, max_connections).await.map(Db::MySql),
+            _ => open_pool(url, max_connections).await.map(Db::Postgres),
+        };
+        match opened {
+            Ok(db) => return Ok(db),
             Err(error) if unreachable(&error) => {
                 tracing::warn!(%error, retry_in = ?delay, "waiting for the database");
                 tokio::time::sleep(delay).await;
@@ -164,10 +218,14 @@ pub async fn connect_waiting(url: &str, max_connections: u32) -> Result<Db, Stri
 fn unreachable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-        // 57P01-03: shutting down, starting up; class 08: connection exceptions.
-        sqlx::Error::Database(e) => e
-            .code()
-            .is_some_and(|c| c.starts_with("57P0") || c.starts_with("08")),
+        // 57P01-03: shutting down, starting up; class 08: connection exceptions. MySQL: 1040
+        // too many connections, 1053 shutting down.
+        sqlx::Error::Database(e) => {
+            e.code()
+                .is_some_and(|c| c.starts_with("57P0") || c.starts_with("08"))
+                || e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|m| matches!(m.number(), 1040 | 1053))
+        }
         _ => false,
     }
 }

@@ -38,10 +38,10 @@ pub async fn run(args: Args) -> CommandResult {
     let outbox = super::open_outbox(&args.db).await?;
     let saga_pool = match (&outbox.db, args.sagas_older_than) {
         (Db::Postgres(pool), Some(_)) => Some(pool.clone()),
-        (Db::Sqlite(_), Some(_)) => {
+        (Db::MySql(_) | Db::Sqlite(_), Some(_)) => {
             return Err(
-                "--sagas-older-than: sagas are stored on PostgreSQL only; a SQLite \
-                        outbox has none to purge"
+                "--sagas-older-than: sagas are stored on PostgreSQL only; a MySQL or \
+                        SQLite outbox has none to purge"
                     .into(),
             )
         }

@@ -11,7 +11,8 @@ use crate::{config, logging};
 /// Options of `outbox relay`. Flags override the config file and the environment.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// PostgreSQL URL (postgres://…) or SQLite file (sqlite://path/outbox.db).
+    /// PostgreSQL URL (postgres://…), MySQL or MariaDB URL (mysql://…) or SQLite file
+    /// (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Broker URL: nats://host:4222 (JetStream), amqp://user:pass@host:5672/vhost (RabbitMQ),
@@ -56,6 +57,10 @@ enum RelayMode {
 
 /// Runs the relay until SIGINT or SIGTERM.
 pub async fn run(args: Args) -> CommandResult {
+    // The signal handlers are in place before the first log line and before any connection:
+    // a SIGTERM at any point from here on stops the relay cleanly rather than killing it.
+    let shutdown = CancellationToken::new();
+    stop_on_signal(shutdown.clone())?;
     let mut cfg = config::load(args.config.as_deref())?;
     if let Some(url) = args.database_url {
         cfg.database_url = Some(url);
@@ -91,7 +96,10 @@ pub async fn run(args: Args) -> CommandResult {
          mqtt://…, http(s)://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
-    let db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches)).await?;
+    let db = tokio::select! {
+        db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches)) => db?,
+        () = shutdown.cancelled() => return Ok(ExitCode::SUCCESS),
+    };
     let publisher = outbox_relay::publishers::connect(&broker_url, cfg.broker_settings()).await?;
     let (relay, admin, store) = match db {
         Db::Postgres(pool) => {
@@ -105,8 +113,15 @@ pub async fn run(args: Args) -> CommandResult {
             let store = outbox_relay::store::PgStore::open(pool, &tables).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
-        Db::Sqlite(_) if cfg.relay.mode == outbox_relay::Mode::Cdc => {
+        Db::MySql(_) | Db::Sqlite(_) if cfg.relay.mode == outbox_relay::Mode::Cdc => {
             return Err("--mode cdc: change data capture needs PostgreSQL".into())
+        }
+        Db::MySql(pool) => {
+            let tables = cfg.relay.tables();
+            let relay = Relay::mysql(pool.clone(), publisher, cfg.relay.clone()).await?;
+            let admin = outbox_relay::admin::Admin::mysql(pool.clone(), &tables);
+            let store = outbox_relay::store::MySqlStore::open(pool, &tables).await?;
+            (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
         Db::Sqlite(pool) => {
             let tables = cfg.relay.tables();
@@ -122,12 +137,10 @@ pub async fn run(args: Args) -> CommandResult {
         metrics: relay.metrics(),
         token: cfg.admin_token.clone().filter(|t| !t.is_empty()),
     });
-    let shutdown = CancellationToken::new();
     let router = http::router(relay.metrics(), relay.health()).merge(dashboard);
     let (bound, server) = http::serve(cfg.listen, router, shutdown.clone()).await?;
     tracing::info!(listen = %bound, relay_id = relay.relay_id(),
         "serving the dashboard (/), /api, /metrics, /healthz, /readyz");
-    tokio::spawn(stop_on_signal(shutdown.clone()));
     let result = relay.run(shutdown.clone()).await;
     shutdown.cancel();
     let _ = server.await;
@@ -141,14 +154,19 @@ fn pool_size(max_inflight_batches: usize) -> u32 {
     max_inflight_batches.saturating_add(4).min(32) as u32
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+/// Installs the SIGINT and SIGTERM handlers now, and cancels `shutdown` on the first signal.
+fn stop_on_signal(shutdown: CancellationToken) -> Result<(), std::io::Error> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-    }
-    shutdown.cancel();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => tracing::info!("SIGINT received"),
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
 }
 
 #[cfg(test)]

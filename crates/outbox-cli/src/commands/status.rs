@@ -20,7 +20,7 @@ pub async fn run(args: Args) -> CommandResult {
     let tables = outbox.tables;
     let slots = match &outbox.db {
         Db::Postgres(pool) => outbox::postgres::cdc::slots(pool, &tables).await?,
-        Db::Sqlite(_) => Vec::new(),
+        Db::MySql(_) | Db::Sqlite(_) => Vec::new(),
     };
     let backlog = outbox.store.backlog().await?;
     let partitions = outbox.store.partition_status().await?;

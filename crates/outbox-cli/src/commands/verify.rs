@@ -189,6 +189,24 @@ async fn outbox_rows(
         .iter()
         .map(read_row)
         .collect::<Result<Vec<_>, _>>()?,
+        Db::MySql(pool) => {
+            let time = |t: Option<DateTime<Utc>>| t.map(|t| t.naive_utc());
+            sqlx::query(&tables.render_mysql(
+                "SELECT id, event_id, aggregate_type, aggregate_id, status
+                 FROM {events}
+                 WHERE (? IS NULL OR occurred_at >= ?) AND (? IS NULL OR occurred_at < ?)
+                 ORDER BY id",
+            ))
+            .bind(time(since))
+            .bind(time(since))
+            .bind(time(until))
+            .bind(time(until))
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(read_row)
+            .collect::<Result<Vec<_>, _>>()?
+        }
         Db::Sqlite(pool) => {
             let time = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339());
             sqlx::query(&tables.render_sqlite(

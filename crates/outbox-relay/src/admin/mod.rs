@@ -1,9 +1,10 @@
-//! Operator actions on an outbox, PostgreSQL or SQLite: purge published rows, and list,
+//! Operator actions on an outbox, PostgreSQL, MySQL or SQLite: purge published rows, and list,
 //! inspect, replay or skip dead letters. Every mutating dead-letter action is recorded in the
-//! `audit` table in the same transaction that performs it. Both backends give the same
+//! `audit` table in the same transaction that performs it. Every backend gives the same
 //! result for the same rows (`tests/admin_conformance.rs`), the result the simulation's model
 //! (`outbox-sim`, `db_admin.rs`) gives.
 
+mod mysql;
 mod postgres;
 mod sqlite;
 
@@ -11,8 +12,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox::Tables;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 
+use mysql::MySqlAdmin;
 use postgres::PgAdmin;
 use sqlite::SqliteAdmin;
 
@@ -120,6 +122,7 @@ pub struct Admin {
 #[derive(Clone, Debug)]
 enum Backend {
     Postgres(PgAdmin),
+    MySql(MySqlAdmin),
     Sqlite(SqliteAdmin),
 }
 
@@ -128,6 +131,14 @@ impl Admin {
     pub fn new(pool: PgPool, tables: &Tables) -> Self {
         Self {
             backend: Backend::Postgres(PgAdmin::new(pool, tables)),
+        }
+    }
+
+    /// Actions on the MySQL or MariaDB outbox at `tables` (migrated with
+    /// `outbox::mysql::MySqlOutbox::migrate`).
+    pub fn mysql(pool: MySqlPool, tables: &Tables) -> Self {
+        Self {
+            backend: Backend::MySql(MySqlAdmin::new(pool, tables)),
         }
     }
 
@@ -141,11 +152,11 @@ impl Admin {
 
     /// On a time-partitioned PostgreSQL outbox, creates the partitions from today to a week
     /// ahead that do not exist yet and returns their names (nothing on a plain table, nor on
-    /// SQLite).
+    /// MySQL or SQLite).
     pub async fn create_partitions_ahead(&self) -> Result<Vec<String>, outbox::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.create_partitions_ahead().await,
-            Backend::Sqlite(_) => Ok(Vec::new()),
+            Backend::MySql(_) | Backend::Sqlite(_) => Ok(Vec::new()),
         }
     }
 
@@ -163,7 +174,7 @@ impl Admin {
                 pg.drop_expired_partitions(retention, archive, dry_run)
                     .await
             }
-            Backend::Sqlite(_) => Ok(Default::default()),
+            Backend::MySql(_) | Backend::Sqlite(_) => Ok(Default::default()),
         }
     }
 
@@ -171,6 +182,7 @@ impl Admin {
     pub async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.purgeable(retention).await,
+            Backend::MySql(my) => my.purgeable(retention).await,
             Backend::Sqlite(lite) => lite.purgeable(retention).await,
         }
     }
@@ -186,6 +198,7 @@ impl Admin {
         let batch = batch.max(1);
         match &self.backend {
             Backend::Postgres(pg) => pg.purge_batch(retention, batch, archive).await,
+            Backend::MySql(my) => my.purge_batch(retention, batch, archive).await,
             Backend::Sqlite(lite) => lite.purge_batch(retention, batch, archive).await,
         }
     }
@@ -215,6 +228,7 @@ impl Admin {
     pub async fn purge_inbox(&self, retention: Duration, batch: i64) -> Result<u64, outbox::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.purge_inbox(retention, batch).await,
+            Backend::MySql(my) => my.purge_inbox(retention, batch).await,
             Backend::Sqlite(lite) => lite.purge_inbox(retention, batch).await,
         }
     }
@@ -226,6 +240,7 @@ impl Admin {
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.dead_letters(filter).await,
+            Backend::MySql(my) => my.dead_letters(filter).await,
             Backend::Sqlite(lite) => lite.dead_letters(filter).await,
         }
     }
@@ -234,6 +249,7 @@ impl Admin {
     pub async fn payload(&self, id: i64) -> Result<Option<Vec<u8>>, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.payload(id).await,
+            Backend::MySql(my) => my.payload(id).await,
             Backend::Sqlite(lite) => lite.payload(id).await,
         }
     }
@@ -244,6 +260,7 @@ impl Admin {
     pub async fn replay(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.replay(ids, actor, reason).await,
+            Backend::MySql(my) => my.replay(ids, actor, reason).await,
             Backend::Sqlite(lite) => lite.replay(ids, actor, reason).await,
         }
     }
@@ -254,6 +271,7 @@ impl Admin {
     pub async fn skip(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.skip(ids, actor, reason).await,
+            Backend::MySql(my) => my.skip(ids, actor, reason).await,
             Backend::Sqlite(lite) => lite.skip(ids, actor, reason).await,
         }
     }
@@ -262,6 +280,7 @@ impl Admin {
     pub async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.audit(limit).await,
+            Backend::MySql(my) => my.audit(limit).await,
             Backend::Sqlite(lite) => lite.audit(limit).await,
         }
     }

@@ -1,6 +1,7 @@
 //! PostgreSQL access for the relay. Internal seam: the SQL lives in `sql/*.sql`, rendered once
 //! with the validated schema and table names; every value is a bind parameter.
 
+mod mysql;
 mod rows;
 mod sqlite;
 
@@ -11,6 +12,8 @@ use futures::future::BoxFuture;
 use outbox::Tables;
 use sqlx::{postgres::PgPoolOptions, PgPool, Row};
 
+pub use mysql::MySqlStore;
+pub(crate) use mysql::{bind_list, key_text, listed};
 pub use rows::{Claimed, ClaimedRow, Failure};
 pub(crate) use sqlite::parse_time;
 pub use sqlite::SqliteStore;

@@ -1,0 +1,302 @@
+//! Operator actions on a MySQL or MariaDB outbox (`sql/mysql.sql`). What PostgreSQL does in
+//! one statement is here a few in one transaction, each row it changes read first with a
+//! locking read (MySQL has no `RETURNING`).
+
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use outbox::Tables;
+use sqlx::{MySql, MySqlConnection, MySqlPool, Row};
+
+use super::{AuditEntry, DeadLetter, DeadLetterFilter};
+use crate::store::{bind_list, key_text, listed, named};
+
+/// Operator actions on a MySQL outbox.
+#[derive(Clone, Debug)]
+pub(crate) struct MySqlAdmin {
+    pool: MySqlPool,
+    tables: Tables,
+    file: std::sync::Arc<String>,
+}
+
+/// A retention in microseconds, as the statements subtract it.
+fn micros(retention: Duration) -> i64 {
+    i64::try_from(retention.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Row ids as a JSON array (the audit's `event_ids`, the list's id filter).
+fn json_ids(ids: &[i64]) -> String {
+    serde_json::to_string(ids).expect("integers serialise")
+}
+
+impl MySqlAdmin {
+    pub(crate) fn new(pool: MySqlPool, tables: &Tables) -> Self {
+        Self {
+            pool,
+            tables: tables.clone(),
+            file: std::sync::Arc::new(tables.render_mysql(include_str!("sql/mysql.sql"))),
+        }
+    }
+
+    fn sql(&self, name: &str) -> &str {
+        named(&self.file, name)
+    }
+
+    fn listed(&self, name: &str, n: usize) -> String {
+        listed(self.sql(name), &[("ids", n)])
+    }
+
+    /// Commits when `result` is Ok, else rolls back; returns `result`.
+    async fn finish<T>(
+        tx: sqlx::Transaction<'static, MySql>,
+        result: Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        match result {
+            Ok(value) => tx.commit().await.map(|()| value),
+            Err(error) => {
+                let _ = tx.rollback().await;
+                Err(error)
+            }
+        }
+    }
+
+    pub(crate) async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(self.sql("purgeable"))
+            .bind(micros(retention))
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    pub(crate) async fn purge_batch(
+        &self,
+        retention: Duration,
+        batch: i64,
+        archive: bool,
+    ) -> Result<u64, sqlx::Error> {
+        if !archive {
+            return sqlx::query(self.sql("purge"))
+                .bind(micros(retention))
+                .bind(batch)
+                .execute(&self.pool)
+                .await
+                .map(|done| done.rows_affected());
+        }
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            let ids: Vec<i64> = sqlx::query_scalar(self.sql("archive_batch"))
+                .bind(micros(retention))
+                .bind(batch)
+                .fetch_all(&mut *tx)
+                .await?;
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            bind_list(sqlx::query(&self.listed("archive", ids.len())), &ids)
+                .execute(&mut *tx)
+                .await?;
+            bind_list(
+                sqlx::query(&self.listed("delete_archived", ids.len())),
+                &ids,
+            )
+            .execute(&mut *tx)
+            .await
+            .map(|done| done.rows_affected())
+        }
+        .await;
+        Self::finish(tx, result).await
+    }
+
+    pub(crate) async fn purge_inbox(
+        &self,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<u64, outbox::Error> {
+        outbox::mysql::MySqlInbox::new(&self.tables)
+            .purge(&self.pool, retention, batch)
+            .await
+    }
+
+    pub(crate) async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<DeadLetter>, sqlx::Error> {
+        let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| t.naive_utc());
+        let ids = filter.ids.as_deref().map(json_ids);
+        let rows = sqlx::query(self.sql("list_dead"))
+            .bind(&filter.event_type)
+            .bind(&filter.event_type)
+            .bind(&filter.aggregate_type)
+            .bind(&filter.aggregate_type)
+            .bind(&filter.aggregate_id)
+            .bind(&filter.aggregate_id)
+            .bind(time(filter.since))
+            .bind(time(filter.since))
+            .bind(time(filter.until))
+            .bind(time(filter.until))
+            .bind(&filter.error_contains)
+            .bind(&filter.error_contains)
+            .bind(&ids)
+            .bind(&ids)
+            .bind(filter.limit.unwrap_or(100))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let headers: String = r.try_get("headers")?;
+                let occurred_at: NaiveDateTime = r.try_get("occurred_at")?;
+                Ok(DeadLetter {
+                    id: r.try_get("id")?,
+                    event_id: r.try_get("event_id")?,
+                    aggregate_type: key_text(r, "aggregate_type")?,
+                    aggregate_id: key_text(r, "aggregate_id")?,
+                    aggregate_version: r.try_get("aggregate_version")?,
+                    event_type: r.try_get("event_type")?,
+                    schema_version: r.try_get("schema_version")?,
+                    destination: r.try_get("destination")?,
+                    content_type: r.try_get("content_type")?,
+                    headers: serde_json::from_str(&headers)
+                        .unwrap_or(serde_json::Value::String(headers)),
+                    occurred_at: Some(occurred_at.and_utc()),
+                    attempts: r.try_get("attempts")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_size: r.try_get("payload_size")?,
+                    parked: r.try_get::<i64, _>("parked")? != 0,
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) async fn payload(&self, id: i64) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        sqlx::query_scalar(self.sql("payload"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    pub(crate) async fn replay(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<i64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            let replayed: Vec<i64> =
+                bind_list(sqlx::query_scalar(&self.listed("dead_of", ids.len())), ids)
+                    .fetch_all(&mut *tx)
+                    .await?;
+            if replayed.is_empty() {
+                return Ok(0);
+            }
+            let n = replayed.len();
+            bind_list(sqlx::query(&self.listed("replay", n)), &replayed)
+                .execute(&mut *tx)
+                .await?;
+            bind_list(sqlx::query(&self.listed("hold_heads", n)), &replayed)
+                .execute(&mut *tx)
+                .await?;
+            self.record(&mut tx, actor, "replay", &replayed, reason)
+                .await?;
+            Ok(n as i64)
+        }
+        .await;
+        Self::finish(tx, result).await
+    }
+
+    pub(crate) async fn skip(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<i64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            let targets: Vec<(String, String, i64)> =
+                bind_list(sqlx::query(&self.listed("skip_targets", ids.len())), ids)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .iter()
+                    .map(|r| Ok((key_text(r, 0)?, key_text(r, 1)?, r.try_get(2)?)))
+                    .collect::<Result<_, sqlx::Error>>()?;
+            for (aggregate_type, aggregate_id, _) in &targets {
+                let first: Option<(i64, i32)> = sqlx::query_as(self.sql("first_pending"))
+                    .bind(aggregate_type)
+                    .bind(aggregate_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                match first {
+                    Some((id, partition)) => {
+                        sqlx::query(self.sql("move_hold"))
+                            .bind(id)
+                            .bind(partition)
+                            .bind(aggregate_type)
+                            .bind(aggregate_id)
+                            .execute(&mut *tx)
+                            .await?
+                    }
+                    None => {
+                        sqlx::query(self.sql("drop_hold"))
+                            .bind(aggregate_type)
+                            .bind(aggregate_id)
+                            .execute(&mut *tx)
+                            .await?
+                    }
+                };
+            }
+            if !targets.is_empty() {
+                let released: Vec<i64> = targets.iter().map(|t| t.2).collect();
+                self.record(&mut tx, actor, "skip", &released, reason)
+                    .await?;
+            }
+            Ok(targets.len() as i64)
+        }
+        .await;
+        Self::finish(tx, result).await
+    }
+
+    async fn record(
+        &self,
+        conn: &mut MySqlConnection,
+        actor: &str,
+        action: &str,
+        ids: &[i64],
+        reason: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(self.sql("record"))
+            .bind(actor)
+            .bind(action)
+            .bind(json_ids(ids))
+            .bind(reason)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    pub(crate) async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
+        let rows = sqlx::query(self.sql("audit"))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let at: NaiveDateTime = r.try_get("at")?;
+                let ids: String = r.try_get("event_ids")?;
+                Ok(AuditEntry {
+                    id: r.try_get("id")?,
+                    at: at.and_utc(),
+                    actor: r.try_get("actor")?,
+                    action: r.try_get("action")?,
+                    event_ids: serde_json::from_str(&ids)
+                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    reason: r.try_get("reason")?,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,108 @@
+-- The operator actions of `postgres.sql` on a MySQL or MariaDB outbox, with the same results.
+-- Times in the holds table are unix milliseconds. `{ids}` stands for a list of `?`
+-- placeholders (see store/sql/mysql.sql).
+-- name: purgeable
+-- ? the retention in microseconds
+SELECT count(*) FROM {events}
+WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND;
+-- name: purge
+-- One batch of published rows older than the retention, oldest first; never pending or dead
+-- rows. ? retention (µs), ? batch size
+DELETE FROM {events}
+WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+ORDER BY published_at
+LIMIT ?;
+-- name: archive_batch
+-- The ids `purge` would delete, locked for the archive's two statements. ? retention (µs),
+-- ? batch size
+SELECT id FROM {events}
+WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+ORDER BY published_at
+LIMIT ?
+FOR UPDATE;
+-- name: archive
+INSERT INTO {events}_archive (
+    id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+    destination, payload, content_type, headers, occurred_at, `partition`, status, attempts,
+    permanent_failures, next_attempt_at, last_error, published_at)
+SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type,
+       schema_version, destination, payload, content_type, headers, occurred_at, `partition`,
+       status, attempts, permanent_failures, next_attempt_at, last_error, published_at
+FROM {events}
+WHERE id IN ({ids}) AND status = 'published';
+-- name: delete_archived
+DELETE FROM {events} WHERE id IN ({ids}) AND status = 'published';
+-- name: list_dead
+-- ? event type (twice), ? aggregate type (twice), ? aggregate id (twice), ? since (twice),
+-- ? until (twice), ? error text (twice), ? ids as a JSON array (twice), ? limit
+SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
+       e.schema_version, e.destination, e.content_type, CAST(e.headers AS CHAR) AS headers,
+       e.occurred_at, e.attempts, COALESCE(e.last_error, '') AS last_error,
+       e.payload_bytes AS payload_size,
+       CAST(EXISTS (SELECT 1 FROM {holds} h
+                    WHERE h.event_id = e.id AND h.held_until IS NULL) AS SIGNED) AS parked
+FROM {events} e
+WHERE e.status = 'dead'
+  AND (? IS NULL OR e.event_type = ?)
+  AND (? IS NULL OR e.aggregate_type = ?)
+  AND (? IS NULL OR e.aggregate_id = ?)
+  AND (? IS NULL OR e.occurred_at >= ?)
+  AND (? IS NULL OR e.occurred_at < ?)
+  AND (? IS NULL OR LOCATE(LOWER(?), LOWER(COALESCE(e.last_error, ''))) > 0)
+  AND (? IS NULL OR JSON_CONTAINS(?, CAST(e.id AS CHAR)))
+ORDER BY e.id
+LIMIT ?;
+-- name: payload
+SELECT payload FROM {events} WHERE id = ?;
+-- name: dead_of
+-- The dead rows among {ids}, locked.
+SELECT id FROM {events} WHERE id IN ({ids}) AND status = 'dead' ORDER BY id FOR UPDATE;
+-- name: replay
+-- Dead events become pending again, attempts and permanent failures reset. {ids}
+UPDATE {events}
+SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
+WHERE id IN ({ids}) AND status = 'dead';
+-- name: hold_heads
+-- Each aggregate of the replayed rows {ids} gets its hold on its first pending row (a
+-- replayed one, or one pending before), due at once: it resumes with that row, in id order,
+-- through the claim's due path. As on PostgreSQL, a hold moves rather than goes: it is the
+-- record that the aggregate has events waiting in the table.
+INSERT INTO {holds} (aggregate_type, aggregate_id, `partition`, event_id, held_until, created_at)
+SELECT head.aggregate_type, head.aggregate_id, head.`partition`, head.id,
+       CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)
+FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {events} WHERE id IN ({ids})) r
+JOIN {events} head ON head.id = (
+    SELECT min(f.id) FROM {events} f
+    WHERE f.aggregate_type = r.aggregate_type AND f.aggregate_id = r.aggregate_id
+      AND f.status = 'pending')
+ON DUPLICATE KEY UPDATE event_id = VALUES(event_id), `partition` = VALUES(`partition`),
+    held_until = VALUES(held_until), created_at = VALUES(created_at);
+-- name: skip_targets
+-- The holds of dead rows among {ids}: those rows park their aggregates. Locked.
+SELECT h.aggregate_type, h.aggregate_id, h.event_id
+FROM {holds} h
+JOIN {events} e ON e.id = h.event_id
+WHERE h.event_id IN ({ids}) AND e.status = 'dead'
+  AND e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
+ORDER BY h.event_id
+FOR UPDATE;
+-- name: first_pending
+-- The first pending row of aggregate (?, ?), if any.
+SELECT id, `partition` FROM {events}
+WHERE aggregate_type = ? AND aggregate_id = ? AND status = 'pending'
+ORDER BY id LIMIT 1;
+-- name: move_hold
+-- The hold of aggregate (?, ?) moves to row ? of partition ?, due at once.
+UPDATE {holds}
+SET event_id = ?, `partition` = ?,
+    held_until = CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED),
+    created_at = CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)
+WHERE aggregate_type = ? AND aggregate_id = ?;
+-- name: drop_hold
+DELETE FROM {holds} WHERE aggregate_type = ? AND aggregate_id = ?;
+-- name: record
+-- ? actor, ? action, ? row ids (JSON array), ? reason
+INSERT INTO {audit} (actor, action, event_ids, reason) VALUES (?, ?, ?, ?);
+-- name: audit
+SELECT id, at, actor, action, CAST(event_ids AS CHAR) AS event_ids, reason
+FROM {audit} ORDER BY id DESC LIMIT ?;

@@ -1,0 +1,329 @@
+//! MySQL 8 / MariaDB 10.6+ storage (sqlx). The same contract as PostgreSQL's, in tables named
+//! `{schema}_events`, `{schema}_inbox`, … in the connection's database (a MySQL schema is a
+//! database; the prefix keeps several outboxes apart in one). Partitions and leases as on
+//! PostgreSQL: any number of relays share the work.
+
+use std::time::Duration;
+
+use sqlx::{Connection, Executor, MySqlConnection, MySqlPool};
+use uuid::Uuid;
+
+use crate::{
+    event::validate_all, postgres::MigrateOptions, Error, Event, SchemaError, Seen, Tables,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+};
+
+/// The migrations this build ships for MySQL and MariaDB.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "create outbox and inbox",
+    include_str!("migrations/0001_create_outbox.sql"),
+)];
+
+/// Partition count of a new MySQL outbox when none is given (as PostgreSQL's).
+pub const DEFAULT_PARTITIONS: i32 = crate::postgres::DEFAULT_PARTITIONS;
+
+/// Writes events into a MySQL or MariaDB outbox. Cheap to clone; holds no connection.
+#[derive(Clone, Debug)]
+pub struct MySqlOutbox {
+    tables: Tables,
+    max_payload_bytes: usize,
+    insert_sql: String,
+}
+
+impl Default for MySqlOutbox {
+    fn default() -> Self {
+        Self::new(Tables::default())
+    }
+}
+
+impl MySqlOutbox {
+    /// An outbox whose tables are prefixed with `tables.schema()`.
+    pub fn new(tables: Tables) -> Self {
+        let insert_sql = tables.render_mysql(
+            "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, aggregate_version, \
+             event_type, schema_version, destination, payload, content_type, headers, occurred_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6)))",
+        );
+        Self {
+            tables,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            insert_sql,
+        }
+    }
+
+    /// Changes the largest payload accepted (bytes).
+    pub fn max_payload_bytes(mut self, limit: usize) -> Self {
+        self.max_payload_bytes = limit;
+        self
+    }
+
+    /// Where this outbox lives.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    /// Creates or upgrades the tables. Concurrent migrators queue on a named lock
+    /// (`GET_LOCK`), then find the work done. MySQL commits DDL statement by statement, so
+    /// every statement can run again: a migration cut short completes on the next run.
+    /// `options.partitions` is the partition count of a new outbox (default 32); time
+    /// partitioning is PostgreSQL's only.
+    pub async fn migrate(&self, pool: &MySqlPool, options: MigrateOptions) -> Result<(), Error> {
+        if options.time_partition_days.is_some() {
+            return Err(Error::Schema(SchemaError::TimePartitioning(
+                "time partitioning is available on PostgreSQL only".into(),
+            )));
+        }
+        let partitions = options.partitions.unwrap_or(DEFAULT_PARTITIONS);
+        if !(1..=4096).contains(&partitions) {
+            return Err(Error::Schema(SchemaError::BadPartitionCount(partitions)));
+        }
+        // A connection of its own, closed at the end: a named lock lives as long as its
+        // session, so a migration dropped half-way must not hand the lock back to the pool.
+        let mut conn = pool.acquire().await.map_err(Error::Database)?.detach();
+        let lock = "SELECT GET_LOCK(CONCAT('outbox.migrate.', LEFT(DATABASE(), 16), '.', \
+                    LEFT(?, 32)), 600)";
+        let locked: Option<i64> = sqlx::query_scalar(lock)
+            .bind(self.tables.schema().as_str())
+            .fetch_one(&mut conn)
+            .await
+            .map_err(Error::Database)?;
+        if locked != Some(1) {
+            return Err(Error::Schema(SchemaError::Locked(
+                "another migration held the outbox's migration lock for 600 s".into(),
+            )));
+        }
+        let result = migrate_locked(&mut conn, &self.tables, partitions, options.partitions).await;
+        let _ = conn.close().await;
+        result
+    }
+
+    /// Writes one event inside the caller's transaction and returns its id. Never commits.
+    pub async fn enqueue(&self, conn: &mut MySqlConnection, event: &Event) -> Result<Uuid, Error> {
+        self.enqueue_batch(conn, std::slice::from_ref(event))
+            .await
+            .map(|ids| ids[0])
+    }
+
+    /// Writes many events, in order, inside the caller's transaction. All are validated first;
+    /// nothing is written if one is invalid.
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        events: &[Event],
+    ) -> Result<Vec<Uuid>, Error> {
+        validate_all(events, self.max_payload_bytes)?;
+        let mut ids = Vec::with_capacity(events.len());
+        for e in events {
+            sqlx::query(&self.insert_sql)
+                .bind(e.event_id.hyphenated().to_string())
+                .bind(&e.aggregate_type)
+                .bind(&e.aggregate_id)
+                .bind(e.aggregate_version)
+                .bind(&e.event_type)
+                .bind(e.schema_version)
+                .bind(&e.destination)
+                .bind(&e.payload)
+                .bind(&e.content_type)
+                .bind(serde_json::to_string(&e.headers).map_err(Error::Serialize)?)
+                .bind(e.occurred_at.map(|t| t.naive_utc()))
+                .execute(&mut *conn)
+                .await
+                .map_err(|err| map_insert_error(err, e))?;
+            ids.push(e.event_id);
+        }
+        Ok(ids)
+    }
+}
+
+/// The statements of a migration file, one per `;` at the end of a line, without the ones
+/// that are only comments.
+pub(crate) fn statements(sql: &str) -> impl Iterator<Item = &str> {
+    sql.split(";\n").map(str::trim).filter(|s| {
+        s.lines()
+            .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--"))
+    })
+}
+
+async fn migrate_locked(
+    conn: &mut MySqlConnection,
+    tables: &Tables,
+    partitions: i32,
+    requested: Option<i32>,
+) -> Result<(), Error> {
+    conn.execute(sqlx::raw_sql(&tables.render_mysql(
+        "CREATE TABLE IF NOT EXISTS {migrations} (
+             version     INT          NOT NULL PRIMARY KEY,
+             description VARCHAR(255) NOT NULL,
+             checksum    VARCHAR(64)  NOT NULL,
+             applied_at  DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+    )))
+    .await
+    .map_err(Error::Database)?;
+    let applied: Vec<(i32, String)> = sqlx::query_as(
+        &tables.render_mysql("SELECT version, checksum FROM {migrations} ORDER BY version"),
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::Database)?;
+    for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
+        let sql = tables
+            .render_mysql(template)
+            .replace("{partitions}", &partitions.to_string());
+        for statement in statements(&sql) {
+            conn.execute(sqlx::raw_sql(statement))
+                .await
+                .map_err(Error::Database)?;
+        }
+        sqlx::query(&tables.render_mysql(
+            "INSERT INTO {migrations} (version, description, checksum) VALUES (?, ?, ?)",
+        ))
+        .bind(version)
+        .bind(description)
+        .bind(crate::migration::checksum(template))
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::Database)?;
+    }
+    let existing: i32 = sqlx::query_scalar(
+        &tables.render_mysql("SELECT partitions FROM {meta} WHERE singleton = 1"),
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(Error::Database)?;
+    // One lease row per partition (a loop rather than a recursive query: MySQL caps
+    // recursion at 1,000 rows by default).
+    let lease = tables.render_mysql("INSERT IGNORE INTO {leases} (`partition`) VALUES (?)");
+    let have: i64 = sqlx::query_scalar(&tables.render_mysql("SELECT count(*) FROM {leases}"))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(Error::Database)?;
+    if have < i64::from(existing) {
+        for partition in 0..existing {
+            sqlx::query(&lease)
+                .bind(partition)
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::Database)?;
+        }
+    }
+    match requested {
+        Some(requested) if requested != existing => {
+            Err(Error::Schema(SchemaError::PartitionMismatch {
+                existing,
+                requested,
+            }))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {
+    let (code, message) = error
+        .as_database_error()
+        .map(|d| {
+            (
+                d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(|m| m.number()),
+                d.message().to_owned(),
+            )
+        })
+        .unwrap_or_default();
+    match code {
+        // ER_DUP_ENTRY on the (aggregate, version) key.
+        Some(1062) if message.contains("aggregate_version_key") => {
+            Error::DuplicateAggregateVersion {
+                aggregate_type: event.aggregate_type.clone(),
+                aggregate_id: event.aggregate_id.clone(),
+                version: event.aggregate_version.unwrap_or_default(),
+            }
+        }
+        // ER_NO_SUCH_TABLE.
+        Some(1146) => Error::Schema(SchemaError::Missing),
+        _ => Error::Database(error),
+    }
+}
+
+/// The MySQL inbox (see [`crate::postgres::PgInbox`] for the contract).
+#[derive(Clone, Debug)]
+pub struct MySqlInbox {
+    record_sql: String,
+    purge_sql: String,
+}
+
+impl Default for MySqlInbox {
+    fn default() -> Self {
+        Self::new(&Tables::default())
+    }
+}
+
+impl MySqlInbox {
+    /// The inbox of the outbox in `tables`.
+    pub fn new(tables: &Tables) -> Self {
+        Self {
+            // IGNORE turns only the duplicate key into "no row": the consumer name is checked
+            // first and an event id is 36 characters, so no other error can be ignored.
+            record_sql: tables
+                .render_mysql("INSERT IGNORE INTO {inbox} (consumer, event_id) VALUES (?, ?)"),
+            purge_sql: tables.render_mysql(
+                "DELETE FROM {inbox} \
+                 WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+                 ORDER BY processed_at LIMIT ?",
+            ),
+        }
+    }
+
+    /// Records `event_id` for `consumer` inside the caller's transaction. Never commits.
+    pub async fn record(
+        &self,
+        conn: &mut MySqlConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<Seen, Error> {
+        crate::inbox::check_consumer(consumer)?;
+        let done = sqlx::query(&self.record_sql)
+            .bind(consumer)
+            .bind(event_id.hyphenated().to_string())
+            .execute(conn)
+            .await
+            .map_err(Error::Database)?;
+        Ok(crate::inbox::seen(done.rows_affected()))
+    }
+
+    /// Deletes rows older than `retention`, `batch` rows per statement.
+    pub async fn purge(
+        &self,
+        pool: &MySqlPool,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<u64, Error> {
+        let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
+        crate::inbox::purge_in_batches(batch, |batch| async move {
+            sqlx::query(&self.purge_sql)
+                .bind(micros)
+                .bind(batch)
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(Error::Database)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_migration_splits_into_its_statements_without_comment_only_ones() {
+        let sql = "-- header\nCREATE TABLE a (x INT);\n\n-- note\nINSERT INTO a VALUES (1);\n";
+        let found: Vec<_> = super::statements(sql).collect();
+        assert_eq!(
+            found,
+            [
+                "-- header\nCREATE TABLE a (x INT)",
+                "-- note\nINSERT INTO a VALUES (1);"
+            ]
+        );
+    }
+}
