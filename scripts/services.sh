@@ -17,6 +17,12 @@ if ! port_open 5432; then
   wait_port PostgreSQL 5432 60
 fi
 
+if ! port_open 3306; then
+  echo "services: starting MariaDB"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  wait_port MariaDB 3306 60
+fi
+
 if ! port_open 4222; then
   echo "services: starting NATS (JetStream)"
   mkdir -p /var/lib/nats-server
@@ -54,10 +60,11 @@ bash "$here/tools/kafka.sh"
 bash "$here/tools/sqs.sh"
 bash "$here/tools/pg_cdc.sh"
 
-# The test database must exist (the machine creates it; a fresh cluster may not have it).
+# The test databases must exist (the machine creates them; a fresh cluster may not have them).
 if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
   createdb -h 127.0.0.1 -U postgres test
 fi
+mariadb -h 127.0.0.1 -u root -e 'CREATE DATABASE IF NOT EXISTS test'
 # The dashboard's browser test drives Debian's headless Chromium through chromedriver.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   echo "services: installing chromium and chromium-driver (dashboard browser test)"
@@ -65,4 +72,4 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   apt-get update -qq
   apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-echo "services: PostgreSQL, NATS, RabbitMQ (AMQP 0-9-1 and 1.0), Redis, Mosquitto, tansu (Kafka), moto (SQS) and a wal_level=logical PostgreSQL on 5433 (CDC) are up; chromium and chromedriver installed"
+echo "services: PostgreSQL, MariaDB, NATS, RabbitMQ (AMQP 0-9-1 and 1.0), Redis, Mosquitto, tansu (Kafka), moto (SQS) and a wal_level=logical PostgreSQL on 5433 (CDC) are up; chromium and chromedriver installed"

@@ -116,6 +116,20 @@ impl Drop for MySqlDb {
                     return;
                 };
                 if let Ok(mut conn) = server.connect().await {
+                    // The test's own connections may still be open, one of them in a
+                    // transaction whose locks would make DROP DATABASE wait: end them first.
+                    let sessions: Vec<u64> = sqlx::query_scalar(
+                        "SELECT id FROM information_schema.processlist WHERE db = ?",
+                    )
+                    .bind(&database)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                    for id in sessions {
+                        let _ = sqlx::raw_sql(&format!("KILL {id}"))
+                            .execute(&mut conn)
+                            .await;
+                    }
                     let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{database}`"))
                         .execute(&mut conn)
                         .await;

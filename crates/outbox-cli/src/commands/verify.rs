@@ -192,7 +192,9 @@ async fn outbox_rows(
         Db::MySql(pool) => {
             let time = |t: Option<DateTime<Utc>>| t.map(|t| t.naive_utc());
             sqlx::query(&tables.render_mysql(
-                "SELECT id, event_id, aggregate_type, aggregate_id, status
+                // The keys' binary collation reaches the client as bytes: converted to text.
+                "SELECT id, event_id, CONVERT(aggregate_type USING utf8mb4) AS aggregate_type,
+                        CONVERT(aggregate_id USING utf8mb4) AS aggregate_id, status
                  FROM {events}
                  WHERE (? IS NULL OR occurred_at >= ?) AND (? IS NULL OR occurred_at < ?)
                  ORDER BY id",

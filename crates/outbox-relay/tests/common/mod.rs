@@ -18,8 +18,13 @@ use outbox_testkit::TestDb;
 
 /// Settings that make a test fast: short leases, quick retries, 3 attempts before dead.
 pub fn fast_config(db: &TestDb, prefix: &str) -> RelayConfig {
+    fast_config_for(&db.schema, prefix)
+}
+
+/// [`fast_config`] for the outbox in `schema`.
+pub fn fast_config_for(schema: &str, prefix: &str) -> RelayConfig {
     RelayConfig {
-        schema: db.schema.clone(),
+        schema: schema.into(),
         lease_ttl: Duration::from_secs(2),
         heartbeat_interval: Duration::from_millis(500),
         poll_interval: Duration::from_millis(200),
