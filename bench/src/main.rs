@@ -6,6 +6,7 @@ mod common;
 mod dbbound;
 mod drain;
 mod kafka;
+mod mysql;
 mod naive;
 mod parked;
 mod process;
@@ -55,6 +56,8 @@ enum Command {
     /// (g) SQLite, the embedded default: a backlog drained by the relay into JetStream next
     /// to the SQLite-alone claim + mark limit, then the batched purge next to one DELETE.
     Sqlite,
+    /// (h) MySQL or MariaDB (`--mysql-url`): the same as (g), on two databases of its own.
+    Mysql,
 }
 
 /// Settings shared by every scenario. Flags may come before or after the subcommand.
@@ -68,6 +71,14 @@ pub struct Options {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     pub database_url: String,
+    /// MySQL or MariaDB server for (h) mysql (its databases are created there).
+    #[arg(
+        long,
+        global = true,
+        env = "BENCH_MYSQL_URL",
+        default_value = "mysql://root@127.0.0.1:3306/test"
+    )]
+    pub mysql_url: String,
     /// NATS URL (JetStream enabled).
     #[arg(
         long,
@@ -205,7 +216,12 @@ async fn run(cli: Cli) -> common::Result<()> {
     let needs_nats = match cli.command {
         Command::Drain => cli.options.broker == Broker::Nats,
         Command::Dbbound | Command::Parked => false,
-        Command::Naive | Command::Steady | Command::All | Command::Cdc | Command::Sqlite => true,
+        Command::Naive
+        | Command::Steady
+        | Command::All
+        | Command::Cdc
+        | Command::Sqlite
+        | Command::Mysql => true,
     };
     if cli.command == Command::Sqlite {
         let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
@@ -221,11 +237,33 @@ async fn run(cli: Cli) -> common::Result<()> {
             bench.out_dir().display(),
             m.load_average,
             m.brokers,
-            sqlite::render(&result),
+            sqlite::render(&result, "SQLite"),
             bench.command_line()
         );
         println!("{text}");
         let path = bench.out_dir().join("sqlite.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
+    }
+    if cli.command == Command::Mysql {
+        let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
+        bench.settle("mysql").await;
+        let result = mysql::run(&bench).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# MySQL / MariaDB\n\nMachine: nproc {} ({}), {}, load average {} at the start; \
+             {}.\n\n{}\n`{}`\n",
+            m.nproc,
+            m.cpu_model,
+            mysql::version(&bench).await?,
+            m.load_average,
+            m.brokers,
+            sqlite::render(&result, "MySQL"),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("mysql.md");
         std::fs::write(&path, &text)?;
         eprintln!("results written to {}", path.display());
         return Ok(());

@@ -37,9 +37,10 @@ pub struct Step {
     pub machine_cpu_percent: f64,
 }
 
-/// Figures of the SQLite run.
+/// Figures of a backlog run on one database (SQLite, MySQL): drain, database-alone limit,
+/// purge.
 #[derive(Clone, Debug)]
-pub struct SqliteResult {
+pub struct BacklogResult {
     /// Backlog size.
     pub events: u64,
     /// Time to write one backlog (batches of 1000 per transaction, through `SqliteOutbox`).
@@ -65,17 +66,17 @@ pub struct SqliteResult {
 }
 
 /// Events per second of `n` events in `step`.
-fn rate(n: u64, step: &Step) -> f64 {
+pub(crate) fn rate(n: u64, step: &Step) -> f64 {
     n as f64 / step.time.as_secs_f64()
 }
 
 /// CPU microseconds per event.
-fn cpu_per_event(n: u64, step: &Step) -> f64 {
+pub(crate) fn cpu_per_event(n: u64, step: &Step) -> f64 {
     step.cpu_seconds * 1e6 / n.max(1) as f64
 }
 
 /// Runs the scenario on two SQLite files in `--out` and its own stream, all removed afterwards.
-pub async fn run(bench: &Bench) -> Result<SqliteResult> {
+pub async fn run(bench: &Bench) -> Result<BacklogResult> {
     let scope = bench.scope("sqlite")?;
     let drained = bench.out_dir().join(format!("{}-drained.db", scope.stream));
     let claimed = bench.out_dir().join(format!("{}-claimed.db", scope.stream));
@@ -139,7 +140,9 @@ fn own_cpu() -> f64 {
 }
 
 /// Measures `work` done in this process.
-async fn in_process<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<(T, Step)> {
+pub(crate) async fn in_process<T>(
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<(T, Step)> {
     let (cpu, machine, started) = (own_cpu(), MachineCpu::now(), Instant::now());
     let value = work.await?;
     let step = Step {
@@ -155,7 +158,7 @@ async fn measure(
     scope: &Scope,
     drained: &Path,
     claimed: &Path,
-) -> Result<SqliteResult> {
+) -> Result<BacklogResult> {
     let events = bench.options.events;
     let tables = &scope.tables;
     bench.log(
@@ -236,7 +239,7 @@ async fn measure(
     .await?;
     drained_pool.close().await;
     claimed_pool.close().await;
-    Ok(SqliteResult {
+    Ok(BacklogResult {
         events,
         insert_time,
         drain,
@@ -251,8 +254,8 @@ async fn measure(
     })
 }
 
-/// The figures as markdown.
-pub fn render(r: &SqliteResult) -> String {
+/// The figures as markdown; `database` names the limit's database.
+pub fn render(r: &BacklogResult, database: &str) -> String {
     let n = r.events;
     let row = |what: &str, done: u64, step: &Step, process: &str| {
         format!(
@@ -270,7 +273,7 @@ pub fn render(r: &SqliteResult) -> String {
     );
     out.push_str(&row("relay drain to JetStream", n, &r.drain, "relay"));
     out.push_str(&row(
-        "SQLite alone: claim + mark",
+        &format!("{database} alone: claim + mark"),
         r.marked as u64,
         &r.limit,
         "bench",
@@ -278,7 +281,7 @@ pub fn render(r: &SqliteResult) -> String {
     out.push_str(&row("purge, batches of 1000", r.purged, &r.purge, "bench"));
     out.push_str(&row("one plain DELETE", r.deleted, &r.delete, "bench"));
     out.push_str(&format!(
-        "\nRelay drain / SQLite-alone limit: **{:.2}** of the limit's rate. Batched purge / one \
+        "\nRelay drain / {database}-alone limit: **{:.2}** of the limit's rate. Batched purge / one \
          DELETE: **{:.2}** of its rate. Backlog written in {:.1} s ({:.0} events/s, batches of \
          1000). Stream messages after the drain: {} of {n}. Relay peak RSS {:.1} MB, exit {}, \
          {} warnings, {} errors.\n",

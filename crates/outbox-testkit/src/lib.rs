@@ -5,6 +5,7 @@
 
 mod db;
 mod delivery;
+mod mariadb;
 mod mqtt;
 mod mysql;
 mod nats;
@@ -18,6 +19,7 @@ use std::{future::Future, time::Duration};
 
 pub use db::{cdc_database_url, database_url, insert_sequences, TestDb};
 pub use delivery::{Delivery, Report};
+pub use mariadb::PrivateMariaDb;
 pub use mqtt::MqttReader;
 pub use mysql::{mysql_url, MySqlDb};
 pub use nats::{NatsReader, NATS_URL};

@@ -1,6 +1,8 @@
-//! Chaos end to end: real PostgreSQL, real NATS JetStream, real `outbox relay` processes.
+//! Chaos end to end: real PostgreSQL (or MariaDB), real NATS JetStream, real `outbox relay`
+//! processes.
 //!
-//! A run starts a private PostgreSQL (its own data folder and port) and a private nats-server
+//! A run starts a private PostgreSQL, or with `OUTBOX_CHAOS_DATABASE=mariadb` a private
+//! MariaDB (its own data folder and port) and a private nats-server
 //! (its own port and JetStream store), three `outbox relay` processes, writer tasks committing
 //! events over many aggregates through the library (some transactions roll back, some commit
 //! late), and an independent consumer reading the stream with async-nats. For
@@ -15,10 +17,12 @@
 //! schedule of faults and the same writer choices; the timing of the machine still varies),
 //! `OUTBOX_CHAOS_MODE` (`poll`, default, or `cdc`: the relays stream a logical replication
 //! slot of the private server, which then runs with `wal_level = logical`; one streams, the
-//! others stand by, and a kill or a pause of the streamer is a takeover).
+//! others stand by, and a kill or a pause of the streamer is a takeover), `OUTBOX_CHAOS_DATABASE`
+//! (`postgres`, default, or `mariadb`: polling relays on a MySQL-family outbox).
 
 pub mod broker;
 pub mod consumer;
+pub mod database;
 pub mod monkey;
 pub mod relays;
 pub mod tally;
@@ -31,15 +35,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use outbox::postgres::{MigrateOptions, PgOutbox, WriteMode};
-use outbox_testkit::{unique, PrivatePostgres};
+use outbox::postgres::WriteMode;
+use outbox_testkit::unique;
 use rand::{rngs::StdRng, SeedableRng};
-use sqlx::{postgres::PgPoolOptions, PgPool, Row as _};
 use uuid::Uuid;
 
 use self::{
     broker::{Broker, BrokerKind},
     consumer::Recorder,
+    database::{DatabaseKind, Pool, Server},
     monkey::Targets,
     relays::{Fleet, RelaySettings},
     tally::{Figures, Row},
@@ -67,6 +71,8 @@ pub struct Settings {
     pub broker: BrokerKind,
     /// Where the relays take events from.
     pub source: Source,
+    /// The private database.
+    pub database: DatabaseKind,
 }
 
 /// The relays' source of events.
@@ -133,7 +139,20 @@ impl Settings {
                 Ok("cdc") => Source::Cdc,
                 Ok(other) => panic!("OUTBOX_CHAOS_MODE={other:?}: poll or cdc"),
             },
+            database: match std::env::var("OUTBOX_CHAOS_DATABASE").as_deref() {
+                Err(_) | Ok("postgres") => DatabaseKind::Postgres,
+                Ok("mariadb") => DatabaseKind::MariaDb,
+                Ok(other) => panic!("OUTBOX_CHAOS_DATABASE={other:?}: postgres or mariadb"),
+            },
         }
+    }
+
+    /// These settings on a private MariaDB (polling; MySQL has no CDC).
+    pub fn mariadb(mut self) -> Self {
+        self.database = DatabaseKind::MariaDb;
+        self.source = Source::Poll;
+        self.writer.write_mode = WriteMode::Table;
+        self
     }
 
     /// These settings in CDC mode, writing with `OUTBOX_CHAOS_WRITE_MODE` (`table`,
@@ -200,30 +219,13 @@ pub async fn run(settings: &Settings) -> Outcome {
     let log_dir = std::env::temp_dir().join(unique("chaos-run"));
     std::fs::create_dir_all(&log_dir).expect("log folder");
 
-    let mut postgres = match settings.source {
-        Source::Poll => PrivatePostgres::start().await,
-        Source::Cdc => PrivatePostgres::start_with(&["wal_level=logical"]).await,
-    };
-    let pool = PgPoolOptions::new()
-        .max_connections(settings.writer.writers as u32 + 4)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(&postgres.url())
-        .await
-        .expect("connect to the private PostgreSQL");
-    PgOutbox::default()
-        .migrate(
-            &pool,
-            MigrateOptions {
-                partitions: Some(settings.partitions),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("migrate");
-    if settings.source == Source::Cdc {
+    let mut database = Server::start(settings.database, settings.source == Source::Cdc).await;
+    let pool = Pool::connect(&database, settings.writer.writers as u32 + 4).await;
+    pool.migrate(settings.partitions).await;
+    if let (Source::Cdc, Pool::Pg(pool)) = (settings.source, &pool) {
         let tables = outbox::Tables::default();
         outbox::postgres::cdc::setup(
-            &pool,
+            pool,
             &tables,
             &outbox::postgres::cdc::CdcNames::for_tables(&tables),
         )
@@ -240,8 +242,9 @@ pub async fn run(settings: &Settings) -> Outcome {
     )
     .expect("relay config");
     log(&format!(
-        "private PostgreSQL at {}, {}, logs in {}",
-        postgres.url(),
+        "private {} at {}, {}, logs in {}",
+        database.name(),
+        database.url(),
         broker.describe(),
         log_dir.display()
     ));
@@ -249,7 +252,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     let mut fleet = Fleet::start(
         settings.relays,
         RelaySettings {
-            database_url: postgres.url(),
+            database_url: database.url(),
             broker_url: broker.url.clone(),
             config,
             log_dir: log_dir.clone(),
@@ -263,7 +266,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         Targets {
             fleet: &mut fleet,
             nats: broker.restartable(),
-            postgres: &mut postgres,
+            database: &mut database,
         },
     )
     .await;
@@ -282,8 +285,8 @@ pub async fn run(settings: &Settings) -> Outcome {
             tally::committed_from_ledger(&ledger, business, &rows)
         }
     };
-    let business = business_versions(&pool).await;
-    let table = committed(committed_rows(&pool).await, &business);
+    let business = pool.business_versions().await;
+    let table = committed(pool.committed_rows().await, &business);
     log(&format!(
         "{} events committed; waiting for the stream to hold them all",
         table.len()
@@ -291,21 +294,21 @@ pub async fn run(settings: &Settings) -> Outcome {
     let drained = wait_for_all(&broker.recorder, &table, &mut fleet, settings.drain_timeout).await;
     if drained {
         let deadline = Instant::now() + settings.drain_timeout;
-        while pending(&pool).await > 0 && Instant::now() < deadline {
+        while pool.pending().await > 0 && Instant::now() < deadline {
             fleet.tick();
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     log(&format!(
         "{} rows pending; SIGTERM to every relay",
-        pending(&pool).await
+        pool.pending().await
     ));
     let unclean_exits = fleet.terminate_all(Duration::from_secs(30)).await;
-    let table = committed(committed_rows(&pool).await, &business);
+    let table = committed(pool.committed_rows().await, &business);
     // `outbox verify` audits the stream against the table: in table mode only.
     let verify = if keeps_rows {
         log("relays stopped; running outbox verify");
-        let verify = verify(&postgres.url(), &broker.url, &broker.verify_args());
+        let verify = verify(&database.url(), &broker.url, &broker.verify_args());
         log("verify done");
         verify
     } else {
@@ -355,37 +358,6 @@ heartbeat_interval = "1s"
         ttl = settings.lease_ttl.as_millis(),
         heartbeat = settings.lease_ttl.as_millis() / 4,
     )
-}
-
-/// The final `(id, version)` of every aggregate.
-async fn business_versions(pool: &PgPool) -> Vec<(String, i64)> {
-    sqlx::query_as("SELECT id, version FROM chaos_aggregates ORDER BY id")
-        .fetch_all(pool)
-        .await
-        .expect("read chaos_aggregates")
-}
-
-/// Every row of the outbox table.
-async fn committed_rows(pool: &PgPool) -> Vec<Row> {
-    sqlx::query("SELECT event_id, aggregate_id, aggregate_version, status FROM outbox.events")
-        .fetch_all(pool)
-        .await
-        .expect("read the outbox")
-        .into_iter()
-        .map(|r| Row {
-            event_id: r.get("event_id"),
-            aggregate_id: r.get("aggregate_id"),
-            version: r.get::<Option<i64>, _>("aggregate_version").unwrap_or(0),
-            status: r.get("status"),
-        })
-        .collect()
-}
-
-async fn pending(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE status = 'pending'")
-        .fetch_one(pool)
-        .await
-        .unwrap_or(i64::MAX)
 }
 
 /// Waits until the stream holds every event of `table`, or `timeout`; the supervisor keeps

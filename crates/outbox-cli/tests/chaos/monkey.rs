@@ -10,7 +10,7 @@ use rand::{
     Rng,
 };
 
-use outbox_testkit::PrivatePostgres;
+use super::database::Server;
 
 use super::relays::Fleet;
 
@@ -23,15 +23,15 @@ pub enum Fault {
     Pause,
     /// SIGKILL the broker; restart it 0–2 s later (same port, same store).
     RestartBroker,
-    /// SIGKILL PostgreSQL (every process of it); restart it 0–2 s later (crash recovery).
-    RestartPostgres,
+    /// SIGKILL the database (every process of it); restart it 0–2 s later (crash recovery).
+    RestartDatabase,
 }
 
 const ALL: [Fault; 4] = [
     Fault::Kill,
     Fault::Pause,
     Fault::RestartBroker,
-    Fault::RestartPostgres,
+    Fault::RestartDatabase,
 ];
 
 /// How many faults of each kind were injected.
@@ -43,8 +43,8 @@ pub struct Counts {
     pub pauses: usize,
     /// Broker restarts.
     pub broker_restarts: usize,
-    /// PostgreSQL crashes and restarts.
-    pub postgres_restarts: usize,
+    /// Database crashes and restarts.
+    pub database_restarts: usize,
 }
 
 /// What the loop works on.
@@ -54,7 +54,7 @@ pub struct Targets<'a> {
     /// The private broker, if it may be restarted.
     pub nats: Option<&'a mut NatsServer>,
     /// The private database.
-    pub postgres: &'a mut PrivatePostgres,
+    pub database: &'a mut Server,
 }
 
 /// Injects faults for `duration`, with 0.5–3 s between them, then heals: every relay resumed
@@ -68,7 +68,7 @@ pub async fn run(
     let Targets {
         fleet,
         mut nats,
-        postgres,
+        database,
     } = targets;
     let end = Instant::now() + duration;
     let kinds: Vec<Fault> = ALL
@@ -101,7 +101,7 @@ pub async fn run(
                     r if r < 0.35 => Fault::Kill,
                     r if r < 0.60 => Fault::Pause,
                     r if r < 0.80 => Fault::RestartBroker,
-                    _ => Fault::RestartPostgres,
+                    _ => Fault::RestartDatabase,
                 };
                 if kinds.contains(&fault) {
                     break fault;
@@ -149,14 +149,14 @@ pub async fn run(
                 super::log("nats-server up");
                 counts.broker_restarts += 1;
             }
-            Fault::RestartPostgres => {
+            Fault::RestartDatabase => {
                 let down = Duration::from_millis(rng.random_range(0..2_000));
-                super::log(&format!("kill -9 postgres, down for {down:?}"));
-                postgres.crash();
+                super::log(&format!("kill -9 {}, down for {down:?}", database.name()));
+                database.crash();
                 idle(fleet, Instant::now() + down).await;
-                postgres.start_again().await;
-                super::log("postgres up (after crash recovery)");
-                counts.postgres_restarts += 1;
+                database.start_again().await;
+                super::log(&format!("{} up (after crash recovery)", database.name()));
+                counts.database_restarts += 1;
             }
         }
         next = Instant::now() + gap(rng);

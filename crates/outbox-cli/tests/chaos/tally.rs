@@ -252,7 +252,7 @@ impl fmt::Display for Figures {
         )?;
         line(
             out,
-            "aborted by a PostgreSQL crash",
+            "aborted by a database crash",
             format!("{} (error before COMMIT)", self.aborted),
         )?;
         line(
@@ -314,8 +314,8 @@ impl fmt::Display for Figures {
         )?;
         line(
             out,
-            "PostgreSQL restarts (SIGKILL)",
-            self.faults.postgres_restarts.to_string(),
+            "database restarts (SIGKILL)",
+            self.faults.database_restarts.to_string(),
         )?;
         line(
             out,

@@ -1,5 +1,5 @@
 //! The application side: writer tasks committing business changes and their events through
-//! the library (`PgOutbox::enqueue` inside sqlx transactions), and a ledger of what each
+//! the library (`PgOutbox` or `MySqlOutbox` inside sqlx transactions), and a ledger of what each
 //! transaction became.
 //!
 //! Each aggregate is a row of `chaos_aggregates` holding its current version. A transaction
@@ -16,14 +16,12 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use outbox::{
-    postgres::{PgOutbox, WriteMode},
-    Event,
-};
+use outbox::{postgres::WriteMode, Event};
 use rand::{rngs::StdRng, seq::IndexedRandom, Rng, SeedableRng};
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+use super::database::{Outboxes, Pool};
 
 /// The aggregate type of every event written.
 pub const AGGREGATE_TYPE: &str = "account";
@@ -79,21 +77,11 @@ pub struct Writers {
 }
 
 /// Creates the business table with every aggregate at version 0.
-pub async fn prepare(pool: &PgPool, settings: WriterSettings) {
-    sqlx::raw_sql(
-        "CREATE TABLE chaos_aggregates (id text PRIMARY KEY, version bigint NOT NULL DEFAULT 0)",
-    )
-    .execute(pool)
-    .await
-    .expect("create chaos_aggregates");
+pub async fn prepare(pool: &Pool, settings: WriterSettings) {
     let ids: Vec<String> = (0..settings.writers)
         .flat_map(|w| (0..settings.aggregates_per_writer).map(move |a| aggregate_id(w, a)))
         .collect();
-    sqlx::query("INSERT INTO chaos_aggregates (id) SELECT unnest($1::text[])")
-        .bind(&ids)
-        .execute(pool)
-        .await
-        .expect("insert aggregates");
+    pool.prepare(&ids).await;
 }
 
 fn aggregate_id(writer: usize, n: usize) -> String {
@@ -102,14 +90,14 @@ fn aggregate_id(writer: usize, n: usize) -> String {
 
 impl Writers {
     /// Starts the writers; writer `w` draws its choices from `seed + w`.
-    pub fn start(pool: PgPool, settings: WriterSettings, seed: u64) -> Self {
+    pub fn start(pool: Pool, settings: WriterSettings, seed: u64) -> Self {
         let stop = CancellationToken::new();
         let ledger = Arc::new(Mutex::new(Vec::new()));
         let tasks = (0..settings.writers)
             .map(|w| {
                 let writer = Writer {
                     pool: pool.clone(),
-                    outbox: PgOutbox::default().write_mode(settings.write_mode),
+                    outbox: Outboxes::new(settings.write_mode),
                     aggregates: (0..settings.aggregates_per_writer)
                         .map(|a| aggregate_id(w, a))
                         .collect(),
@@ -143,8 +131,8 @@ impl Writers {
 }
 
 struct Writer {
-    pool: PgPool,
-    outbox: PgOutbox,
+    pool: Pool,
+    outbox: Outboxes,
     aggregates: Vec<String>,
     rng: StdRng,
     settings: WriterSettings,
@@ -217,13 +205,7 @@ impl Writer {
             order.sort_by_key(|&i| &aggregates[i]);
             for i in order {
                 let (aggregate, n) = (&aggregates[i], per_aggregate[i]);
-                let version: i64 = sqlx::query_scalar(
-                    "SELECT version FROM chaos_aggregates WHERE id = $1 FOR UPDATE",
-                )
-                .bind(aggregate)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
+                let version = tx.lock_version(aggregate).await?;
                 let batch = (version + 1..=version + n)
                     .map(|v| {
                         Event::new(AGGREGATE_TYPE, aggregate.clone(), "Changed")
@@ -232,12 +214,7 @@ impl Writer {
                     })
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| e.to_string())?;
-                // One event through `enqueue`, several through `enqueue_batch`.
-                let ids = match batch.as_slice() {
-                    [event] => self.outbox.enqueue(&mut tx, event).await.map(|id| vec![id]),
-                    _ => self.outbox.enqueue_batch(&mut tx, &batch).await,
-                }
-                .map_err(|e| e.to_string())?;
+                let ids = tx.enqueue(&self.outbox, &batch).await?;
                 for (v, event_id) in (version + 1..).zip(ids) {
                     events.push(Written {
                         event_id,
@@ -246,12 +223,7 @@ impl Writer {
                         fate: Fate::Aborted,
                     });
                 }
-                sqlx::query("UPDATE chaos_aggregates SET version = $2 WHERE id = $1")
-                    .bind(aggregate)
-                    .bind(version + n)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                tx.set_version(aggregate, version + n).await?;
             }
             Ok::<(), String>(())
         }

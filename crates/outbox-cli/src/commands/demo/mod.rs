@@ -41,6 +41,14 @@ pub struct Args {
 /// Runs the scenario and prints the summary; exits 1 if any guarantee was broken.
 pub async fn run(args: Args) -> CommandResult {
     if let (Some(database_url), Some(broker_url)) = (&args.database_url, &args.broker_url) {
+        if !database_url.starts_with("postgres://") && !database_url.starts_with("postgresql://") {
+            return Err(
+                "--database-url: the demo on a broker runs on PostgreSQL (postgres://…); \
+                 without the flags it runs on SQLite. MySQL outboxes are relayed by `outbox \
+                 relay` but have no demo yet"
+                    .into(),
+            );
+        }
         return with_brokers(database_url, broker_url, args.orders).await;
     }
     embedded_default(&args).await

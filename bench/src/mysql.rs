@@ -1,0 +1,222 @@
+//! (h) `mysql`: MySQL or MariaDB (`--mysql-url`). A backlog of N events in a database of its
+//! own, drained by the real relay binary into JetStream, next to the MySQL-alone limit
+//! measured in the same run: the same backlog, in a second database, claimed and marked
+//! published through the relay's own `MySqlStore` over every partition at the relay's batch
+//! size, with no broker. Then the drained rows purged by the operators' purge next to one
+//! plain `DELETE` of the limit's rows. Both databases are dropped afterwards.
+
+use std::time::{Duration, Instant};
+
+use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
+use outbox_relay::{admin::Admin, store::MySqlStore, store::Store};
+use sqlx::{
+    mysql::{MySqlConnectOptions, MySqlPoolOptions},
+    ConnectOptions, Connection, MySqlPool,
+};
+
+use crate::{
+    common::{interruptible, payload, Bench, Result, Scope},
+    process::{MachineCpu, RelayProcess},
+    sqlite::{in_process, BacklogResult, Step},
+};
+
+/// How often the pending count is polled while the relay drains.
+const POLL: Duration = Duration::from_millis(250);
+/// Payload limit passed to the claim (the relay's default with NATS is about 1 MiB).
+const MAX_PAYLOAD: usize = 1024 * 1024;
+/// Rows per purge statement, as `outbox purge` and the relay's purge default to.
+const PURGE_BATCH: i64 = 1000;
+
+/// Runs the scenario on two databases of its own and its own stream, all removed afterwards.
+pub async fn run(bench: &Bench) -> Result<BacklogResult> {
+    let scope = bench.scope("mysql")?;
+    let server: MySqlConnectOptions = bench.options.mysql_url.parse()?;
+    let names = [
+        format!("{}_drained", scope.stream.to_lowercase()),
+        format!("{}_claimed", scope.stream.to_lowercase()),
+    ];
+    let result = interruptible(async {
+        bench.create_stream(&scope).await?;
+        let mut admin = server.connect().await?;
+        for name in &names {
+            sqlx::raw_sql(&format!("CREATE DATABASE `{name}`"))
+                .execute(&mut admin)
+                .await?;
+        }
+        admin.close().await?;
+        measure(bench, &scope, &server, &names).await
+    })
+    .await;
+    bench.cleanup(&scope).await;
+    if let Ok(mut admin) = server.connect().await {
+        for name in &names {
+            let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`"))
+                .execute(&mut admin)
+                .await;
+        }
+    }
+    result
+}
+
+async fn open(server: &MySqlConnectOptions, database: &str, tables: &Tables) -> Result<MySqlPool> {
+    let pool = MySqlPoolOptions::new()
+        .max_connections(4)
+        .connect_with(server.clone().database(database))
+        .await?;
+    MySqlOutbox::new(tables.clone())
+        .migrate(&pool, MigrateOptions::default())
+        .await?;
+    Ok(pool)
+}
+
+/// Writes the backlog: `n` events over `--aggregates` aggregates, ~200-byte JSON payloads,
+/// 1000 per transaction.
+async fn insert(bench: &Bench, pool: &MySqlPool, tables: &Tables, n: u64) -> Result<Duration> {
+    let outbox = MySqlOutbox::new(tables.clone());
+    let aggregates = bench.options.aggregates.max(1);
+    let started = Instant::now();
+    let mut from = 0;
+    while from < n {
+        let to = (from + 1000).min(n);
+        let events: Vec<Event> = (from..to)
+            .map(|g| {
+                Event::new("order", format!("agg-{}", g % aggregates), "OrderPlaced")
+                    .json(&payload(g))
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        let mut tx = pool.begin().await?;
+        outbox.enqueue_batch(&mut tx, &events).await?;
+        tx.commit().await?;
+        from = to;
+    }
+    Ok(started.elapsed())
+}
+
+async fn pending(pool: &MySqlPool, tables: &Tables) -> Result<i64> {
+    let sql = tables.render_mysql("SELECT count(*) FROM {events} WHERE status = 'pending'");
+    Ok(sqlx::query_scalar(&sql).fetch_one(pool).await?)
+}
+
+async fn measure(
+    bench: &Bench,
+    scope: &Scope,
+    server: &MySqlConnectOptions,
+    names: &[String; 2],
+) -> Result<BacklogResult> {
+    let events = bench.options.events;
+    let tables = &scope.tables;
+    bench.log(
+        scope.scenario,
+        format!("writing {events} events to two databases"),
+    );
+    let drained_pool = open(server, &names[0], tables).await?;
+    let insert_time = insert(bench, &drained_pool, tables, events).await?;
+    let claimed_pool = open(server, &names[1], tables).await?;
+    insert(bench, &claimed_pool, tables, events).await?;
+
+    bench.log(scope.scenario, "draining with the relay");
+    let base = bench
+        .options
+        .mysql_url
+        .rsplit_once('/')
+        .map_or(bench.options.mysql_url.as_str(), |(server, _)| server);
+    let url = format!("{base}/{}", names[0]);
+    let mut relay = RelayProcess::start_on(bench, scope, &url).await?;
+    let machine = MachineCpu::now();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(bench.options.drain_timeout);
+    while pending(&drained_pool, tables).await? > 0 {
+        relay.check_alive()?;
+        if Instant::now() > deadline {
+            return Err("the relay did not drain the MySQL backlog in time".into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let drain = Step {
+        time: started.elapsed(),
+        cpu_seconds: relay.cpu_seconds(),
+        machine_cpu_percent: MachineCpu::now().busy_percent_since(&machine),
+    };
+    let relay = relay.stop().await?;
+    let stream_messages = bench.stream_messages(scope).await?;
+
+    bench.log(scope.scenario, "claiming and marking with MySqlStore alone");
+    let store = MySqlStore::open(claimed_pool.clone(), tables).await?;
+    let batch = bench.options.batch_size;
+    let (marked, limit) = in_process(async {
+        let relay_id = "bench-mysql-limit";
+        let fences = store
+            .acquire(
+                relay_id,
+                i64::from(store.partitions()),
+                Duration::from_secs(600),
+            )
+            .await?;
+        let mut marked = 0i64;
+        let mut floor = 0;
+        loop {
+            let partitions: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, floor)).collect();
+            let rows = store
+                .claim(&partitions, batch, MAX_PAYLOAD, i64::MAX)
+                .await?
+                .rows;
+            if rows.is_empty() {
+                return Ok(marked);
+            }
+            floor = rows.iter().map(|r| r.id).max().unwrap_or(floor) + 1;
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            marked += store.mark_published(relay_id, &fences, &ids).await?;
+        }
+    })
+    .await?;
+
+    bench.log(
+        scope.scenario,
+        "purging the drained database, deleting the other",
+    );
+    let admin = Admin::mysql(drained_pool.clone(), tables);
+    let (purged, purge) = in_process(async {
+        Ok(admin
+            .purge(Duration::ZERO, PURGE_BATCH, false, |_| {})
+            .await?)
+    })
+    .await?;
+    let delete_sql = tables.render_mysql("DELETE FROM {events} WHERE status = 'published'");
+    let (deleted, delete) = in_process(async {
+        Ok(sqlx::query(&delete_sql)
+            .execute(&claimed_pool)
+            .await?
+            .rows_affected())
+    })
+    .await?;
+    drained_pool.close().await;
+    claimed_pool.close().await;
+    Ok(BacklogResult {
+        events,
+        insert_time,
+        drain,
+        stream_messages,
+        relay,
+        limit,
+        marked,
+        purge,
+        purged,
+        delete,
+        deleted,
+    })
+}
+
+/// The server's version and durability settings, for the report.
+pub async fn version(bench: &Bench) -> Result<String> {
+    let server: MySqlConnectOptions = bench.options.mysql_url.parse()?;
+    let mut conn = server.connect().await?;
+    let (version, flush, sync): (String, i64, i64) = sqlx::query_as(
+        "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED), \
+         CAST(@@sync_binlog AS SIGNED)",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    Ok(format!(
+        "{version} (innodb_flush_log_at_trx_commit = {flush}, sync_binlog = {sync})"
+    ))
+}
