@@ -249,17 +249,18 @@ async fn run(cli: Cli) -> common::Result<()> {
     if cli.command == Command::Mysql {
         let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
         bench.settle("mysql").await;
-        let result = mysql::run(&bench).await?;
+        let (result, latency) = mysql::run(&bench).await?;
         let m = bench.machine().await?;
         let text = format!(
             "# MySQL / MariaDB\n\nMachine: nproc {} ({}), {}, load average {} at the start; \
-             {}.\n\n{}\n`{}`\n",
+             {}.\n\n{}\n{}\n`{}`\n",
             m.nproc,
             m.cpu_model,
             mysql::version(&bench).await?,
             m.load_average,
             m.brokers,
             sqlite::render(&result, "MySQL"),
+            mysql::render_latency(&latency),
             bench.command_line()
         );
         println!("{text}");

@@ -2,10 +2,19 @@
 //! own, drained by the real relay binary into JetStream, next to the MySQL-alone limit
 //! measured in the same run: the same backlog, in a second database, claimed and marked
 //! published through the relay's own `MySqlStore` over every partition at the relay's batch
-//! size, with no broker. Then the drained rows purged by the operators' purge next to one
-//! plain `DELETE` of the limit's rows. Both databases are dropped afterwards.
+//! size, with no broker. Then, with the relay still running, steady-state latency: events
+//! committed at `--rate` (default 500/s) for `--steady-seconds`, each one's arrival at a NATS
+//! subscriber minus its `occurred_at` (set by the database at insert). Then the drained rows
+//! purged by the operators' purge next to one plain `DELETE` of the limit's rows. Both
+//! databases are dropped afterwards.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
 
 use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
 use outbox_relay::{admin::Admin, store::MySqlStore, store::Store};
@@ -18,7 +27,35 @@ use crate::{
     common::{interruptible, payload, Bench, Result, Scope},
     process::{MachineCpu, RelayProcess},
     sqlite::{in_process, BacklogResult, Step},
+    steady::collect,
 };
+
+/// Steady-state figures: a fixed write rate through the running relay.
+#[derive(Clone, Debug)]
+pub struct Latency {
+    /// Target rate, events/s.
+    pub rate: f64,
+    /// Events committed.
+    pub written: u64,
+    /// How long the writing took.
+    pub elapsed: Duration,
+    /// Distinct events the subscriber got.
+    pub received: usize,
+    /// Commit-to-subscriber latencies, sorted, ms.
+    pub latencies_ms: Vec<f64>,
+    /// The relay's CPU meanwhile, percent of one core.
+    pub relay_cpu_percent: f64,
+}
+
+impl Latency {
+    fn quantile(&self, q: f64) -> f64 {
+        let n = self.latencies_ms.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        self.latencies_ms[((n - 1) as f64 * q).round() as usize]
+    }
+}
 
 /// How often the pending count is polled while the relay drains.
 const POLL: Duration = Duration::from_millis(250);
@@ -28,7 +65,7 @@ const MAX_PAYLOAD: usize = 1024 * 1024;
 const PURGE_BATCH: i64 = 1000;
 
 /// Runs the scenario on two databases of its own and its own stream, all removed afterwards.
-pub async fn run(bench: &Bench) -> Result<BacklogResult> {
+pub async fn run(bench: &Bench) -> Result<(BacklogResult, Latency)> {
     let scope = bench.scope("mysql")?;
     let server: MySqlConnectOptions = bench.options.mysql_url.parse()?;
     let names = [
@@ -102,7 +139,7 @@ async fn measure(
     scope: &Scope,
     server: &MySqlConnectOptions,
     names: &[String; 2],
-) -> Result<BacklogResult> {
+) -> Result<(BacklogResult, Latency)> {
     let events = bench.options.events;
     let tables = &scope.tables;
     bench.log(
@@ -137,8 +174,9 @@ async fn measure(
         cpu_seconds: relay.cpu_seconds(),
         machine_cpu_percent: MachineCpu::now().busy_percent_since(&machine),
     };
-    let relay = relay.stop().await?;
     let stream_messages = bench.stream_messages(scope).await?;
+    let latency = steady(bench, scope, &drained_pool, &mut relay).await?;
+    let relay = relay.stop().await?;
 
     bench.log(scope.scenario, "claiming and marking with MySqlStore alone");
     let store = MySqlStore::open(claimed_pool.clone(), tables).await?;
@@ -191,7 +229,7 @@ async fn measure(
     .await?;
     drained_pool.close().await;
     claimed_pool.close().await;
-    Ok(BacklogResult {
+    let result = BacklogResult {
         events,
         insert_time,
         drain,
@@ -203,7 +241,94 @@ async fn measure(
         purged,
         delete,
         deleted,
+    };
+    Ok((result, latency))
+}
+
+/// Commits events at `--rate` (four writers, one event per transaction) for
+/// `--steady-seconds` while the relay runs, and measures each one's way to a subscriber.
+async fn steady(
+    bench: &Bench,
+    scope: &Scope,
+    pool: &MySqlPool,
+    relay: &mut RelayProcess,
+) -> Result<Latency> {
+    let rate = bench.options.rate.unwrap_or(500.0);
+    let seconds = bench.options.steady_seconds;
+    bench.log(
+        scope.scenario,
+        format!("steady state: {rate:.0} events/s for {seconds} s"),
+    );
+    let subscriber = bench
+        .nats()?
+        .subscribe(format!("{}.>", scope.subjects))
+        .await?;
+    bench.nats()?.flush().await?;
+    let received = Arc::new(AtomicU64::new(0));
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let collector = tokio::spawn(collect(subscriber, received.clone(), stopped));
+    let cpu_before = relay.cpu_seconds();
+    let started = Instant::now();
+    const WRITERS: u64 = 4;
+    let per_writer = (rate * seconds as f64 / WRITERS as f64) as u64;
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (pool, tables) = (pool.clone(), scope.tables.clone());
+            let period = Duration::from_secs_f64(WRITERS as f64 / rate);
+            tokio::spawn(async move {
+                let outbox = MySqlOutbox::new(tables);
+                let mut tick = tokio::time::interval(period);
+                for i in 0..per_writer {
+                    tick.tick().await;
+                    let event = Event::new("steady", format!("w{w}-{}", i % 50), "Ticked");
+                    let mut tx = pool.begin().await?;
+                    outbox.enqueue(&mut tx, &event).await?;
+                    tx.commit().await?;
+                }
+                Ok::<u64, Box<dyn std::error::Error + Send + Sync>>(per_writer)
+            })
+        })
+        .collect();
+    let mut written = 0;
+    for task in tasks {
+        written += task.await?.map_err(|e| e.to_string())?;
+    }
+    let elapsed = started.elapsed();
+    let relay_cpu_percent = 100.0 * (relay.cpu_seconds() - cpu_before) / elapsed.as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.load(Ordering::Relaxed) < written && Instant::now() < deadline {
+        relay.check_alive()?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    let collected = collector.await?;
+    Ok(Latency {
+        rate,
+        written,
+        elapsed,
+        received: collected.distinct,
+        latencies_ms: collected.latencies_ms,
+        relay_cpu_percent,
     })
+}
+
+/// The steady-state figures as markdown.
+pub fn render_latency(l: &Latency) -> String {
+    format!(
+        "Steady state through the running relay (default `poll_interval` of 1 s: MySQL has no \
+         NOTIFY to wake it): {} events committed at {:.0}/s target ({:.0}/s achieved, four \
+         writers, one event per transaction), {} received; commit to subscriber p50 **{:.0} \
+         ms**, p99 **{:.0} ms**, worst {:.0} ms; relay CPU {:.1}% of a core, {:.0} µs per event.\n",
+        l.written,
+        l.rate,
+        l.written as f64 / l.elapsed.as_secs_f64(),
+        l.received,
+        l.quantile(0.5),
+        l.quantile(0.99),
+        l.latencies_ms.last().copied().unwrap_or(f64::NAN),
+        l.relay_cpu_percent,
+        l.relay_cpu_percent / 100.0 * l.elapsed.as_secs_f64() * 1e6 / l.written.max(1) as f64,
+    )
 }
 
 /// The server's version and durability settings, for the report.

@@ -257,3 +257,63 @@ async fn explain(db: &outbox_testkit::SqliteFile, claim: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// On MariaDB, a claim with a floor (what every full claim of a backlog is followed by) must
+/// probe the aggregate index per row it meets. With the floor check in the WHERE clause,
+/// MariaDB turned the NOT EXISTS into a materialised anti-join over every pending row below the
+/// floor: 2.3 s per claim at 700,000 pending rows, 1,400 events/s for the relay.
+#[tokio::test]
+async fn the_mysql_claim_never_materialises_the_events_below_the_floor() {
+    use sqlx::Row;
+    let db = outbox_testkit::MySqlDb::new(4).await;
+    db.exec(
+        "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type, payload)
+         WITH RECURSIVE g(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM g WHERE n < 199)
+         SELECT UUID(), 'order', CONCAT('agg-', (a.n * 100 + b.n) % 1000), 'Happened', '{}'
+         FROM g a CROSS JOIN g b WHERE b.n < 100;
+         ANALYZE TABLE {events};",
+    )
+    .await;
+    let store = outbox_relay::store::MySqlStore::open(db.pool.clone(), &db.tables)
+        .await
+        .unwrap();
+    let parts = 4;
+    let floor = 10_000_i64;
+    let sql = format!("EXPLAIN {}", store.claim_statement(parts));
+    let mut explain = sqlx::query(&sql).bind(floor).bind(floor).bind(MAX as i64);
+    for p in 0..parts as i32 {
+        explain = explain.bind(p);
+    }
+    explain = explain.bind(floor).bind(1000_i64).bind(MAX as i64);
+    for p in 0..parts as i32 {
+        explain = explain.bind(p);
+    }
+    let plan: Vec<String> = explain
+        .bind(i64::MAX)
+        .bind(1000_i64)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| {
+            format!(
+                "{} {} {} {}",
+                row.get::<String, _>("select_type"),
+                row.get::<Option<String>, _>("table").unwrap_or_default(),
+                row.get::<Option<String>, _>("type").unwrap_or_default(),
+                row.get::<Option<String>, _>("key").unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(!plan.is_empty());
+    // The events table's aliases in the claim: e, hd, b, w.
+    let whole: Vec<&String> = plan
+        .iter()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            fields[0] == "MATERIALIZED"
+                || (["e", "hd", "b", "w"].contains(&fields[1]) && fields[2] == "ALL")
+        })
+        .collect();
+    assert!(whole.is_empty(), "{whole:?} in\n{}", plan.join("\n"));
+}

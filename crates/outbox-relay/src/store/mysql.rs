@@ -465,11 +465,12 @@ impl Store for MySqlStore {
             let mut conn = self.pool.acquire().await?;
             let now = self.now_ms(&mut conn).await?;
             let sql = self.claim_statement(parts.len());
-            let scan = bind_list(sqlx::query(&sql).bind(max_payload), &parts)
-                .bind(floor)
-                .bind(floor)
-                .bind(floor)
-                .bind(limit);
+            let scan = bind_list(
+                sqlx::query(&sql).bind(floor).bind(floor).bind(max_payload),
+                &parts,
+            )
+            .bind(floor)
+            .bind(limit);
             let scanned = bind_list(scan.bind(max_payload), &parts)
                 .bind(now)
                 .bind(limit)
