@@ -49,7 +49,9 @@ LOCK IN SHARE MODE;
 -- cuts the batch to its byte budget, then reads the rows it keeps (claim_rows).
 -- The checks are in the select list, not the WHERE clause: there MariaDB turns a NOT EXISTS
 -- into a materialised anti-join over every pending row below the floor (2.3 s per claim at
--- 700,000 pending rows, instead of one index probe per row met).
+-- 700,000 pending rows, instead of one index probe per row met). The floor check reads the
+-- aggregate's first pending id (one index entry): as an EXISTS with `id < floor`, MariaDB
+-- read every pending entry of the aggregate (85 per row at 100 events per aggregate).
 -- ? floor, ? floor, ? max payload, {partitions}, ? floor, ? limit,
 -- ? max payload, {partitions}, ? now (ms), ? limit
 SELECT x.id, x.behind, x.row_bytes FROM (
@@ -63,10 +65,11 @@ SELECT x.id, x.behind, x.row_bytes FROM (
                  WHERE w.aggregate_type = e.aggregate_type AND w.aggregate_id = e.aggregate_id
                    AND w.status = 'pending' AND w.id < e.id
                    AND w.next_attempt_at IS NOT NULL)
-             OR (? > 0 AND EXISTS (
-                 SELECT 1 FROM {events} b
+             OR (? > 0 AND (
+                 SELECT b.id FROM {events} b
                  WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                   AND b.status = 'pending' AND b.id < ?))) AS behind,
+                   AND b.status = 'pending'
+                 ORDER BY b.id LIMIT 1) < ?)) AS behind,
             {row_bytes} AS row_bytes
      FROM {events} e FORCE INDEX ({events}_claimable)
      WHERE e.status = 'pending' AND e.next_attempt_at IS NULL
