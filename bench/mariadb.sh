@@ -11,6 +11,10 @@ pool="${3:-2G}"
 dir="/var/tmp/outbox-bench-mariadb-$port"
 case "$cmd" in
   start)
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "mariadb.sh: port $port is taken (stop that server first)" >&2
+      exit 1
+    fi
     rm -rf "$dir" && mkdir -p "$dir"
     mariadb-install-db --no-defaults --user=root --datadir="$dir/data" \
       --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1

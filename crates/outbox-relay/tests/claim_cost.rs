@@ -280,11 +280,17 @@ async fn the_mysql_claim_never_materialises_the_events_below_the_floor() {
     let parts = 4;
     let floor = 10_000_i64;
     let sql = format!("EXPLAIN {}", store.claim_statement(parts));
-    let mut explain = sqlx::query(&sql).bind(floor).bind(floor).bind(MAX as i64);
+    let mut explain = sqlx::query(&sql);
     for p in 0..parts as i32 {
-        explain = explain.bind(p);
+        explain = explain
+            .bind(floor)
+            .bind(floor)
+            .bind(MAX as i64)
+            .bind(p)
+            .bind(floor)
+            .bind(1000_i64);
     }
-    explain = explain.bind(floor).bind(1000_i64).bind(MAX as i64);
+    explain = explain.bind(1000_i64).bind(MAX as i64);
     for p in 0..parts as i32 {
         explain = explain.bind(p);
     }

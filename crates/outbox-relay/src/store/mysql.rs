@@ -149,10 +149,16 @@ impl MySqlStore {
     }
 
     /// The claim's scan for `partitions` partitions (see `claim_scan` in `sql/mysql.sql`), for
-    /// `EXPLAIN` in tests.
+    /// `EXPLAIN` in tests: per partition (padded, see [`slots`]) its floor twice, the max
+    /// payload, the partition, its floor and the limit; then the limit, the max payload, the
+    /// partitions, now (ms) and the limit.
     #[doc(hidden)]
     pub fn claim_statement(&self, partitions: usize) -> String {
-        self.sql.listed("claim_scan", &[("partitions", partitions)])
+        let arm = self.sql.get("claim_arm").trim_end().trim_end_matches(';');
+        let arms = vec![arm; slots(partitions)].join("\n    UNION ALL\n    ");
+        self.sql
+            .listed("claim_scan", &[("partitions", partitions)])
+            .replace("{scan_arms}", &arms)
     }
 
     async fn now_ms(&self, conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
@@ -459,19 +465,23 @@ impl Store for MySqlStore {
                 return Ok(Claimed::default());
             }
             let parts: Vec<i32> = partitions.iter().map(|p| p.0).collect();
-            // One floor for the scan: the lowest (a floor is a hint; any floor is correct).
-            let floor = partitions.iter().map(|p| p.1).min().unwrap_or(0);
             let max_payload = i64::try_from(max_payload_bytes).unwrap_or(i64::MAX);
             let mut conn = self.pool.acquire().await?;
             let now = self.now_ms(&mut conn).await?;
             let sql = self.claim_statement(parts.len());
-            let scan = bind_list(
-                sqlx::query(&sql).bind(floor).bind(floor).bind(max_payload),
-                &parts,
-            )
-            .bind(floor)
-            .bind(limit);
-            let scanned = bind_list(scan.bind(max_payload), &parts)
+            let mut scan = sqlx::query(&sql);
+            // One arm per partition from its floor; the padding arms scan partition -1 (none).
+            let padding = slots(partitions.len()) - partitions.len();
+            for &(partition, floor) in partitions.iter().chain(vec![(-1, 0); padding].iter()) {
+                scan = scan
+                    .bind(floor)
+                    .bind(floor)
+                    .bind(max_payload)
+                    .bind(partition)
+                    .bind(floor)
+                    .bind(limit);
+            }
+            let scanned = bind_list(scan.bind(limit).bind(max_payload), &parts)
                 .bind(now)
                 .bind(limit)
                 .fetch_all(&mut *conn)

@@ -41,41 +41,25 @@ UPDATE {leases} SET owner = NULL, expires_at = 0 WHERE `partition` = ? AND epoch
 SELECT `partition` FROM {leases} WHERE `partition` = ? AND epoch = ? AND owner = ?
 LOCK IN SHARE MODE;
 -- name: claim_scan
--- As PostgreSQL's claim.sql: pending rows that are not waiting, of the partitions given, from
--- the floor, in id order; a row behind a hold of its aggregate, behind an earlier waiting row,
+-- As PostgreSQL's claim.sql: pending rows that are not waiting, of each partition given from
+-- its floor, in id order; a row behind a hold of its aggregate, behind an earlier waiting row,
 -- or (with a floor) behind a pending row of its aggregate below the floor, comes back with
 -- `behind` set (the store sets it waiting when a hold is there); a head whose retry is due
 -- comes through its hold, with the pending rows after it. Lengths only, no payloads: the store
 -- cuts the batch to its byte budget, then reads the rows it keeps (claim_rows).
+-- One arm per partition (`claim_arm` once per partition, in place of the arms' placeholder), each a seek in the
+-- claimable index (status, next_attempt_at, partition, id) from the partition's floor: a scan
+-- in plain id order over all partitions looked up each row to filter its partition, and
+-- walked the index entries rows published since left behind (InnoDB purges them later), 500,000
+-- of them by the middle of a drain.
 -- The checks are in the select list, not the WHERE clause: there MariaDB turns a NOT EXISTS
 -- into a materialised anti-join over every pending row below the floor (2.3 s per claim at
 -- 700,000 pending rows, instead of one index probe per row met). The floor check reads the
 -- aggregate's first pending id (one index entry): as an EXISTS with `id < floor`, MariaDB
 -- read every pending entry of the aggregate (85 per row at 100 events per aggregate).
--- ? floor, ? floor, ? max payload, {partitions}, ? floor, ? limit,
--- ? max payload, {partitions}, ? now (ms), ? limit
+-- the arms, ? limit, ? max payload, the partitions, ? now (ms), ? limit
 SELECT x.id, x.behind, x.row_bytes FROM (
-    (SELECT e.id,
-            (EXISTS (
-                 SELECT 1 FROM {holds} h
-                 WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
-                   AND h.event_id <= e.id)
-             OR EXISTS (
-                 SELECT 1 FROM {events} w
-                 WHERE w.aggregate_type = e.aggregate_type AND w.aggregate_id = e.aggregate_id
-                   AND w.status = 'pending' AND w.id < e.id
-                   AND w.next_attempt_at IS NOT NULL)
-             OR (? > 0 AND (
-                 SELECT b.id FROM {events} b
-                 WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                   AND b.status = 'pending'
-                 ORDER BY b.id LIMIT 1) < ?)) AS behind,
-            {row_bytes} AS row_bytes
-     FROM {events} e FORCE INDEX ({events}_claimable)
-     WHERE e.status = 'pending' AND e.next_attempt_at IS NULL
-       AND e.`partition` IN ({partitions}) AND e.id >= ?
-     ORDER BY e.id
-     LIMIT ?)
+    (SELECT s.* FROM ({scan_arms}) s ORDER BY s.id LIMIT ?)
     UNION ALL
     (SELECT e.id, 0 AS behind, {row_bytes} AS row_bytes
      FROM {holds} h
@@ -92,6 +76,29 @@ SELECT x.id, x.behind, x.row_bytes FROM (
      LIMIT ?)
 ) x
 ORDER BY x.id;
+-- name: claim_arm
+-- One partition's scan in claim_scan. ? floor, ? floor, ? max payload, ? partition, ? floor,
+-- ? limit
+(SELECT e.id,
+        (EXISTS (
+             SELECT 1 FROM {holds} h
+             WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
+               AND h.event_id <= e.id)
+         OR EXISTS (
+             SELECT 1 FROM {events} w
+             WHERE w.aggregate_type = e.aggregate_type AND w.aggregate_id = e.aggregate_id
+               AND w.status = 'pending' AND w.id < e.id
+               AND w.next_attempt_at IS NOT NULL)
+         OR (? > 0 AND (
+             SELECT b.id FROM {events} b
+             WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+               AND b.status = 'pending'
+             ORDER BY b.id LIMIT 1) < ?)) AS behind,
+        {row_bytes} AS row_bytes
+ FROM {events} e FORCE INDEX ({events}_claimable)
+ WHERE e.status = 'pending' AND e.next_attempt_at IS NULL AND e.`partition` = ? AND e.id >= ?
+ ORDER BY e.id
+ LIMIT ?)
 -- name: claim_rows
 -- The rows a claim keeps. A payload over ? bytes is not loaded; headers over 64 KiB are not
 -- either, and make the row unreadable (dead-lettered with the reason). Column sizes are
@@ -120,7 +127,7 @@ UPDATE {events} SET next_attempt_at = '9999-12-31 00:00:00'
 WHERE id IN ({ids}) AND status = 'pending' AND next_attempt_at IS NULL;
 -- name: pending_of
 -- The rows of a mark that are still pending in a partition this relay holds, locked.
--- {ids}, {partitions}
+-- the ids, then the partitions held
 SELECT id, aggregate_type, aggregate_id, `partition` FROM {events}
 WHERE id IN ({ids}) AND `partition` IN ({partitions}) AND status = 'pending'
 ORDER BY id

@@ -38,8 +38,8 @@ CREATE TABLE IF NOT EXISTS {events} (
     -- Optimistic concurrency: one event per (aggregate, version) when a version is given
     -- (MySQL lets any number of NULL versions through a unique key).
     UNIQUE KEY {events}_aggregate_version_key (aggregate_type, aggregate_id, aggregate_version),
-    -- The claim: claimable rows in id order.
-    KEY {events}_claimable (status, next_attempt_at, id),
+    -- The claim: each partition's claimable rows in id order.
+    KEY {events}_claimable (status, next_attempt_at, `partition`, id),
     -- The claim's checks on an aggregate's earlier rows, and setting its waiting rows free.
     KEY {events}_aggregate (aggregate_type, aggregate_id, status, id),
     -- The purge: published rows by age.
