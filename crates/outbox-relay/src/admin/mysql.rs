@@ -73,17 +73,9 @@ impl MySqlAdmin {
         batch: i64,
         archive: bool,
     ) -> Result<u64, sqlx::Error> {
-        if !archive {
-            return sqlx::query(self.sql("purge"))
-                .bind(micros(retention))
-                .bind(batch)
-                .execute(&self.pool)
-                .await
-                .map(|done| done.rows_affected());
-        }
         let mut tx = self.pool.begin().await?;
         let result = async {
-            let ids: Vec<i64> = sqlx::query_scalar(self.sql("archive_batch"))
+            let ids: Vec<i64> = sqlx::query_scalar(self.sql("purge_batch"))
                 .bind(micros(retention))
                 .bind(batch)
                 .fetch_all(&mut *tx)
@@ -91,16 +83,15 @@ impl MySqlAdmin {
             if ids.is_empty() {
                 return Ok(0);
             }
-            bind_list(sqlx::query(&self.listed("archive", ids.len())), &ids)
+            if archive {
+                bind_list(sqlx::query(&self.listed("archive", ids.len())), &ids)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            bind_list(sqlx::query(&self.listed("delete_batch", ids.len())), &ids)
                 .execute(&mut *tx)
-                .await?;
-            bind_list(
-                sqlx::query(&self.listed("delete_archived", ids.len())),
-                &ids,
-            )
-            .execute(&mut *tx)
-            .await
-            .map(|done| done.rows_affected())
+                .await
+                .map(|done| done.rows_affected())
         }
         .await;
         Self::finish(tx, result).await

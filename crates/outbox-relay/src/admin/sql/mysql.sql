@@ -5,15 +5,11 @@
 -- ? the retention in microseconds
 SELECT count(*) FROM {events}
 WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND;
--- name: purge
--- One batch of published rows older than the retention, oldest first; never pending or dead
--- rows. ? retention (µs), ? batch size
-DELETE FROM {events}
-WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-ORDER BY published_at
-LIMIT ?;
--- name: archive_batch
--- The ids `purge` would delete, locked for the archive's two statements. ? retention (µs),
+-- name: purge_batch
+-- One batch of published rows older than the retention, oldest first (never pending or dead
+-- rows), locked for the statements that archive and delete them by id. A `DELETE ... ORDER BY
+-- published_at LIMIT` instead sorted every published row on each batch (MariaDB read them
+-- through another index and filesorted): 600 rows/s at 1,000,000 rows. ? retention (µs),
 -- ? batch size
 SELECT id FROM {events}
 WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
@@ -30,7 +26,7 @@ SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type
        status, attempts, permanent_failures, next_attempt_at, last_error, published_at
 FROM {events}
 WHERE id IN ({ids}) AND status = 'published';
--- name: delete_archived
+-- name: delete_batch
 DELETE FROM {events} WHERE id IN ({ids}) AND status = 'published';
 -- name: list_dead
 -- ? event type (twice), ? aggregate type (twice), ? aggregate id (twice), ? since (twice),
