@@ -136,13 +136,15 @@ impl MySqlOutbox {
     }
 }
 
-/// The statements of a migration file, one per `;` at the end of a line, without the ones
-/// that are only comments.
+/// The statements of a migration file, one per `;` at the end of a line (the file's last one
+/// too), without the ones that are only comments.
 pub(crate) fn statements(sql: &str) -> impl Iterator<Item = &str> {
-    sql.split(";\n").map(str::trim).filter(|s| {
-        s.lines()
-            .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--"))
-    })
+    sql.split(";\n")
+        .map(|s| s.trim().trim_end_matches(';'))
+        .filter(|s| {
+            s.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--"))
+        })
 }
 
 async fn migrate_locked(
@@ -322,7 +324,7 @@ mod tests {
             found,
             [
                 "-- header\nCREATE TABLE a (x INT)",
-                "-- note\nINSERT INTO a VALUES (1);"
+                "-- note\nINSERT INTO a VALUES (1)"
             ]
         );
     }
