@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::NaiveDateTime;
 use outbox::Tables;
-use sqlx::{MySql, MySqlConnection, MySqlPool, Row};
+use sqlx::{MySqlConnection, MySqlPool, Row};
 
 use super::{AuditEntry, DeadLetter, DeadLetterFilter};
 use crate::store::{bind_list, key_text, listed, named};
@@ -46,20 +46,6 @@ impl MySqlAdmin {
         listed(self.sql(name), &[("ids", n)])
     }
 
-    /// Commits when `result` is Ok, else rolls back; returns `result`.
-    async fn finish<T>(
-        tx: sqlx::Transaction<'static, MySql>,
-        result: Result<T, sqlx::Error>,
-    ) -> Result<T, sqlx::Error> {
-        match result {
-            Ok(value) => tx.commit().await.map(|()| value),
-            Err(error) => {
-                let _ = tx.rollback().await;
-                Err(error)
-            }
-        }
-    }
-
     pub(crate) async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(self.sql("purgeable"))
             .bind(micros(retention))
@@ -94,7 +80,7 @@ impl MySqlAdmin {
                 .map(|done| done.rows_affected())
         }
         .await;
-        Self::finish(tx, result).await
+        crate::store::finish(tx, result).await
     }
 
     pub(crate) async fn purge_inbox(
@@ -194,7 +180,7 @@ impl MySqlAdmin {
             Ok(n as i64)
         }
         .await;
-        Self::finish(tx, result).await
+        crate::store::finish(tx, result).await
     }
 
     pub(crate) async fn skip(
@@ -248,7 +234,7 @@ impl MySqlAdmin {
             Ok(targets.len() as i64)
         }
         .await;
-        Self::finish(tx, result).await
+        crate::store::finish(tx, result).await
     }
 
     async fn record(

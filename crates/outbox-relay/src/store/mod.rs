@@ -93,6 +93,20 @@ pub(crate) fn render_fenced(tables: &Tables, text: &str) -> String {
 
 pub(crate) use outbox::sql::named;
 
+/// Commits `tx` when `result` is Ok, else rolls it back; returns `result`.
+pub(crate) async fn finish<DB: sqlx::Database, T>(
+    tx: sqlx::Transaction<'static, DB>,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match result {
+        Ok(value) => tx.commit().await.map(|()| value),
+        Err(error) => {
+            let _ = tx.rollback().await;
+            Err(error)
+        }
+    }
+}
+
 /// Backlog figures for the lag gauges.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Backlog {

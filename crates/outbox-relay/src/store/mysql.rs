@@ -71,22 +71,13 @@ where
     query
 }
 
-/// The queries [`bind_list`] binds to: `query`, `query_as`, `query_scalar`.
+/// The queries [`bind_list`] binds to: `query` and `query_scalar`.
 pub(crate) trait BindOne<'q, T> {
     /// The query with `value` bound next.
     fn bind_one(self, value: T) -> Self;
 }
 
 impl<'q, T> BindOne<'q, T> for Query<'q, MySql, MySqlArguments>
-where
-    T: Send + sqlx::Encode<'q, MySql> + sqlx::Type<MySql> + 'q,
-{
-    fn bind_one(self, value: T) -> Self {
-        self.bind(value)
-    }
-}
-
-impl<'q, O, T> BindOne<'q, T> for sqlx::query::QueryAs<'q, MySql, O, MySqlArguments>
 where
     T: Send + sqlx::Encode<'q, MySql> + sqlx::Type<MySql> + 'q,
 {
@@ -167,20 +158,6 @@ impl MySqlStore {
             .await
     }
 
-    /// Commits when `result` is Ok, else rolls back; returns `result`.
-    async fn finish<T>(
-        tx: sqlx::Transaction<'static, MySql>,
-        result: Result<T, sqlx::Error>,
-    ) -> Result<T, sqlx::Error> {
-        match result {
-            Ok(value) => tx.commit().await.map(|()| value),
-            Err(error) => {
-                let _ = tx.rollback().await;
-                Err(error)
-            }
-        }
-    }
-
     /// The partitions of `fences` this relay still holds, share-locked until the end of the
     /// transaction.
     async fn fenced(
@@ -223,7 +200,7 @@ impl MySqlStore {
                 .map(drop)
         }
         .await;
-        Self::finish(tx, result).await
+        super::finish(tx, result).await
     }
 
     /// Sets free the rows waiting behind the hold of each aggregate, and drops the hold.
@@ -387,7 +364,7 @@ impl Store for MySqlStore {
                 Ok(still)
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -431,7 +408,7 @@ impl Store for MySqlStore {
                     .collect()
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -576,7 +553,7 @@ impl Store for MySqlStore {
                 Ok(marked.len() as i64)
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -654,7 +631,7 @@ impl Store for MySqlStore {
                 Ok(n)
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -673,7 +650,7 @@ impl Store for MySqlStore {
                     .map(|done| done.rows_affected())
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 

@@ -112,20 +112,6 @@ impl SqliteStore {
         self.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
-    /// Commits when `result` is Ok, else rolls back; returns `result`.
-    async fn finish<T>(
-        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
-        result: Result<T, sqlx::Error>,
-    ) -> Result<T, sqlx::Error> {
-        match result {
-            Ok(value) => tx.commit().await.map(|()| value),
-            Err(error) => {
-                let _ = tx.rollback().await;
-                Err(error)
-            }
-        }
-    }
-
     async fn fenced(
         &self,
         conn: &mut sqlx::SqliteConnection,
@@ -283,7 +269,7 @@ impl Store for SqliteStore {
                 Ok(still)
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -312,7 +298,7 @@ impl Store for SqliteStore {
                     .collect()
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -336,7 +322,7 @@ impl Store for SqliteStore {
                 Ok(())
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -383,7 +369,7 @@ impl Store for SqliteStore {
                     .execute(&mut *tx)
                     .await
                     .map(drop);
-                Self::finish(tx, flagged).await?;
+                super::finish(tx, flagged).await?;
             }
             let cut = found > claimed_rows.len() as i64;
             Ok(Claimed {
@@ -430,7 +416,7 @@ impl Store for SqliteStore {
                 Ok(marked.len() as i64)
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -496,7 +482,7 @@ impl Store for SqliteStore {
                 Ok(n)
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
@@ -516,7 +502,7 @@ impl Store for SqliteStore {
                     .map(|done| done.rows_affected())
             }
             .await;
-            Self::finish(tx, result).await
+            super::finish(tx, result).await
         })
     }
 
