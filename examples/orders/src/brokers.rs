@@ -22,6 +22,7 @@ use outbox_relay::{
     publishers::{
         nats::{NatsConfig, NatsPublisher},
         rabbitmq::{RabbitMqConfig, RabbitMqPublisher},
+        redact_url,
     },
     Publisher,
 };
@@ -29,10 +30,10 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{shop, BoxError};
-
-/// The consumers of the plain orders flow.
-pub(crate) const ORDER_CONSUMERS: &[&str] = &["inventory", "notifications"];
+use crate::{
+    shop::{self, Statements},
+    BoxError,
+};
 
 /// A stream (NATS) or a topic exchange with one queue per consumer (RabbitMQ), and the names
 /// of the consumers it was set up for.
@@ -55,10 +56,10 @@ enum Kind {
     },
 }
 
-fn handler(name: &str, tables: &Tables) -> Arc<dyn Handler> {
+fn handler(name: &str, sql: &Statements) -> Arc<dyn Handler> {
     match name {
-        "inventory" => Arc::new(shop::Inventory::new(tables)),
-        _ => Arc::new(shop::Notifications::new(tables)),
+        "inventory" => Arc::new(shop::Inventory::new(sql)),
+        _ => Arc::new(shop::Notifications::new(sql)),
     }
 }
 
@@ -127,6 +128,16 @@ impl Broker {
         Ok(Self { kind, consumers })
     }
 
+    /// The broker and what the run uses on it, in words.
+    pub(crate) fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Nats { url, stream, .. } => format!("NATS JetStream {url} (stream {stream})"),
+            Kind::RabbitMq { url, exchange, .. } => {
+                format!("RabbitMQ {} (exchange {exchange})", redact_url(url))
+            }
+        }
+    }
+
     /// A publisher for a new relay.
     pub(crate) async fn publisher(&self) -> Result<Arc<dyn Publisher>, BoxError> {
         Ok(match &self.kind {
@@ -155,11 +166,12 @@ impl Broker {
         &self,
         pool: &PgPool,
         tables: &Tables,
+        sql: &Statements,
         stop: CancellationToken,
     ) -> Result<Vec<JoinHandle<()>>, BoxError> {
         let mut tasks = Vec::new();
         for name in &self.consumers {
-            let processor = Processor::new(pool.clone(), tables, name, handler(name, tables));
+            let processor = Processor::new(pool.clone(), tables, name, handler(name, sql));
             let task = self
                 .start_consumer(
                     processor,

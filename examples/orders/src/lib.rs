@@ -1,25 +1,35 @@
-//! The orders flow of the source documents on PostgreSQL and a real broker: an order service
-//! creates orders and writes `OrderCreated` in the same transaction; the relay publishes to
-//! NATS JetStream or RabbitMQ; an inventory and a notifications consumer apply each event once
-//! through the inbox. [`run`] plays it end to end, kills the relay midway, and counts.
-//! `outbox demo --database-url … --broker-url …` runs it too.
+//! The orders flow of the source documents, end to end: an order service creates orders and
+//! writes `OrderCreated` in the same transaction; the relay publishes them; an inventory and a
+//! notifications consumer apply each event once through the inbox. [`run`] plays it, kills the
+//! relay midway, and counts.
+//!
+//! It runs on SQLite (a file of its own, the embedded default), PostgreSQL or MySQL/MariaDB,
+//! through the relay's webhook publisher to the scenario's own consumers on loopback HTTP, or
+//! (PostgreSQL) through NATS JetStream or RabbitMQ to `outbox-consumer`'s runners. `outbox demo`
+//! is this scenario; the order saga is in [`fulfilment`].
 
+#[cfg(feature = "brokers")]
 mod brokers;
+#[cfg(feature = "brokers")]
 pub mod fulfilment;
 pub mod shop;
 mod summary;
+mod transport;
+#[cfg(feature = "webhook")]
+mod webhooks;
 
-use std::time::{Duration, Instant};
-
-use outbox::{
-    postgres::{MigrateOptions, PgOutbox},
-    Tables,
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
 };
-use outbox_relay::{retry::RetryPolicy, routing::RoutingConfig, Relay, RelayConfig};
-use sqlx::PgPool;
+
+use outbox::Tables;
+use outbox_relay::{retry::RetryPolicy, routing::RoutingConfig, RelayConfig};
 use tokio_util::sync::CancellationToken;
 
-pub use summary::Summary;
+use shop::{Storage, CONSUMERS};
+pub use summary::{Deliveries, Summary};
+use transport::Transport;
 
 /// Boxed error for the example's plumbing.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -27,107 +37,150 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Scenario {
-    /// PostgreSQL URL.
-    pub database_url: String,
-    /// `nats://…` or `amqp://…`.
-    pub broker_url: String,
+    /// `postgres://…`, `mysql://…` or `mariadb://…`: the run gets a schema or a database of its
+    /// own there. `None`: SQLite, in a file of its own.
+    pub database_url: Option<String>,
+    /// `nats://…` or `amqp://…` (with a PostgreSQL database). `None`: webhooks.
+    pub broker_url: Option<String>,
     /// Orders to place.
     pub orders: u32,
     /// Kill the relay abruptly when 40% of the orders were applied, and start another.
     pub crash: bool,
+    /// Webhooks: lose the acknowledgement of every Nth delivery (0: never), so the relay
+    /// delivers it again and the inbox discards it.
+    pub drop_ack_every: u64,
+    /// Keep the run's schema, database or file instead of removing it.
+    pub keep: bool,
 }
 
-/// Runs the scenario in a schema, stream/exchange and consumer names of its own, removed at the
-/// end, and returns the counts.
-pub async fn run(s: &Scenario) -> Result<Summary, BoxError> {
-    let pool = PgPool::connect(&s.database_url).await?;
-    let schema = format!("orders_{:08x}", rand_u32());
-    let tables = Tables::new(&schema, "events")?;
-    let result = play(s, &pool, &tables).await;
-    let _ = sqlx::raw_sql(&tables.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        .execute(&pool)
-        .await;
+impl Scenario {
+    /// `orders` orders on SQLite and webhooks, a crash, every 15th acknowledgement lost.
+    pub fn new(orders: u32) -> Self {
+        Self {
+            database_url: None,
+            broker_url: None,
+            orders,
+            crash: true,
+            drop_ack_every: 15,
+            keep: false,
+        }
+    }
+}
+
+/// What a run tells as it goes.
+pub trait Observer: Sync {
+    /// `applied` of `total` orders were applied by every consumer; the inbox discarded
+    /// `duplicates` deliveries (webhooks; 0 otherwise).
+    fn progress(&self, _applied: i64, _total: i64, _duplicates: u64) {}
+    /// Something happened (where the run is, the crash).
+    fn say(&self, line: &str) {
+        println!("  {line}");
+    }
+}
+
+/// Prints what happens, without progress.
+pub struct Lines;
+
+impl Observer for Lines {}
+
+/// Runs the scenario and returns the counts. What the run created (schema, database or file,
+/// stream or exchange) is removed at the end, unless `keep`.
+pub async fn run(s: &Scenario, observer: &dyn Observer) -> Result<Summary, BoxError> {
+    Transport::check(s)?;
+    let storage = Arc::new(Storage::open(s.database_url.as_deref()).await?);
+    let result = play(s, &storage, observer).await;
+    if s.keep {
+        observer.say(&format!("kept: {}", storage.describe()));
+    } else {
+        storage.remove().await;
+    }
     result
 }
 
-async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Summary, BoxError> {
-    let outbox = PgOutbox::new(tables.clone());
-    outbox
-        .migrate(
-            pool,
-            MigrateOptions {
-                partitions: Some(8),
-                ..Default::default()
-            },
-        )
-        .await?;
-    shop::install(pool, tables).await?;
-    let broker = brokers::Broker::set_up(&s.broker_url, tables, brokers::ORDER_CONSUMERS).await?;
+async fn play(
+    s: &Scenario,
+    storage: &Arc<Storage>,
+    observer: &dyn Observer,
+) -> Result<Summary, BoxError> {
     let stop = CancellationToken::new();
-    let consumers = broker.start_consumers(pool, tables, stop.clone()).await?;
-
-    let config = relay_config(tables);
+    let transport = Transport::start(s, storage, stop.clone()).await?;
+    observer.say(&format!(
+        "storage: {}, transport: {}",
+        storage.describe(),
+        transport.describe()
+    ));
+    let config = relay_config(storage.tables());
     let start_relay = |id: &str| {
         let config = RelayConfig {
             relay_id: Some(id.to_owned()),
             ..config.clone()
         };
-        let (pool, publisher) = (pool.clone(), broker.publisher());
-        async move { Ok::<_, BoxError>(Relay::new(pool, publisher.await?, config).await?.spawn()) }
+        let transport = &transport;
+        async move {
+            let publisher = transport.publisher().await?;
+            Ok::<_, BoxError>(storage.relay(publisher, config).await?.spawn())
+        }
     };
 
     let started = Instant::now();
-    let mut relay = Some(start_relay("orders-relay-1").await?);
+    let mut relay = Some(start_relay("relay-1").await?);
     let total = i64::from(s.orders);
-    let writer = {
-        let (pool, outbox) = (pool.clone(), outbox.clone());
+    let mut writer = Some({
+        let storage = storage.clone();
         tokio::spawn(async move {
             for n in 0..total {
-                shop::place_order(&pool, &outbox, n).await?;
+                storage.place_order(n).await?;
+                // Customers arrive over a while, so that the crash lands mid-flow.
+                if n % 10 == 9 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
             Ok::<(), BoxError>(())
         })
-    };
+    });
+    let consumers = CONSUMERS.len() as i64;
     let mut crashed = false;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let applied = summary::applied_pairs(pool, tables).await?;
-        if s.crash && !crashed && applied >= total * 2 * 2 / 5 {
+        let applied = summary::applied_pairs(storage).await?;
+        observer.progress(applied / consumers, total, transport.duplicates());
+        if s.crash && !crashed && applied >= total * consumers * 2 / 5 {
             relay.take().expect("running").abort();
             crashed = true;
-            println!(
-                "  relay killed abruptly (as kill -9) after {} of {total} orders were applied; \
-                      another takes over when its lease expires",
-                applied / 2
-            );
-            relay = Some(start_relay("orders-relay-2").await?);
+            observer.say(&format!(
+                "relay-1 killed abruptly (as kill -9) after {} of {total} orders were applied; \
+                 relay-2 takes over when its lease expires",
+                applied / consumers
+            ));
+            relay = Some(start_relay("relay-2").await?);
         }
-        if applied >= total * 2 && writer.is_finished() {
+        if writer.as_ref().is_some_and(|w| w.is_finished()) {
+            writer.take().expect("finished").await??;
+        }
+        if applied >= total * consumers && writer.is_none() {
             break;
         }
         if Instant::now() > deadline {
-            println!("  timed out waiting for the consumers");
+            observer.say("timed out waiting for the consumers");
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    writer.await??;
+    if let Some(writer) = writer {
+        writer.abort();
+    }
     // The consumers have applied every event, but the relay marks an event published only once
-    // acknowledged, in batches: wait for its marks, then stop it, so that nothing changes while
-    // counting.
-    if !summary::all_marked(pool, tables, Duration::from_secs(30)).await? {
-        println!("  timed out waiting for the relay to mark every event published");
+    // acknowledged, in batches, and retries a delivery whose acknowledgement was lost after a
+    // backoff: wait for its marks, then stop it, so that nothing changes while counting.
+    if !summary::all_marked(storage, Duration::from_secs(30)).await? {
+        observer.say("timed out waiting for the relay to mark every event published");
     }
     if let Some(relay) = relay {
         relay.shutdown().await?;
     }
     stop.cancel();
-    for consumer in consumers {
-        let _ = consumer.await;
-    }
-    let summary = Summary::collect(pool, tables, total, crashed, started.elapsed()).await?;
-    broker.clean_up().await;
-    Ok(summary)
+    let deliveries = transport.finish().await;
+    Ok(Summary::collect(storage, total, crashed, started.elapsed(), deliveries).await?)
 }
 
 /// The relay settings of the example runs: short leases so that a killed relay is replaced
@@ -138,6 +191,7 @@ pub(crate) fn relay_config(tables: &Tables) -> RelayConfig {
         lease_ttl: Duration::from_secs(2),
         heartbeat_interval: Duration::from_millis(500),
         poll_interval: Duration::from_millis(100),
+        stats_interval: Duration::from_millis(500),
         retry: RetryPolicy {
             initial_backoff: Duration::from_millis(50),
             max_transient_backoff: Duration::from_millis(500),
@@ -152,8 +206,4 @@ pub(crate) fn relay_config(tables: &Tables) -> RelayConfig {
         },
         ..Default::default()
     }
-}
-
-fn rand_u32() -> u32 {
-    rand::random()
 }

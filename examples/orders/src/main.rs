@@ -1,4 +1,5 @@
-//! `orders`: the orders flow on PostgreSQL and NATS JetStream or RabbitMQ.
+//! `orders`: the orders flow on PostgreSQL and NATS JetStream or RabbitMQ (`outbox demo` runs
+//! it on the other databases and on webhooks).
 //!
 //! ```text
 //! cargo run -p outbox-example-orders -- --database-url postgres://postgres@127.0.0.1:5432/test \
@@ -9,7 +10,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use outbox_example_orders::{run, Scenario};
+use outbox_example_orders::{run, Lines, Scenario};
 
 /// Places orders through the outbox and checks that each is applied once by each consumer.
 #[derive(Parser, Debug)]
@@ -39,12 +40,12 @@ async fn main() -> ExitCode {
         return saga(&args, mode).await;
     }
     let scenario = Scenario {
-        database_url: args.database_url,
-        broker_url: args.broker_url,
-        orders: args.orders,
+        database_url: Some(args.database_url),
+        broker_url: Some(args.broker_url),
         crash: !args.no_crash,
+        ..Scenario::new(args.orders)
     };
-    let result = run(&scenario).await;
+    let result = run(&scenario, &Lines).await;
     exit(result.map(|s| (s.guarantees_hold(), s)))
 }
 

@@ -6,30 +6,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use outbox::Tables;
-use sqlx::PgPool;
+use crate::shop::{Storage, CONSUMERS};
 
 /// Distinct (consumer, event) applications so far.
-pub(crate) async fn applied_pairs(pool: &PgPool, tables: &Tables) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(&tables.render(
-        "SELECT count(*) FROM (SELECT DISTINCT consumer, event_id FROM {schema}.applied_log) a",
-    ))
-    .fetch_one(pool)
-    .await
+pub(crate) async fn applied_pairs(storage: &Storage) -> Result<i64, sqlx::Error> {
+    storage.count(&storage.statements().applied_pairs).await
 }
 
 /// Waits until no event is pending, that is until the relay has marked published every event
 /// it delivered, for at most `timeout`; returns whether that happened.
-pub(crate) async fn all_marked(
-    pool: &PgPool,
-    tables: &Tables,
-    timeout: Duration,
-) -> Result<bool, sqlx::Error> {
-    let sql = tables.render("SELECT count(*) FROM {schema}.{events} WHERE status = 'pending'");
+pub(crate) async fn all_marked(storage: &Storage, timeout: Duration) -> Result<bool, sqlx::Error> {
     let deadline = Instant::now() + timeout;
     loop {
-        let pending: i64 = sqlx::query_scalar(&sql).fetch_one(pool).await?;
-        if pending == 0 {
+        if storage.count(&storage.statements().pending).await? == 0 {
             return Ok(true);
         }
         if Instant::now() >= deadline {
@@ -62,35 +51,49 @@ pub struct Summary {
     pub crashed: bool,
     /// Wall time.
     pub elapsed: Duration,
+    /// What the consumers saw, when they are the scenario's own webhook endpoint.
+    pub deliveries: Option<Deliveries>,
+}
+
+/// What the consumers behind the webhook endpoint saw.
+#[derive(Debug, Clone, Default)]
+pub struct Deliveries {
+    /// HTTP deliveries received.
+    pub deliveries: u64,
+    /// Acknowledgements lost on purpose.
+    pub dropped_acks: u64,
+    /// Deliveries the inbox recognised and skipped (per consumer).
+    pub duplicates: u64,
+    /// Median commit-to-consumer lag of first deliveries.
+    pub lag_p50: Duration,
+    /// Largest commit-to-consumer lag of a first delivery.
+    pub lag_max: Duration,
 }
 
 impl Summary {
     pub(crate) async fn collect(
-        pool: &PgPool,
-        tables: &Tables,
+        storage: &Storage,
         total: i64,
         crashed: bool,
         elapsed: Duration,
+        deliveries: Option<Deliveries>,
     ) -> Result<Self, sqlx::Error> {
-        let one = |sql: &str| {
-            let sql = tables.render(sql);
-            async move { sqlx::query_scalar::<_, i64>(&sql).fetch_one(pool).await }
-        };
-        let events = one("SELECT count(*) FROM {schema}.{events}").await?;
+        let sql = storage.statements();
+        let events = storage.count(&sql.events).await?;
+        let consumers = CONSUMERS.len() as i64;
         Ok(Self {
-            orders: one("SELECT count(*) FROM {schema}.orders").await?,
+            orders: storage.count(&sql.orders).await?,
             events,
-            published: one("SELECT count(*) FROM {schema}.{events} WHERE status = 'published'")
-                .await?,
-            lost: total.max(events) * 2 - applied_pairs(pool, tables).await?,
-            applied_twice: one("SELECT count(*) FROM (SELECT 1 FROM {schema}.applied_log \
-                 GROUP BY consumer, event_id HAVING count(*) > 1) d")
-            .await?,
-            reserved: one("SELECT sum(reserved)::bigint FROM {schema}.stock").await?,
-            ordered: one("SELECT coalesce(sum(qty), 0)::bigint FROM {schema}.orders").await?,
-            notifications: one("SELECT count(*) FROM {schema}.notifications").await?,
+            published: storage.count(&sql.published).await?,
+            // An event is lost when a consumer never applied it.
+            lost: total.max(events) * consumers - applied_pairs(storage).await?,
+            applied_twice: storage.count(&sql.applied_twice).await?,
+            reserved: storage.count(&sql.reserved).await?,
+            ordered: storage.count(&sql.ordered).await?,
+            notifications: storage.count(&sql.notifications).await?,
             crashed,
             elapsed,
+            deliveries,
         })
     }
 
@@ -150,6 +153,20 @@ impl fmt::Display for Summary {
             "  relay crashes injected         {:>7}",
             u8::from(self.crashed)
         )?;
+        if let Some(d) = &self.deliveries {
+            writeln!(f, "  deliveries to consumers        {:>7}", d.deliveries)?;
+            writeln!(
+                f,
+                "  acknowledgements lost on purpose {:>5}",
+                d.dropped_acks
+            )?;
+            writeln!(
+                f,
+                "  duplicates discarded by inbox  {:>7}  (per consumer: redeliveries after lost \
+                 acks and the crash)",
+                d.duplicates
+            )?;
+        }
         writeln!(
             f,
             "  stock reserved                 {:>7}  (ordered {}: exactly once per order)",
@@ -160,10 +177,111 @@ impl fmt::Display for Summary {
             "  notifications sent             {:>7}",
             self.notifications
         )?;
+        if let Some(d) = &self.deliveries {
+            writeln!(
+                f,
+                "  lag, commit to consumer        p50 {:.0} ms, max {:.0} ms",
+                d.lag_p50.as_secs_f64() * 1e3,
+                d.lag_max.as_secs_f64() * 1e3
+            )?;
+        }
         writeln!(
             f,
             "  {} lost, {} applied twice: {verdict}",
             self.lost, self.applied_twice
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agreeing() -> Summary {
+        Summary {
+            orders: 300,
+            events: 300,
+            published: 300,
+            lost: 0,
+            applied_twice: 0,
+            reserved: 600,
+            ordered: 600,
+            notifications: 300,
+            crashed: true,
+            elapsed: Duration::from_secs(5),
+            deliveries: Some(Deliveries {
+                deliveries: 328,
+                dropped_acks: 21,
+                duplicates: 55,
+                lag_p50: Duration::from_millis(2136),
+                lag_max: Duration::from_millis(2787),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_summary_whose_figures_agree_says_ok() {
+        let summary = agreeing();
+        assert!(summary.guarantees_hold());
+        let text = summary.to_string();
+        assert!(text.ends_with("  0 lost, 0 applied twice: OK\n"), "{text}");
+        assert!(
+            text.contains("  duplicates discarded by inbox       55  (per consumer"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  relay crashes injected               1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_summary_without_webhook_deliveries_leaves_their_lines_out() {
+        let summary = Summary {
+            deliveries: None,
+            ..agreeing()
+        };
+        let text = summary.to_string();
+        assert!(!text.contains("deliveries to consumers"), "{text}");
+        assert!(!text.contains("lag, commit"), "{text}");
+        assert!(text.ends_with(": OK\n"), "{text}");
+    }
+
+    #[test]
+    fn a_summary_with_fewer_events_published_than_written_does_not_say_ok() {
+        let summary = Summary {
+            published: 296,
+            ..agreeing()
+        };
+        assert!(!summary.guarantees_hold());
+        let text = summary.to_string();
+        assert!(!text.contains(": OK"), "{text}");
+        assert!(
+            text.contains("events published 296 of 300 written"),
+            "the verdict names the figure that disagrees: {text}"
+        );
+    }
+
+    #[test]
+    fn a_summary_with_events_missing_for_orders_does_not_say_ok() {
+        let summary = Summary {
+            events: 299,
+            published: 299,
+            ..agreeing()
+        };
+        assert!(!summary.guarantees_hold());
+        assert!(summary
+            .to_string()
+            .contains("events written 299 for 300 orders"));
+    }
+
+    #[test]
+    fn a_summary_with_an_order_applied_twice_says_broken() {
+        let summary = Summary {
+            applied_twice: 1,
+            ..agreeing()
+        };
+        assert!(!summary.guarantees_hold());
+        assert!(summary.to_string().ends_with("1 applied twice: BROKEN\n"));
     }
 }

@@ -1,18 +1,12 @@
-//! `outbox demo`: the orders scenario of the source documents, end to end, on an embedded
-//! default that needs no service: SQLite for the outbox and the shop, the relay publishing
-//! through its webhook publisher to the demo's own consumers over loopback HTTP. Midway, the
-//! relay is killed (abruptly, as `kill -9` would) and a new one takes over; some broker
-//! acknowledgements are lost on purpose. The summary is counted from the database once the
+//! `outbox demo`: the orders scenario of the source documents (`examples/orders`), end to end.
+//! By default on an embedded setup that needs no service: SQLite for the outbox and the shop,
+//! the relay publishing through its webhook publisher to the demo's own consumers over loopback
+//! HTTP. Midway, the relay is killed (abruptly, as `kill -9` would) and a new one takes over;
+//! some acknowledgements are lost on purpose. The summary is counted from the database once the
 //! relay has marked every event it delivered and has stopped.
 
-#[cfg(feature = "webhook")]
-mod embedded;
-#[cfg(feature = "webhook")]
-mod receiver;
-#[cfg(feature = "webhook")]
-mod report;
-#[cfg(feature = "webhook")]
-mod shop;
+#[cfg(any(feature = "webhook", feature = "broker-demo"))]
+mod progress;
 
 use super::CommandResult;
 
@@ -22,51 +16,54 @@ pub struct Args {
     /// Orders to place.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     orders: u32,
-    /// Lose the broker acknowledgement of every Nth delivery (0: never), to show the inbox
+    /// Lose the acknowledgement of every Nth webhook delivery (0: never), to show the inbox
     /// discarding the redeliveries.
     #[arg(long, default_value_t = 15)]
     drop_ack_every: u64,
-    /// Keep the SQLite database file (printed at the end) instead of deleting it.
+    /// Keep what the run created (the SQLite file, the PostgreSQL schema or the MySQL database,
+    /// printed at the end) instead of removing it.
     #[arg(long)]
     keep: bool,
-    /// Run the scenario on PostgreSQL instead of SQLite (needs --broker-url).
-    #[arg(long, requires = "broker_url")]
+    /// Run the scenario on PostgreSQL (postgres://…) or MySQL/MariaDB (mysql://…,
+    /// mariadb://…) instead of SQLite, in a schema or database of its own.
+    #[arg(long)]
     database_url: Option<String>,
     /// Run the scenario through NATS JetStream (nats://…) or RabbitMQ (amqp://…) instead of
-    /// webhooks (needs --database-url).
+    /// webhooks (needs a PostgreSQL --database-url).
     #[arg(long, requires = "database_url")]
     broker_url: Option<String>,
 }
 
 /// Runs the scenario and prints the summary; exits 1 if any guarantee was broken.
+#[cfg(any(feature = "webhook", feature = "broker-demo"))]
 pub async fn run(args: Args) -> CommandResult {
-    if let (Some(database_url), Some(broker_url)) = (&args.database_url, &args.broker_url) {
-        if !database_url.starts_with("postgres://") && !database_url.starts_with("postgresql://") {
-            return Err(
-                "--database-url: the demo on a broker runs on PostgreSQL (postgres://…); \
-                 without the flags it runs on SQLite. MySQL outboxes are relayed by `outbox \
-                 relay` but have no demo yet"
-                    .into(),
-            );
-        }
-        return with_brokers(database_url, broker_url, args.orders).await;
+    if args.broker_url.is_some() && !cfg!(feature = "broker-demo") {
+        return Err(
+            "this build of outbox has no demo through a broker: build it with the cargo feature \
+             `broker-demo`, or leave out --broker-url to run on webhooks"
+                .into(),
+        );
     }
-    embedded_default(&args).await
-}
-
-/// The orders example on PostgreSQL and NATS or RabbitMQ.
-#[cfg(feature = "broker-demo")]
-async fn with_brokers(database_url: &str, broker_url: &str, orders: u32) -> CommandResult {
-    println!("outbox demo: the orders scenario on PostgreSQL and {broker_url}");
-    let summary = outbox_example_orders::run(&outbox_example_orders::Scenario {
-        database_url: database_url.to_owned(),
-        broker_url: broker_url.to_owned(),
-        orders,
-        crash: true,
-    })
-    .await
-    .map_err(|e| e.to_string())?;
-    print!("{summary}");
+    if args.broker_url.is_none() && !cfg!(feature = "webhook") {
+        return Err(
+            "this build of outbox has no demo on webhooks: build it with the cargo feature \
+             `webhook`, or give --broker-url"
+                .into(),
+        );
+    }
+    println!("outbox demo: an order service, an inventory and a notifications consumer");
+    let scenario = outbox_example_orders::Scenario {
+        database_url: args.database_url,
+        broker_url: args.broker_url,
+        drop_ack_every: args.drop_ack_every,
+        keep: args.keep,
+        ..outbox_example_orders::Scenario::new(args.orders)
+    };
+    let progress = progress::Bar::new(u64::from(args.orders));
+    let summary = outbox_example_orders::run(&scenario, &progress).await;
+    progress.finish();
+    let summary = summary.map_err(|e| e.to_string())?;
+    print!("\n{summary}");
     Ok(if summary.guarantees_hold() {
         std::process::ExitCode::SUCCESS
     } else {
@@ -74,36 +71,11 @@ async fn with_brokers(database_url: &str, broker_url: &str, orders: u32) -> Comm
     })
 }
 
-#[cfg(not(feature = "broker-demo"))]
-async fn with_brokers(_: &str, _: &str, _: u32) -> CommandResult {
+#[cfg(not(any(feature = "webhook", feature = "broker-demo")))]
+pub async fn run(_: Args) -> CommandResult {
     Err(
-        "this build of outbox has no demo on PostgreSQL and a broker: build it with the cargo \
-         feature `broker-demo`"
-            .into(),
-    )
-}
-
-/// SQLite and webhooks, in a temporary directory (kept with `--keep`).
-#[cfg(feature = "webhook")]
-async fn embedded_default(args: &Args) -> CommandResult {
-    let dir = std::env::temp_dir().join(format!("outbox-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join("shop.db");
-    let result = embedded::scenario(args, &path).await;
-    if !args.keep {
-        let _ = std::fs::remove_dir_all(&dir);
-    } else {
-        println!("database kept at {}", path.display());
-    }
-    result
-}
-
-#[cfg(not(feature = "webhook"))]
-async fn embedded_default(_: &Args) -> CommandResult {
-    Err(
-        "this build of outbox has no embedded demo (SQLite and webhooks): build it with the \
-         cargo feature `webhook`, or run the demo on PostgreSQL and a broker (--database-url, \
-         --broker-url)"
+        "this build of outbox has no demo: build it with the cargo feature `webhook` (SQLite, \
+         PostgreSQL or MySQL, and webhooks) or `broker-demo` (PostgreSQL with NATS or RabbitMQ)"
             .into(),
     )
 }
