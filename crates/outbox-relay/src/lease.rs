@@ -160,7 +160,10 @@ impl Leases {
         n
     }
 
-    fn expire_all(&self) {
+    /// Lets every lease lapse locally until the next renewal confirms it. Also for a source
+    /// whose statement was fenced off: the leases were taken over, which the heartbeat learns
+    /// only at its next renewal, and until then they must not be offered again.
+    pub(crate) fn expire_all(&self) {
         let mut held = self.held.lock().expect("not poisoned");
         let now = Instant::now();
         for h in held.values_mut() {

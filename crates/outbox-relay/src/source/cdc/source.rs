@@ -102,6 +102,9 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             End::Stop => return Ok(()),
             End::LeaseLost => {
                 tracing::warn!("lease lost: stopped streaming; standing by");
+                // Until the heartbeat's next renewal, the leases would be offered again and a
+                // new session, fenced off at once, would republish its first batch.
+                ctx.leases.expire_all();
                 pause.reset();
             }
             End::Failed(error) => {
