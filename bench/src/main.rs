@@ -1,6 +1,7 @@
 //! `outbox-bench`: the benchmark harness of the outbox relay. Each scenario is a subcommand;
 //! `all` runs them in order and writes the results table. See `bench/README.md`.
 
+mod bigtx;
 mod cdc;
 mod common;
 mod dbbound;
@@ -58,6 +59,9 @@ enum Command {
     Sqlite,
     /// (h) MySQL or MariaDB (`--mysql-url`): the same as (g), on two databases of its own.
     Mysql,
+    /// (i) One transaction of `--big-tx-mb` MiB of large events on `--cdc-database-url`, the
+    /// relay running: its peak RSS against its RSS before, polling and CDC zero-growth.
+    Bigtx,
 }
 
 /// Settings shared by every scenario. Flags may come before or after the subcommand.
@@ -186,6 +190,9 @@ pub struct Options {
     /// (f) parked: claims timed in each measurement.
     #[arg(long, global = true, default_value_t = 200)]
     pub claims: usize,
+    /// (i) bigtx: size of the transaction, MiB (two 512 KiB events per MiB).
+    #[arg(long, global = true, default_value_t = 512)]
+    pub big_tx_mb: u64,
 }
 
 /// The broker of (a) drain.
@@ -220,6 +227,7 @@ async fn run(cli: Cli) -> common::Result<()> {
         | Command::Steady
         | Command::All
         | Command::Cdc
+        | Command::Bigtx
         | Command::Sqlite
         | Command::Mysql => true,
     };
@@ -289,6 +297,30 @@ async fn run(cli: Cli) -> common::Result<()> {
         );
         println!("{text}");
         let path = bench.out_dir().join("cdc.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
+    }
+    if cli.command == Command::Bigtx {
+        let mut options = cli.options.clone();
+        options.database_url = options.cdc_database_url.clone();
+        let bench = Bench::connect(options, true, false, false).await?;
+        let results = bigtx::run(&bench).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# One large transaction\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit \
+             {}), load average {} at the start; {}.\n\n{}\n`{}`\n",
+            m.nproc,
+            m.cpu_model,
+            m.postgres,
+            m.synchronous_commit,
+            m.load_average,
+            m.brokers,
+            bigtx::render(&results),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("bigtx.md");
         std::fs::write(&path, &text)?;
         eprintln!("results written to {}", path.display());
         return Ok(());

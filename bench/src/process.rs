@@ -123,6 +123,12 @@ impl RelayProcess {
         Ok(())
     }
 
+    /// The relay's resident memory now, MB.
+    pub fn rss_mb(&self) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        field_kb(&status, "VmRSS:").map(|kb| kb as f64 / 1024.0)
+    }
+
     /// CPU seconds (user + system, all threads) the relay has used so far.
     pub fn cpu_seconds(&self) -> f64 {
         process_cpu_seconds(self.pid).unwrap_or(0.0)
