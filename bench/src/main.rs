@@ -218,6 +218,40 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The harness on the `wal_level = logical` server of `--cdc-database-url`, with NATS.
+async fn on_cdc_server(options: &Options) -> common::Result<Bench> {
+    let mut options = options.clone();
+    options.database_url = options.cdc_database_url.clone();
+    Bench::connect(options, true, false, false).await
+}
+
+/// Prints a report of a scenario on the CDC server (`title`, the machine, `table`) and writes
+/// it to `file` in the output directory.
+async fn write_cdc_report(
+    bench: &Bench,
+    title: &str,
+    table: &str,
+    file: &str,
+) -> common::Result<()> {
+    let m = bench.machine().await?;
+    let text = format!(
+        "# {title}\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit {}), load \
+         average {} at the start; {}.\n\n{table}\n`{}`\n",
+        m.nproc,
+        m.cpu_model,
+        m.postgres,
+        m.synchronous_commit,
+        m.load_average,
+        m.brokers,
+        bench.command_line()
+    );
+    println!("{text}");
+    let path = bench.out_dir().join(file);
+    std::fs::write(&path, &text)?;
+    eprintln!("results written to {}", path.display());
+    Ok(())
+}
+
 async fn run(cli: Cli) -> common::Result<()> {
     // NATS is needed by (a) unless it drains into Kafka, and always by (c) and (d).
     let needs_nats = match cli.command {
@@ -278,52 +312,15 @@ async fn run(cli: Cli) -> common::Result<()> {
         return Ok(());
     }
     if cli.command == Command::Cdc {
-        let mut options = cli.options.clone();
-        options.database_url = options.cdc_database_url.clone();
-        let bench = Bench::connect(options, true, false, false).await?;
+        let bench = on_cdc_server(&cli.options).await?;
         let results = cdc::run(&bench).await?;
-        let m = bench.machine().await?;
-        let text = format!(
-            "# CDC comparison\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit {}), \
-             load average {} at the start; {}.\n\n{}\n`{}`\n",
-            m.nproc,
-            m.cpu_model,
-            m.postgres,
-            m.synchronous_commit,
-            m.load_average,
-            m.brokers,
-            cdc::render(&results),
-            bench.command_line()
-        );
-        println!("{text}");
-        let path = bench.out_dir().join("cdc.md");
-        std::fs::write(&path, &text)?;
-        eprintln!("results written to {}", path.display());
-        return Ok(());
+        return write_cdc_report(&bench, "CDC comparison", &cdc::render(&results), "cdc.md").await;
     }
     if cli.command == Command::Bigtx {
-        let mut options = cli.options.clone();
-        options.database_url = options.cdc_database_url.clone();
-        let bench = Bench::connect(options, true, false, false).await?;
+        let bench = on_cdc_server(&cli.options).await?;
         let results = bigtx::run(&bench).await?;
-        let m = bench.machine().await?;
-        let text = format!(
-            "# One large transaction\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit \
-             {}), load average {} at the start; {}.\n\n{}\n`{}`\n",
-            m.nproc,
-            m.cpu_model,
-            m.postgres,
-            m.synchronous_commit,
-            m.load_average,
-            m.brokers,
-            bigtx::render(&results),
-            bench.command_line()
-        );
-        println!("{text}");
-        let path = bench.out_dir().join("bigtx.md");
-        std::fs::write(&path, &text)?;
-        eprintln!("results written to {}", path.display());
-        return Ok(());
+        let table = bigtx::render(&results);
+        return write_cdc_report(&bench, "One large transaction", &table, "bigtx.md").await;
     }
     if cli.command == Command::Parked {
         let bench = Bench::connect(cli.options, false, false, false).await?;
