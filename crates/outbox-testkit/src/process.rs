@@ -153,13 +153,25 @@ impl BrokerProcess {
     }
 
     /// Kills the broker's whole process group (SIGKILL), if it runs.
+    /// Returns once every process of the group is gone (at most 10 s): a PostgreSQL backend
+    /// still exiting keeps the shared memory a restarted server needs.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", child.id())])
-                .status();
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = child.kill();
             let _ = child.wait();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let alive = || {
+                Command::new("kill")
+                    .args(["-0", "--", &group])
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            while alive() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 }
