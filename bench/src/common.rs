@@ -3,6 +3,7 @@
 
 use std::{
     path::{Path, PathBuf},
+    str::FromStr,
     time::{Duration, Instant},
 };
 
@@ -11,12 +12,23 @@ use outbox::{
     postgres::{MigrateOptions, PgOutbox},
     Tables,
 };
-use sqlx::{postgres::PgPoolOptions, PgPool};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
 
-use crate::{kafka::KafkaAdmin, rabbitmq::RabbitAdmin, report::Machine, Broker, Options};
+use crate::{
+    cost::Processes, kafka::KafkaAdmin, rabbitmq::RabbitAdmin, report::Machine, Broker, Options,
+};
+
+/// `application_name` of the harness's own connections (setup and progress polling).
+const HARNESS_APPLICATION: &str = "outbox-bench";
 
 /// Error type of the harness: any error, printed with its message.
-pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+pub type Result<T> = std::result::Result<T, BoxError>;
+
+/// Any error of the harness.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Connections and settings shared by the scenarios of one run.
 pub struct Bench {
@@ -68,10 +80,14 @@ impl Bench {
         needs_kafka: bool,
         needs_rabbitmq: bool,
     ) -> Result<Self> {
+        // Named, so that the cost breakdown can tell the harness's own backends apart.
+        let connect = PgConnectOptions::from_str(&options.database_url)
+            .map_err(|e| format!("bad database URL: {e}"))?
+            .application_name(HARNESS_APPLICATION);
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(30))
-            .connect(&options.database_url)
+            .connect_with(connect)
             .await
             .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
         let nats = if needs_nats {
@@ -448,6 +464,31 @@ impl Bench {
 }
 
 impl Bench {
+    /// The processes a phase of `scope` accounts for: the database server and the broker the
+    /// scenario publishes to (found by their listening ports), and the harness's own backends
+    /// (its pool is opened in full first, so that every one of them is known).
+    pub async fn processes(&self, scope: &Scope) -> Result<Processes> {
+        let database_port = PgConnectOptions::from_str(&self.options.database_url)?.get_port();
+        let broker = match self.broker_of(scope) {
+            Broker::Nats => ("nats-server", port_of(&self.options.nats_url, 4222)),
+            Broker::Kafka => ("kafka", port_of(&self.options.kafka_brokers, 9092)),
+            Broker::Rabbitmq => ("rabbitmq", port_of(&self.options.rabbitmq_url, 5672)),
+        };
+        let mut processes = Processes::find(database_port, Some(broker));
+        let mut held = Vec::new();
+        for _ in 0..self.pool.options().get_max_connections() {
+            held.push(self.pool.acquire().await?);
+        }
+        drop(held);
+        let pids: Vec<i32> =
+            sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+                .bind(HARNESS_APPLICATION)
+                .fetch_all(&self.pool)
+                .await?;
+        processes.harness_backends = pids.into_iter().map(|p| p as u32).collect();
+        Ok(processes)
+    }
+
     /// The brokers of this run, for the report.
     fn brokers(&self) -> String {
         let mut brokers = Vec::new();
@@ -522,6 +563,17 @@ fn cpu_times() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
+/// The port of a `scheme://user@host:port/path` URL or a `host:port[,host:port]` list (the
+/// first), or `default`.
+pub fn port_of(url: &str, default: u16) -> u16 {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host = rest.split(['/', ',', '?']).next().unwrap_or("");
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    host.rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The 1, 5 and 15-minute load averages, from `/proc/loadavg`.
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -585,6 +637,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_ports_of_urls() {
+        assert_eq!(port_of("nats://127.0.0.1:4222", 1), 4222);
+        assert_eq!(port_of("amqp://guest:guest@127.0.0.1:5673/%2f", 1), 5673);
+        assert_eq!(port_of("127.0.0.1:9093,127.0.0.1:9094", 1), 9093);
+        assert_eq!(port_of("nats://localhost", 4222), 4222);
+    }
 
     #[test]
     fn payload_is_about_200_bytes() {

@@ -16,6 +16,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::{
     common::{interruptible, Bench, Result, Scope},
+    cost::{Cpu, DbCounters, DbWork, Meter},
     process::MachineCpu,
     progress::Progress,
 };
@@ -44,6 +45,10 @@ pub struct DbBoundResult {
     pub analyzed: i64,
     /// Whole-machine CPU use meanwhile.
     pub machine_cpu_percent: f64,
+    /// CPU per process.
+    pub cpu: Cpu,
+    /// What the database did.
+    pub db: DbWork,
 }
 
 impl DbBoundResult {
@@ -100,9 +105,11 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DbBoundResult> {
         .map(|i| fences.iter().copied().skip(i).step_by(workers).collect())
         .filter(|share: &Vec<Fence>| !share.is_empty())
         .collect();
+    let analyzes_before = bench.analyze_count(scope).await?;
+    let counters = DbCounters::take(&bench.pool, scope).await?;
+    let meter = Meter::start(bench.processes(scope).await?);
     let machine_before = MachineCpu::now();
     let started = Instant::now();
-    let analyzes_before = bench.analyze_count(scope).await?;
     let stats = tokio::spawn(sample_stats(store.clone()));
     let tasks: Vec<_> = shares
         .into_iter()
@@ -129,10 +136,12 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DbBoundResult> {
         finished = finished.max(at);
     }
     let time = finished - started;
+    let cpu = meter.stop(marked as u64);
     stats.abort();
     let machine_cpu_percent = MachineCpu::now().busy_percent_since(&machine_before);
     store.release(&relay_id, &fences).await?;
     store.pool().close().await;
+    let db = counters.since(&bench.pool, scope).await?;
     let index_reads = bench.index_reads(scope).await?;
     let pending = bench.pending(scope).await?;
     if pending != 0 {
@@ -147,6 +156,8 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DbBoundResult> {
         index_reads,
         analyzed: bench.analyze_count(scope).await? - analyzes_before,
         machine_cpu_percent,
+        cpu,
+        db,
     };
     bench.log(
         scope.scenario,

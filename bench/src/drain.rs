@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     common::{interruptible, Bench, Result, Scope},
+    cost::{Cpu, DbCounters, DbWork, Meter},
     process::{MachineCpu, RelayProcess, RelayStats},
     progress::Progress,
 };
@@ -37,6 +38,10 @@ pub struct DrainResult {
     pub stream_messages: u64,
     /// The relay's memory, exit and log.
     pub relay: RelayStats,
+    /// CPU per process over the drain.
+    pub cpu: Cpu,
+    /// What the database did over the drain.
+    pub db: DbWork,
 }
 
 impl DrainResult {
@@ -72,9 +77,12 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
         ),
     );
     let analyzes_before = bench.analyze_count(scope).await?;
+    let counters = DbCounters::take(&bench.pool, scope).await?;
+    let mut meter = Meter::start(bench.processes(scope).await?);
     let machine_before = MachineCpu::now();
     let started = Instant::now();
     let mut relay = RelayProcess::start(bench, scope).await?;
+    meter.set_relay(relay.pid());
     let timeout = Duration::from_secs(bench.options.drain_timeout);
     let mut last_report = Instant::now();
     let mut progress = Progress::new(events);
@@ -95,8 +103,10 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
         tokio::time::sleep(POLL).await;
     };
     let relay_cpu = relay.cpu_seconds();
+    let cpu = meter.stop(events);
     let machine_cpu_percent = MachineCpu::now().busy_percent_since(&machine_before);
     let relay_stats = relay.stop().await?;
+    let db = counters.since(&bench.pool, scope).await?;
     let stream_messages = bench.stream_messages(scope).await?;
     let index_reads = bench.index_reads(scope).await?;
     let analyzed = bench.analyze_count(scope).await? - analyzes_before;
@@ -112,6 +122,8 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
         index_reads,
         analyzed,
         relay: relay_stats,
+        cpu,
+        db,
     };
     bench.log(
         scope.scenario,

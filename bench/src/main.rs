@@ -4,17 +4,20 @@
 mod bigtx;
 mod cdc;
 mod common;
+mod cost;
 mod dbbound;
 mod drain;
 mod kafka;
 mod mysql;
 mod naive;
+mod natsonly;
 mod parked;
 mod process;
 mod progress;
 mod rabbitmq;
 mod report;
 mod sqlite;
+mod sqlonly;
 mod steady;
 mod writers;
 
@@ -23,6 +26,10 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 use crate::{common::Bench, report::Report};
+
+/// The relay's allocator, so that (k) natsonly measures the client as the relay runs it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Benchmarks of the outbox relay against PostgreSQL and NATS JetStream (or Kafka) on this
 /// machine.
@@ -46,7 +53,8 @@ enum Command {
     Naive,
     /// (d) Writers' maximum commit rate, then commit-to-ack latency at a fixed rate.
     Steady,
-    /// All of the above, in that order, with the (a)/(b) ratio.
+    /// All of the above, (j) sqlonly and (k) natsonly, with the (a)/(b) and (a)/(j) ratios
+    /// and the cost breakdown of each phase.
     All,
     /// (e) Polling and the three CDC write modes side by side on `--cdc-database-url`: drain,
     /// latency at `--rate` (default 1000/s), WAL and row writes per event, table left behind.
@@ -59,6 +67,12 @@ enum Command {
     Sqlite,
     /// (h) MySQL or MariaDB (`--mysql-url`): the same as (g), on two databases of its own.
     Mysql,
+    /// (j) The bare claim-and-mark statement (`UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
+    /// LOCKED) RETURNING …`), one client, no broker, on the same backlog and table shape.
+    Sqlonly,
+    /// (k) The broker client alone: as many messages as the backlog published straight to
+    /// JetStream through async-nats, with the relay's headers and window, no database.
+    Natsonly,
     /// (i) One transaction of `--big-tx-mb` MiB of large events on `--cdc-database-url`, the
     /// relay running: its peak RSS against its RSS before, polling and CDC zero-growth.
     Bigtx,
@@ -190,6 +204,14 @@ pub struct Options {
     /// (f) parked: claims timed in each measurement.
     #[arg(long, global = true, default_value_t = 200)]
     pub claims: usize,
+    /// (k) natsonly: publish through the core client with one subscription for every
+    /// acknowledgement, instead of the JetStream context's request per message.
+    #[arg(long, global = true)]
+    pub nats_core: bool,
+    /// A `[relay]` setting for the relay under test, as TOML (`claim_linger = "2ms"`);
+    /// repeatable. Added to the generated config of every scenario that starts the relay.
+    #[arg(long = "relay-setting", global = true)]
+    pub relay_settings: Vec<String>,
     /// (i) bigtx: size of the transaction, MiB (two 512 KiB events per MiB).
     #[arg(long, global = true, default_value_t = 512)]
     pub big_tx_mb: u64,
@@ -256,14 +278,15 @@ async fn run(cli: Cli) -> common::Result<()> {
     // NATS is needed by (a) unless it drains into Kafka, and always by (c) and (d).
     let needs_nats = match cli.command {
         Command::Drain => cli.options.broker == Broker::Nats,
-        Command::Dbbound | Command::Parked => false,
+        Command::Dbbound | Command::Parked | Command::Sqlonly => false,
         Command::Naive
         | Command::Steady
         | Command::All
         | Command::Cdc
         | Command::Bigtx
         | Command::Sqlite
-        | Command::Mysql => true,
+        | Command::Mysql
+        | Command::Natsonly => true,
     };
     if cli.command == Command::Sqlite {
         let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
@@ -361,6 +384,20 @@ async fn run(cli: Cli) -> common::Result<()> {
         match dbbound::run(&bench).await {
             Ok(r) => report.dbbound = Some(r),
             Err(e) => failed = Some(format!("dbbound: {e}")),
+        }
+    }
+    if failed.is_none() && wanted(Command::Sqlonly) {
+        bench.settle("sqlonly").await;
+        match sqlonly::run(&bench).await {
+            Ok(r) => report.sqlonly = Some(r),
+            Err(e) => failed = Some(format!("sqlonly: {e}")),
+        }
+    }
+    if failed.is_none() && wanted(Command::Natsonly) {
+        bench.settle("natsonly").await;
+        match natsonly::run(&bench).await {
+            Ok(r) => report.natsonly = Some(r),
+            Err(e) => failed = Some(format!("natsonly: {e}")),
         }
     }
     if failed.is_none() && wanted(Command::Naive) {

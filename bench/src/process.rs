@@ -18,7 +18,7 @@ use crate::common::{Bench, Result, Scope};
 /// How often the relay's RSS is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Clock ticks per second of `/proc/<pid>/stat` times (USER_HZ, 100 on Linux).
-const CLOCK_TICKS: f64 = 100.0;
+pub const CLOCK_TICKS: f64 = 100.0;
 
 /// A running `outbox relay` child process.
 pub struct RelayProcess {
@@ -123,6 +123,11 @@ impl RelayProcess {
         Ok(())
     }
 
+    /// The relay's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// The relay's resident memory now, MB.
     pub fn rss_mb(&self) -> Option<f64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
@@ -176,6 +181,7 @@ fn relay_config(bench: &Bench, scope: &Scope) -> String {
          max_batch_size = {batch}\n\
          max_inflight_batches = {inflight}\n\
          mode = \"{mode}\"\n\
+         {extra}\
          \n\
          [relay.routing]\n\
          default = \"{subjects}.{{aggregate_type}}.{{event_type}}\"\n\
@@ -195,6 +201,12 @@ fn relay_config(bench: &Bench, scope: &Scope) -> String {
         subjects = scope.subjects,
         stream = scope.stream,
         mode = if scope.cdc { "cdc" } else { "poll" },
+        extra = bench
+            .options
+            .relay_settings
+            .iter()
+            .map(|s| format!("{s}\n"))
+            .collect::<String>(),
     )
 }
 
@@ -258,6 +270,11 @@ impl MachineCpu {
             busy: total.saturating_sub(idle),
             total,
         }
+    }
+
+    /// Busy clock ticks of all CPUs together since `earlier` (`CLOCK_TICKS` per CPU second).
+    pub fn busy_since(&self, earlier: &Self) -> u64 {
+        self.busy.saturating_sub(earlier.busy)
     }
 
     /// Share of all CPUs busy since `earlier`, in percent.

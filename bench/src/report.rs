@@ -3,8 +3,15 @@
 use std::{fmt::Write, time::Duration};
 
 use crate::{
-    dbbound::DbBoundResult, drain::DrainResult, naive::NaiveResult, process::RelayStats,
-    progress::Progress, steady::SteadyResult,
+    cost::Phase,
+    dbbound::DbBoundResult,
+    drain::DrainResult,
+    naive::NaiveResult,
+    natsonly::NatsOnlyResult,
+    process::RelayStats,
+    progress::Progress,
+    sqlonly::SqlOnlyResult,
+    steady::{FixedRate, SteadyResult},
 };
 
 /// Facts about the machine the figures come from.
@@ -39,6 +46,10 @@ pub struct Report {
     pub drain: Option<DrainResult>,
     /// (b) dbbound.
     pub dbbound: Option<DbBoundResult>,
+    /// (j) sqlonly.
+    pub sqlonly: Option<SqlOnlyResult>,
+    /// (k) natsonly.
+    pub natsonly: Option<NatsOnlyResult>,
     /// (c) naive.
     pub naive: Option<NaiveResult>,
     /// (d) steady.
@@ -54,6 +65,8 @@ impl Report {
             started: chrono::Utc::now(),
             drain: None,
             dbbound: None,
+            sqlonly: None,
+            natsonly: None,
             naive: None,
             steady: None,
         }
@@ -103,6 +116,36 @@ impl Report {
                 format!("**{:.2}**", a.rate() / b.rate()),
             ));
         }
+        if let Some(r) = &self.sqlonly {
+            rows.push(row(
+                "(j) sqlonly",
+                "the bare claim + mark statement, one client, no broker",
+                format!(
+                    "**{} events/s** ({} statements)",
+                    thousands(r.rate() as u64),
+                    thousands(r.statements)
+                ),
+            ));
+            if let Some(a) = &self.drain {
+                rows.push(row(
+                    "(a)/(j)",
+                    "relay drain ÷ the bare statement",
+                    format!("**{:.2}**", a.rate() / r.rate()),
+                ));
+            }
+        }
+        if let Some(r) = &self.natsonly {
+            rows.push(row(
+                "(k) natsonly",
+                "async-nats alone: JetStream publishes with the relay's headers, no database",
+                format!(
+                    "**{} messages/s**, {:.1} µs of client CPU per message ({} outstanding)",
+                    thousands(r.cpu.rate() as u64),
+                    r.cpu.per_event(r.cpu.harness),
+                    r.window
+                ),
+            ));
+        }
         if let Some(r) = &self.naive {
             naive_rows(r, &mut rows);
             if let Some(a) = &self.drain {
@@ -122,6 +165,20 @@ impl Report {
         for [scenario, measure, result] in rows {
             let _ = writeln!(out, "| {scenario} | {measure} | {result} |");
         }
+        let phases = self.cost_phases();
+        if !phases.is_empty() {
+            let _ = writeln!(out, "\n## Cost per event\n");
+            let _ = writeln!(
+                out,
+                "CPU time (user + system) of each process over the phase, per event: the relay \
+                 (every thread), PostgreSQL (postmaster, backends and helpers, less the \
+                 harness's polling backends), the broker, the harness (its process and its \
+                 polling backends) and the whole machine. Statements, WAL, rows and index \
+                 growth are the database's over the phase (`pg_stat_statements`, \
+                 `pg_stat_user_tables`, index sizes).\n"
+            );
+            let _ = writeln!(out, "{}", crate::cost::render(&phases));
+        }
         if !notes.is_empty() {
             let _ = writeln!(out, "\n## Relay logs\n");
             for note in notes {
@@ -129,6 +186,54 @@ impl Report {
             }
         }
         out
+    }
+}
+
+impl Report {
+    /// The phases with a cost breakdown, in the order they ran.
+    fn cost_phases(&self) -> Vec<Phase<'_>> {
+        let mut phases = Vec::new();
+        if let Some(r) = &self.drain {
+            phases.push(Phase {
+                name: "(a) drain".into(),
+                cpu: &r.cpu,
+                db: Some(&r.db),
+            });
+        }
+        if let Some(r) = &self.dbbound {
+            phases.push(Phase {
+                name: format!("(b) dbbound, {} workers", r.workers),
+                cpu: &r.cpu,
+                db: Some(&r.db),
+            });
+        }
+        if let Some(r) = &self.sqlonly {
+            phases.push(Phase {
+                name: "(j) sqlonly, one client".into(),
+                cpu: &r.cpu,
+                db: Some(&r.db),
+            });
+        }
+        if let Some(r) = &self.natsonly {
+            phases.push(Phase {
+                name: "(k) natsonly: the client alone (harness = async-nats)".into(),
+                cpu: &r.cpu,
+                db: None,
+            });
+        }
+        if let Some(r) = &self.steady {
+            for p in &r.phases {
+                phases.push(Phase {
+                    name: format!(
+                        "(d) steady, writers and relay, NOTIFY {}",
+                        if p.notify { "on" } else { "off" }
+                    ),
+                    cpu: &p.cpu,
+                    db: Some(&p.db),
+                });
+            }
+        }
+        phases
     }
 }
 
@@ -262,36 +367,66 @@ fn steady_rows(r: &SteadyResult, rows: &mut Vec<Row>) {
             100.0 * (off / on - 1.0)
         ),
     ));
+    for phase in &r.phases {
+        phase_rows(r, phase, rows);
+    }
+    rss_row(s, &r.relay, rows);
+}
+
+fn phase_rows(r: &SteadyResult, p: &FixedRate, rows: &mut Vec<Row>) {
+    let s = if p.notify {
+        "(d) steady, NOTIFY on"
+    } else {
+        "(d) steady, NOTIFY off"
+    };
     rows.push(row(
         s,
         "fixed write rate with the relay running",
         format!(
-            "target {} events/s; achieved {} events/s ({} events in {})",
+            "target {} events/s; achieved {} events/s ({} events in {}); writers' transactions \
+             p50 / p99 {:.1} / {:.1} ms",
             thousands(r.target_rate as u64),
-            thousands(r.written.per_second() as u64),
-            thousands(r.written.commits),
-            secs(r.written.elapsed)
+            thousands(p.written.per_second() as u64),
+            thousands(p.written.commits),
+            secs(p.written.elapsed),
+            quantile(&p.written.transaction_ms, 0.5),
+            quantile(&p.written.transaction_ms, 0.99),
         ),
     ));
-    let ms = |q: f64| r.latency(q).map_or("n/a".to_owned(), |v| format!("{v:.1}"));
+    let ms = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1}"));
     rows.push(row(
         s,
-        "commit-to-delivery latency p50 / p99 / p99.9 / max",
+        "commit (answered to the writer) to delivery, after the first second, p50 / p99 / \
+         p99.9 / max",
         format!(
             "**{} / {} / {} / {} ms**",
-            ms(0.5),
-            ms(0.99),
-            ms(0.999),
-            ms(1.0)
+            ms(p.commit_latency(0.5)),
+            ms(p.commit_latency(0.99)),
+            ms(p.commit_latency(0.999)),
+            ms(p.commit_latency(1.0))
         ),
     ));
-    let slow = r.latencies_ms.iter().filter(|&&l| l >= 1000.0).count();
     rows.push(row(
         s,
-        "events delivered 1 s or more after their commit",
+        "occurred-at (insert, before the commit) to delivery, p50 / p99 / p99.9 / max",
         format!(
-            "{slow} ({:.2}%)",
-            100.0 * slow as f64 / r.latencies_ms.len().max(1) as f64
+            "{} / {} / {} / {} ms",
+            ms(p.latency(0.5)),
+            ms(p.latency(0.99)),
+            ms(p.latency(0.999)),
+            ms(p.latency(1.0))
+        ),
+    ));
+    let slow = p.latencies_ms.iter().filter(|&&l| l >= 1000.0).count();
+    rows.push(row(
+        s,
+        "events delivered 1 s or more after their insert; over 100 ms (when they arrived)",
+        format!(
+            "{slow} ({:.2}%); {} ({:.1}–{:.1} s into the phase)",
+            100.0 * slow as f64 / p.latencies_ms.len().max(1) as f64,
+            p.slow.0,
+            p.slow.1,
+            p.slow.2
         ),
     ));
     rows.push(row(
@@ -299,12 +434,12 @@ fn steady_rows(r: &SteadyResult, rows: &mut Vec<Row>) {
         "messages received",
         format!(
             "{} of {} events ({} duplicates)",
-            thousands(r.received as u64),
-            thousands(r.written.commits),
-            r.duplicates
+            thousands(p.received as u64),
+            thousands(p.written.commits),
+            p.duplicates
         ),
     ));
-    let drained = r.drain_after.map_or("not within 30 s".to_owned(), |d| {
+    let drained = p.drain_after.map_or("not within 30 s".to_owned(), |d| {
         format!("{:.2} s", d.as_secs_f64())
     });
     rows.push(row(
@@ -313,19 +448,29 @@ fn steady_rows(r: &SteadyResult, rows: &mut Vec<Row>) {
         format!(
             "**{}**: pending {} at the end of writing (limit {:.0}), max {} while writing; \
              0 pending {} later",
-            if r.kept_up() { "yes" } else { "no" },
-            r.pending_at_end,
-            r.pending_limit(),
-            r.max_pending,
+            if p.kept_up(r.target_rate) {
+                "yes"
+            } else {
+                "no"
+            },
+            p.pending_at_end,
+            p.pending_limit(r.target_rate),
+            p.max_pending,
             drained
         ),
     ));
-    rss_row(s, &r.relay, rows);
     rows.push(row(
         s,
         "relay CPU while writing",
-        format!("{:.0}% of one core", r.relay_cpu_percent),
+        format!("{:.0}% of one core", p.relay_cpu_percent),
     ));
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 fn progress_row(scenario: &str, progress: &Progress, end: Duration, rows: &mut Vec<Row>) {

@@ -1,9 +1,9 @@
 //! (d) `steady`: the writers' maximum commit rate (NOTIFY on and off, relay not running), then
-//! the relay under a fixed write rate: commit-to-delivery latency seen by a NATS subscriber,
-//! whether the relay keeps up, and its memory.
+//! the relay under a fixed write rate, its writers with NOTIFY on and then off: commit-to-
+//! delivery latency seen by a NATS subscriber, whether the relay keeps up, and its memory.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -17,9 +17,13 @@ use tokio::sync::oneshot;
 
 use crate::{
     common::{interruptible, wait_until, Bench, Result, Scope},
+    cost::{Cpu, DbCounters, DbWork, Meter},
     process::{RelayProcess, RelayStats},
     writers::{self, WriteRate, WriterSettings},
 };
+
+/// The first seconds of a fixed-rate phase left out of its commit-to-delivery figures.
+const WARM_UP_SECONDS: i64 = 1;
 
 /// Longest wait for the backlog to empty once the writers stop, to count as keeping up.
 pub const DRAIN_AFTER_LIMIT: Duration = Duration::from_secs(5);
@@ -33,8 +37,19 @@ pub struct SteadyResult {
     pub max_notify: WriteRate,
     /// Maximum commit rate with `.notify(false)`.
     pub max_silent: WriteRate,
-    /// Target rate of the relay phase, events/s.
+    /// Target rate of the relay phases, events/s.
     pub target_rate: f64,
+    /// The fixed-rate phases with the relay running: writers with NOTIFY on, then off.
+    pub phases: Vec<FixedRate>,
+    /// The relay's memory, exit and log.
+    pub relay: RelayStats,
+}
+
+/// One fixed-rate phase: paced writers, the relay running, a subscriber timing each event.
+#[derive(Clone, Debug)]
+pub struct FixedRate {
+    /// Whether the writers sent the NOTIFY.
+    pub notify: bool,
     /// What the paced writers achieved.
     pub written: WriteRate,
     /// Largest pending count sampled while writing.
@@ -47,31 +62,49 @@ pub struct SteadyResult {
     pub received: usize,
     /// Messages received more than once.
     pub duplicates: usize,
-    /// Latencies in ms, sorted: receive time minus `occurred-at`.
+    /// Latencies in ms, sorted: receive time minus `occurred-at` (set at insert, before the
+    /// commit).
     pub latencies_ms: Vec<f64>,
-    /// Relay CPU during the writing phase, percent of one core.
+    /// Latencies in ms, sorted: receive time minus the moment the writer's commit was
+    /// answered (commit to delivery), for the events committed after the warm-up second.
+    pub commit_latencies_ms: Vec<f64>,
+    /// Deliveries over 100 ms after their insert, and when the first and last of them
+    /// arrived (seconds into the phase): one stall, or slowness throughout.
+    pub slow: (usize, f64, f64),
+    /// Relay CPU during the writing, percent of one core.
     pub relay_cpu_percent: f64,
-    /// The relay's memory, exit and log.
-    pub relay: RelayStats,
+    /// CPU per process over the writing (writers, relay, broker, subscriber).
+    pub cpu: Cpu,
+    /// What the database did over the writing.
+    pub db: DbWork,
 }
 
-impl SteadyResult {
-    /// The `pending_at_end` bound for keeping up: 2 × rate × 0.1 s (at least 1).
-    pub fn pending_limit(&self) -> f64 {
-        (2.0 * self.target_rate * 0.1).max(1.0)
+impl FixedRate {
+    /// The `pending_at_end` bound for keeping up at `rate`: 2 × rate × 0.1 s (at least 1).
+    pub fn pending_limit(&self, rate: f64) -> f64 {
+        (2.0 * rate * 0.1).max(1.0)
     }
 
-    /// Whether the relay kept up: little pending at the end, drained within 5 s after.
-    pub fn kept_up(&self) -> bool {
-        (self.pending_at_end as f64) < self.pending_limit()
+    /// Whether the relay kept up at `rate`: little pending at the end, drained within 5 s.
+    pub fn kept_up(&self, rate: f64) -> bool {
+        (self.pending_at_end as f64) < self.pending_limit(rate)
             && self.drain_after.is_some_and(|d| d <= DRAIN_AFTER_LIMIT)
     }
 
-    /// The latency at quantile `q` (0..=1), ms.
+    /// The occurred-at latency at quantile `q` (0..=1), ms.
     pub fn latency(&self, q: f64) -> Option<f64> {
-        let n = self.latencies_ms.len();
-        (n > 0).then(|| self.latencies_ms[((n - 1) as f64 * q).round() as usize])
+        quantile(&self.latencies_ms, q)
     }
+
+    /// The commit-to-delivery latency at quantile `q` (0..=1), ms.
+    pub fn commit_latency(&self, q: f64) -> Option<f64> {
+        quantile(&self.commit_latencies_ms, q)
+    }
+}
+
+fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let n = sorted.len();
+    (n > 0).then(|| sorted[((n - 1) as f64 * q).round() as usize])
 }
 
 /// Runs the scenario in its own schema and stream, removed afterwards.
@@ -126,13 +159,55 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
     bench.log(
         scope.scenario,
         format!(
-            "starting the relay; then {target_rate:.0} events/s for {:?}",
+            "starting the relay; then {target_rate:.0} events/s for {:?}, NOTIFY on, then off",
             settings.duration
         ),
     );
-
     let mut relay = RelayProcess::start(bench, scope).await?;
     wait_for_leases(bench, scope, &mut relay).await?;
+    let mut phases = Vec::new();
+    for notify in [true, false] {
+        let outbox = outbox.clone().notify(notify);
+        let phase = fixed_rate(bench, scope, &mut relay, &settings, &outbox, notify).await?;
+        bench.log(
+            scope.scenario,
+            format!(
+                "NOTIFY {}: wrote {} at {:.0}/s, received {}; commit to delivery p50 {:.1} ms, \
+                 p99 {:.1} ms; kept up: {}; {} over 100 ms, arriving {:.1}–{:.1} s in",
+                if notify { "on" } else { "off" },
+                phase.written.commits,
+                phase.written.per_second(),
+                phase.received,
+                phase.commit_latency(0.5).unwrap_or(f64::NAN),
+                phase.commit_latency(0.99).unwrap_or(f64::NAN),
+                phase.kept_up(target_rate),
+                phase.slow.0,
+                phase.slow.1,
+                phase.slow.2
+            ),
+        );
+        phases.push(phase);
+    }
+    let relay_stats = relay.stop().await?;
+    Ok(SteadyResult {
+        writers: settings.writers,
+        max_notify,
+        max_silent,
+        target_rate,
+        phases,
+        relay: relay_stats,
+    })
+}
+
+/// One fixed-rate phase against the running relay.
+async fn fixed_rate(
+    bench: &Bench,
+    scope: &Scope,
+    relay: &mut RelayProcess,
+    settings: &WriterSettings,
+    outbox: &PgOutbox,
+    notify: bool,
+) -> Result<FixedRate> {
     let subscriber = bench
         .nats()?
         .subscribe(format!("{}.>", scope.subjects))
@@ -141,8 +216,14 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
     let received = Arc::new(AtomicU64::new(0));
     let (stop, stopped) = oneshot::channel();
     let collector = tokio::spawn(collect(subscriber, received.clone(), stopped));
-
     let cpu_before = relay.cpu_seconds();
+    let counters = DbCounters::take(&bench.pool, scope).await?;
+    let mut meter = Meter::start(bench.processes(scope).await?);
+    meter.set_relay(relay.pid());
+    // Commit-to-delivery is taken after a warm-up second: a relay idle before the phase finds
+    // the first events of writers that do not NOTIFY on its next poll (up to `poll_interval`),
+    // which is not the steady state (the occurred-at figures include it).
+    let warm = chrono::Utc::now() + chrono::Duration::seconds(WARM_UP_SECONDS);
     let writing = {
         let settings = settings.clone();
         let outbox = outbox.clone();
@@ -155,6 +236,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let written = writing.await??;
+    let cpu = meter.stop(written.commits);
     let pending_at_end = bench.pending(scope).await?;
     let relay_cpu_percent =
         100.0 * (relay.cpu_seconds() - cpu_before) / written.elapsed.as_secs_f64();
@@ -174,12 +256,19 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
     .await?;
     let _ = stop.send(());
     let collected = collector.await?;
-    let relay_stats = relay.stop().await?;
-    let result = SteadyResult {
-        writers: settings.writers,
-        max_notify,
-        max_silent,
-        target_rate,
+    let db = counters.since(&bench.pool, scope).await?;
+    let mut commit_latencies_ms: Vec<f64> = written
+        .committed
+        .iter()
+        .filter(|(_, at)| *at >= warm)
+        .filter_map(|(id, at)| {
+            let arrived = collected.arrivals.get(id)?;
+            Some((*arrived - *at).num_microseconds()? as f64 / 1000.0)
+        })
+        .collect();
+    commit_latencies_ms.sort_by(f64::total_cmp);
+    Ok(FixedRate {
+        notify,
         written,
         max_pending,
         pending_at_end,
@@ -187,22 +276,12 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<SteadyResult> {
         received: collected.distinct,
         duplicates: collected.duplicates,
         latencies_ms: collected.latencies_ms,
+        commit_latencies_ms,
+        slow: collected.slow,
         relay_cpu_percent,
-        relay: relay_stats,
-    };
-    bench.log(
-        scope.scenario,
-        format!(
-            "wrote {} at {:.0}/s, received {}; p50 {:.1} ms, p99 {:.1} ms; kept up: {}",
-            result.written.commits,
-            result.written.per_second(),
-            result.received,
-            result.latency(0.5).unwrap_or(f64::NAN),
-            result.latency(0.99).unwrap_or(f64::NAN),
-            result.kept_up()
-        ),
-    );
-    Ok(result)
+        cpu,
+        db,
+    })
 }
 
 /// Empties the events table between measurements.
@@ -245,6 +324,8 @@ pub(crate) struct Collected {
     /// Messages that took over [`SLOW_MS`], and when the first and last of them arrived
     /// (seconds since the collector started): one stall, or slowness throughout.
     pub(crate) slow: (usize, f64, f64),
+    /// When each event (by id) first arrived.
+    pub(crate) arrivals: HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>>,
 }
 
 /// A latency over this counts in [`Collected::slow`].
@@ -257,6 +338,7 @@ pub(crate) async fn collect(
     mut stop: oneshot::Receiver<()>,
 ) -> Collected {
     let mut seen = HashSet::new();
+    let mut arrivals = HashMap::new();
     let mut duplicates = 0;
     let mut latencies_ms = Vec::new();
     let started = std::time::Instant::now();
@@ -277,6 +359,9 @@ pub(crate) async fn collect(
             if !seen.insert(id.as_str().to_owned()) {
                 duplicates += 1;
                 continue;
+            }
+            if let Ok(id) = id.as_str().parse() {
+                arrivals.insert(id, now);
             }
         }
         received.fetch_add(1, Ordering::Relaxed);
@@ -304,5 +389,6 @@ pub(crate) async fn collect(
         duplicates,
         latencies_ms,
         slow,
+        arrivals,
     }
 }

@@ -38,6 +38,8 @@ pub struct WriteRate {
     pub elapsed: Duration,
     /// Each transaction's time, from creating its event to the commit's answer, ms, sorted.
     pub transaction_ms: Vec<f64>,
+    /// Each event's id and when its commit was answered (wall clock).
+    pub committed: Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)>,
 }
 
 impl WriteRate {
@@ -77,8 +79,11 @@ pub async fn run(settings: &WriterSettings, outbox: &PgOutbox) -> Result<WriteRa
         })
         .collect();
     let mut transaction_ms = Vec::new();
+    let mut committed = Vec::new();
     for task in tasks {
-        transaction_ms.extend(task.await??);
+        let (times, ids) = task.await??;
+        transaction_ms.extend(times);
+        committed.extend(ids);
     }
     let elapsed = started.elapsed();
     transaction_ms.sort_by(f64::total_cmp);
@@ -86,11 +91,12 @@ pub async fn run(settings: &WriterSettings, outbox: &PgOutbox) -> Result<WriteRa
         commits: transaction_ms.len() as u64,
         elapsed,
         transaction_ms,
+        committed,
     })
 }
 
 /// One writer: commits events until `deadline`, every `period` (after `offset`) if paced;
-/// returns each transaction's time, ms.
+/// returns each transaction's time, ms, and each event's id with when its commit was answered.
 async fn write(
     mut connection: PgConnection,
     outbox: PgOutbox,
@@ -98,11 +104,12 @@ async fn write(
     aggregates: u64,
     deadline: Instant,
     pacing: Option<(Duration, Duration)>,
-) -> Result<Vec<f64>> {
+) -> Result<Commits> {
     let mut ticker = pacing.map(|(period, offset)| {
         tokio::time::interval_at(tokio::time::Instant::now() + offset, period)
     });
     let mut times = Vec::new();
+    let mut ids = Vec::new();
     loop {
         if let Some(ticker) = ticker.as_mut() {
             ticker.tick().await;
@@ -115,10 +122,14 @@ async fn write(
         let event = Event::new("order", format!("agg-{}", g % aggregates), "OrderPlaced")
             .json(&payload(g))?;
         let mut tx = connection.begin().await?;
-        outbox.enqueue(&mut tx, &event).await?;
+        let id = outbox.enqueue(&mut tx, &event).await?;
         tx.commit().await?;
+        ids.push((id, chrono::Utc::now()));
         times.push(began.elapsed().as_secs_f64() * 1000.0);
     }
     connection.close().await?;
-    Ok(times)
+    Ok((times, ids))
 }
+
+/// What one writer returns: its transactions' times, and its events with their commit times.
+type Commits = (Vec<f64>, Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)>);

@@ -9,6 +9,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc serves the relay's many small, short-lived allocations (headers, futures, rows)
+/// far cheaper than glibc's allocator (bench/RESULTS.md, issue 20).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Transactional outbox: publish committed events to your broker, at least once, in order per
 /// aggregate.
 ///

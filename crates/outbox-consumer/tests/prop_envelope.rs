@@ -51,7 +51,7 @@ prop_compose! {
             schema_version,
             destination: None,
             payload_size: payload.len() as i64,
-            payload: Some(payload),
+            payload: Some(payload.into()),
             content_type,
             headers: serde_json::to_string(&headers).unwrap(),
             unreadable: None,

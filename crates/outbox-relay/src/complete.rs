@@ -147,8 +147,8 @@ impl Completer {
                 id: item.id,
                 attempts: item.attempts,
                 permanent_failures: item.permanent_failures,
-                destination: &item.destination,
-                key: (&item.key.0, &item.key.1),
+                destination: item.destination(),
+                key: item.key(),
             },
             error,
         )
@@ -195,7 +195,7 @@ impl Completer {
                     published.push(item.id);
                     let occurred_at = item.message.as_ref().ok().map(|m| m.occurred_at);
                     self.observe_latency(&clock, occurred_at, *at);
-                    *by_destination.entry(item.destination.as_str()).or_insert(0) += 1;
+                    *by_destination.entry(item.destination()).or_insert(0) += 1;
                 }
                 Outcome::Failed(error) => {
                     if error.is_transient() {

@@ -84,7 +84,7 @@ prop_compose! {
             schema_version,
             destination,
             // As the claim reads it: over the limit, the payload is not loaded.
-            payload: (size <= LIMIT).then_some(payload),
+            payload: (size <= LIMIT).then_some(payload.into()),
             payload_size: size as i64,
             content_type,
             headers: headers.to_string(),
@@ -205,7 +205,7 @@ fn good_row() -> ClaimedRow {
         event_type: "Placed".into(),
         schema_version: 1,
         destination: None,
-        payload: Some(b"{}".to_vec()),
+        payload: Some(bytes::Bytes::from_static(b"{}")),
         payload_size: 2,
         content_type: "application/json".into(),
         headers: "{}".into(),

@@ -602,7 +602,7 @@ pub(crate) fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
         schema_version: 1,
         destination: None,
         payload_size: payload.len() as i64,
-        payload: (payload.len() <= max_payload).then_some(payload),
+        payload: (payload.len() <= max_payload).then_some(payload.into()),
         content_type: "application/json".to_owned(),
         row_bytes: (payload_loaded + headers.len() + 64) as i64,
         headers,

@@ -100,7 +100,7 @@ impl Db {
                 key,
                 version: r.row.aggregate_version.unwrap_or(0),
                 content: original.content,
-                payload: r.row.payload.clone().unwrap_or_default(),
+                payload: r.row.payload.as_deref().unwrap_or_default().to_vec(),
                 committed: true,
                 visible: true,
                 in_table: true,

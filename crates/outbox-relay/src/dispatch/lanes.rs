@@ -11,9 +11,9 @@
 //! after the successor's first delivery of the same event: on a broker without deduplication
 //! a consumer may see a repeated earlier event, never a later one before its first delivery.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, ops::Range, sync::Arc, time::Duration};
 
-use futures::{FutureExt, StreamExt};
+use futures::{stream::FuturesUnordered, FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use crate::{lease::Leases, Message, PublishError, Publisher};
@@ -31,12 +31,30 @@ pub struct Item {
     pub attempts: i32,
     /// Permanent failures before this one.
     pub permanent_failures: i32,
-    /// Ordering key.
-    pub key: (String, String),
-    /// The routed destination (for metrics), if the row could be routed.
-    pub destination: String,
     /// The message, or a permanent error found while decoding the row.
     pub message: Result<Message, PublishError>,
+    /// The ordering key of a row that does not decode (a message carries its own).
+    pub unpublishable_key: Option<(String, String)>,
+}
+
+impl Item {
+    /// The ordering key (`aggregate_type`, `aggregate_id`).
+    pub fn key(&self) -> (&str, &str) {
+        match (&self.message, &self.unpublishable_key) {
+            (Ok(m), _) => (&m.aggregate_type, &m.aggregate_id),
+            (Err(_), Some((kind, id))) => (kind, id),
+            (Err(_), None) => ("", ""),
+        }
+    }
+
+    /// The routed destination, for metrics: [`super::UNDECODABLE`] for a row that does not
+    /// decode.
+    pub fn destination(&self) -> &str {
+        match &self.message {
+            Ok(m) => &m.destination,
+            Err(_) => super::UNDECODABLE,
+        }
+    }
 }
 
 /// What happened to an item.
@@ -50,9 +68,12 @@ pub enum Outcome {
     Skipped,
 }
 
-/// Publishes `items` (in id order) through `publisher`, at most `concurrency` aggregates at a
-/// time, and returns every item's outcome. `publish_timeout` bounds a single publish: a broker
-/// that does not answer is a transient failure, never a stuck lane.
+/// Publishes `items` through `publisher`, at most `concurrency` aggregates at a time, each
+/// aggregate's events in id order, and returns every item with its outcome, in the order
+/// given. `publish_timeout` bounds a single publish: a broker that does not answer is a
+/// transient failure, never a stuck lane. The items stay where they are while they publish
+/// (lanes are ranges of indices), so a batch costs one vector of outcomes, not a copy of the
+/// batch per lane.
 pub async fn dispatch(
     items: Vec<Item>,
     publisher: Arc<dyn Publisher>,
@@ -60,56 +81,85 @@ pub async fn dispatch(
     concurrency: usize,
     publish_timeout: Duration,
 ) -> Vec<(Item, Outcome)> {
-    let lanes = into_lanes(items);
-    futures::stream::iter(lanes)
-        .map(|lane| run_lane(lane, publisher.clone(), leases.clone(), publish_timeout))
-        .buffer_unordered(concurrency)
-        .flat_map(futures::stream::iter)
-        .collect()
-        .await
-}
-
-/// Groups items by aggregate, keeping id order within each group.
-fn into_lanes(mut items: Vec<Item>) -> Vec<Vec<Item>> {
-    items.sort_by_key(|i| i.id);
-    let mut index: HashMap<(String, String), usize> = HashMap::new();
-    let mut lanes: Vec<Vec<Item>> = Vec::new();
-    for item in items {
-        match index.get(&item.key) {
-            Some(&i) => lanes[i].push(item),
-            None => {
-                index.insert(item.key.clone(), lanes.len());
-                lanes.push(vec![item]);
+    let (order, lanes) = lanes(&items);
+    let mut outcomes: Vec<Outcome> = items.iter().map(|_| Outcome::Skipped).collect();
+    {
+        let (publisher, leases) = (publisher.as_ref(), leases.as_ref());
+        let mut waiting = lanes.into_iter();
+        let mut running = FuturesUnordered::new();
+        loop {
+            while running.len() < concurrency.max(1) {
+                let Some(lane) = waiting.next() else { break };
+                running.push(run_lane(
+                    &items,
+                    &order[lane],
+                    publisher,
+                    leases,
+                    publish_timeout,
+                ));
+            }
+            let Some(done) = running.next().await else {
+                break;
+            };
+            for (i, outcome) in done {
+                outcomes[i] = outcome;
             }
         }
     }
-    lanes
+    items.into_iter().zip(outcomes).collect()
+}
+
+/// The lanes of `items`: their indices ordered by aggregate, then id, and the range of that
+/// order each aggregate's lane takes (lanes numbered by their first event's id).
+fn lanes(items: &[Item]) -> (Vec<usize>, Vec<Range<usize>>) {
+    let mut by_id: Vec<usize> = (0..items.len()).collect();
+    by_id.sort_unstable_by_key(|&i| items[i].id);
+    let mut index: HashMap<(&str, &str), usize> = HashMap::with_capacity(items.len());
+    let mut lane_of = vec![0; items.len()];
+    for &i in &by_id {
+        let next = index.len();
+        lane_of[i] = *index.entry(items[i].key()).or_insert(next);
+    }
+    let mut order = by_id;
+    order.sort_by_key(|&i| lane_of[i]);
+    let mut lanes = Vec::with_capacity(index.len());
+    let mut start = 0;
+    for end in 1..=order.len() {
+        if end == order.len() || lane_of[order[end]] != lane_of[order[start]] {
+            lanes.push(start..end);
+            start = end;
+        }
+    }
+    (order, lanes)
 }
 
 async fn run_lane(
-    lane: Vec<Item>,
-    publisher: Arc<dyn Publisher>,
-    leases: Arc<Leases>,
+    items: &[Item],
+    lane: &[usize],
+    publisher: &dyn Publisher,
+    leases: &Leases,
     publish_timeout: Duration,
-) -> Vec<(Item, Outcome)> {
+) -> Vec<(usize, Outcome)> {
     let mut out = Vec::with_capacity(lane.len());
     let mut stopped = false;
-    for item in lane {
-        if stopped || !leases.is_valid(item.partition, item.epoch) {
+    for &i in lane {
+        let item = &items[i];
+        // One look at the lease: valid now, and for how long.
+        let lease_left = match stopped {
+            true => None,
+            false => leases.remaining(item.partition, item.epoch),
+        };
+        let Some(lease_left) = lease_left else {
             stopped = true;
-            out.push((item, Outcome::Skipped));
+            out.push((i, Outcome::Skipped));
             continue;
-        }
-        let outcome = match (&item.message, leases.remaining(item.partition, item.epoch)) {
-            (Err(e), _) => Outcome::Failed(e.clone()),
-            (Ok(message), Some(lease_left)) => {
-                publish_one(publisher.as_ref(), message, publish_timeout, lease_left).await
-            }
-            // The lease ran out between the check above and now.
-            (Ok(_), None) => Outcome::Skipped,
+        };
+        let outcome = match &item.message {
+            Err(e) => Outcome::Failed(e.clone()),
+            Ok(message) => publish_one(publisher, message, publish_timeout, lease_left).await,
         };
         stopped = !matches!(outcome, Outcome::Published(_));
-        out.push((item, outcome));
+        out.push((i, outcome));
     }
     out
 }
@@ -205,9 +255,8 @@ mod tests {
             epoch: 1,
             attempts: 0,
             permanent_failures: 0,
-            key: ("order".into(), aggregate.into()),
-            destination: message.destination.clone(),
             message: Ok(message),
+            unpublishable_key: None,
         }
     }
 
@@ -253,6 +302,7 @@ mod tests {
         });
         let mut bad = item(1, "a");
         bad.message = Err(PublishError::permanent("headers must be a JSON object"));
+        bad.unpublishable_key = Some(("order".into(), "a".into()));
         let items = vec![bad, item(2, "a"), item(3, "b")];
         let results = dispatch(
             items,

@@ -11,32 +11,33 @@ use crate::{routing::RoutingConfig, store::ClaimedRow};
 pub(crate) const UNDECODABLE: &str = "(undecodable)";
 
 /// The lane item of a claimed row, as both sources build it: its message (or why it cannot be
-/// published, a permanent failure), its routed destination, its ordering key, its attempts
-/// and the lease epoch it was claimed under. `id` identifies the item in the results: the row
-/// id when polling, the position in the stream in CDC mode (a table-less event has no row).
+/// published, a permanent failure), its ordering key, its attempts and the lease epoch it was
+/// claimed under. `id` identifies the item in the results: the row id when polling, the
+/// position in the stream in CDC mode (a table-less event has no row). The row's strings and
+/// payload move into the message.
 pub(crate) fn item(
-    row: &ClaimedRow,
+    row: ClaimedRow,
     id: i64,
     epoch: i64,
     routing: &RoutingConfig,
     max_payload: usize,
 ) -> Item {
-    let message = row.decode_guarded(routing, max_payload);
-    let destination = match &message {
-        Ok(m) => m.destination.clone(),
+    let (partition, attempts, permanent_failures) =
+        (row.partition, row.attempts, row.permanent_failures);
+    let (message, unpublishable_key) = match row.check_guarded(routing, max_payload) {
+        Ok(checked) => (Ok(row.into_message(checked)), None),
         Err(error) => {
             tracing::warn!(event_id = %row.event_id, %error, "malformed outbox row");
-            UNDECODABLE.to_owned()
+            (Err(error), Some((row.aggregate_type, row.aggregate_id)))
         }
     };
     Item {
         id,
-        partition: row.partition,
+        partition,
         epoch,
-        attempts: row.attempts,
-        permanent_failures: row.permanent_failures,
-        key: (row.aggregate_type.clone(), row.aggregate_id.clone()),
-        destination,
+        attempts,
+        permanent_failures,
         message,
+        unpublishable_key,
     }
 }

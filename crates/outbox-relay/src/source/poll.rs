@@ -1,10 +1,15 @@
 //! The polling source: claims the pending rows of the partitions this relay leases and hands
 //! each batch to dispatch and completion, with up to `max_inflight_batches` batches in flight
 //! over disjoint partitions. The batch size adapts to the backlog; a full claim is followed at
-//! once by the next; an idle relay waits for a NOTIFY, a finished batch, a lease change or the
-//! poll interval. Each partition's scan starts at a floor (a hint, see `store/sql/claim.sql`),
-//! reset every `rescan_interval` and whenever a claim comes back less than full. The rows in
-//! flight are bounded in number and in bytes (`max_inflight_bytes`).
+//! once by the next, a claim that came back less than full only `claim_linger` after it (so
+//! that a moderate write rate is claimed a few milliseconds at a time, not one statement pair
+//! per commit); an idle relay waits for a NOTIFY, a finished batch, a lease change or the poll
+//! interval, which is `claim_linger` right after a claim that found events and doubles up to
+//! `poll_interval` while claims come back empty (writers that do not NOTIFY still see their
+//! events published within milliseconds while events flow). Each partition's scan starts at a
+//! floor (a hint, see `store/sql/claim.sql`), reset every `rescan_interval` and whenever a
+//! claim comes back less than full. The rows in flight are bounded in number and in bytes
+//! (`max_inflight_bytes`).
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
@@ -60,6 +65,13 @@ impl Poll {
         // Bytes of claimed rows in the batches in flight, against `max_inflight_bytes`.
         let budget = i64::try_from(self.config.max_inflight_bytes).unwrap_or(i64::MAX);
         let mut inflight_bytes: i64 = 0;
+        // How long an idle relay waits for a wake-up before it claims again: right after a claim
+        // that found events, `claim_linger` (more are likely on their way, from writers that
+        // may not NOTIFY), doubling while claims come back empty, up to `poll_interval`.
+        let eager_poll = self.config.claim_linger.max(MIN_POLL);
+        let mut idle_poll = self.config.poll_interval;
+        // No claim before this, unless the last one came back full (see `claim_linger`).
+        let mut linger_until = Instant::now();
         loop {
             self.health.loop_turned();
             let releasable = self.leases.take_releasable(&busy);
@@ -82,6 +94,7 @@ impl Poll {
             if !stopping
                 && more
                 && now >= paused_until
+                && now >= linger_until
                 && inflight.len() < self.config.max_inflight_batches
                 && inflight_bytes < budget
             {
@@ -111,6 +124,7 @@ impl Poll {
                     .map(|f| (f.0, floors.get(&f.0).copied().unwrap_or(0)))
                     .collect();
                 self.health.claim_started();
+                let claim_started = Instant::now();
                 let claimed = within(
                     self.completer.answer_within,
                     self.store.claim(
@@ -132,12 +146,22 @@ impl Poll {
                             batch_size = adapt(batch_size, rows.len(), &self.config);
                         }
                         more = full;
+                        linger_until = if full {
+                            claim_started
+                        } else {
+                            claim_started + self.config.claim_linger
+                        };
                         if !full {
                             // Keeping up: the next claim scans from the start, so a row that
                             // committed after later ones is found at once. Floors only pay
                             // while a backlog keeps claims full.
                             floors.clear();
                         }
+                        idle_poll = if rows.is_empty() {
+                            (idle_poll * 2).min(self.config.poll_interval)
+                        } else {
+                            eager_poll.min(self.config.poll_interval)
+                        };
                         if rows.is_empty() {
                             continue;
                         }
@@ -178,13 +202,17 @@ impl Poll {
             // a finished batch frees one, and the timer is a mere fallback. (It was the pause,
             // zero, which made the loop spin while the batches published; the simulation
             // found it.)
-            let pause = paused_until.saturating_duration_since(now);
+            let pause = paused_until
+                .max(linger_until)
+                .saturating_duration_since(now);
             let full =
                 inflight.len() >= self.config.max_inflight_batches || inflight_bytes >= budget;
             let idle = if more && !full {
                 pause
-            } else {
+            } else if full {
                 self.config.poll_interval
+            } else {
+                idle_poll
             };
             tokio::select! {
                 biased;
@@ -226,18 +254,12 @@ impl Poll {
     ) -> BatchDone {
         let epoch_of = |p: i32| fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
         let items: Vec<dispatch::Item> = rows
-            .iter()
+            .into_iter()
             .map(|row| {
-                dispatch::item(
-                    row,
-                    row.id,
-                    epoch_of(row.partition),
-                    &self.config.routing,
-                    self.max_payload,
-                )
+                let (id, epoch) = (row.id, epoch_of(row.partition));
+                dispatch::item(row, id, epoch, &self.config.routing, self.max_payload)
             })
             .collect();
-        drop(rows);
         let results = dispatch::dispatch(
             items,
             self.publisher.clone(),
@@ -254,6 +276,10 @@ impl Poll {
         }
     }
 }
+
+/// The shortest wait for more events after a claim that found some (see `idle_poll` in
+/// [`Poll::run`]), when `claim_linger` is 0.
+const MIN_POLL: Duration = Duration::from_millis(1);
 
 /// A batch finished: its partitions are free again, its bytes back in the budget.
 #[derive(Debug)]

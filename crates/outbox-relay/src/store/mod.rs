@@ -14,7 +14,7 @@ use sqlx::{postgres::PgPoolOptions, PgPool, Row};
 
 pub use mysql::MySqlStore;
 pub(crate) use mysql::{bind_list, key_text, listed};
-pub use rows::{Claimed, ClaimedRow, Failure};
+pub use rows::{Checked, Claimed, ClaimedRow, Failure};
 pub(crate) use sqlite::parse_time;
 pub use sqlite::SqliteStore;
 
@@ -283,6 +283,13 @@ impl PgStore {
         &self.sql.claim
     }
 
+    /// The rendered statement that marks events published (its parameters: ids, partitions,
+    /// epochs, relay id), for `EXPLAIN` in tests and benchmarks.
+    #[doc(hidden)]
+    pub fn mark_published_statement(&self) -> &str {
+        &self.sql.mark_published
+    }
+
     /// The partition count fixed at migration.
     pub fn partitions(&self) -> i32 {
         self.partitions
@@ -373,21 +380,31 @@ impl PgStore {
         max_payload_bytes: usize,
         byte_budget: i64,
     ) -> Result<Claimed, sqlx::Error> {
+        use futures::TryStreamExt;
         let (parts, floors): (Vec<i32>, Vec<i64>) = partitions.iter().copied().unzip();
-        let rows = sqlx::query(&self.sql.claim)
+        let mut stream = sqlx::query(&self.sql.claim)
             .bind(parts)
             .bind(limit)
             .bind(i32::try_from(max_payload_bytes).unwrap_or(i32::MAX))
             .bind(floors)
             .bind(byte_budget.max(1))
-            .fetch_all(&self.pool)
-            .await?;
-        let found: i64 = rows.first().map_or(Ok(0), |r| r.try_get("found"))?;
+            .fetch(&self.pool);
+        // Each row is read as it arrives (no vector of raw rows first), the columns' positions
+        // found on the first.
+        let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0).min(10_000));
+        let mut found = 0i64;
+        let mut at = None;
+        while let Some(row) = stream.try_next().await? {
+            let columns = match &mut at {
+                Some(columns) => columns,
+                None => {
+                    found = row.try_get("found")?;
+                    at.insert(rows::Columns::of(&row)?)
+                }
+            };
+            rows.push(ClaimedRow::read_at(&row, columns)?);
+        }
         let cut = found > rows.len() as i64;
-        let rows = rows
-            .iter()
-            .map(ClaimedRow::read)
-            .collect::<Result<_, _>>()?;
         Ok(Claimed { rows, cut })
     }
 

@@ -283,7 +283,9 @@ fn claimed(row: &sqlx::mysql::MySqlRow, row_bytes: i64) -> Result<ClaimedRow, sq
         event_type: row.try_get("event_type")?,
         schema_version: row.try_get("schema_version")?,
         destination: row.try_get("destination")?,
-        payload: row.try_get("payload")?,
+        payload: row
+            .try_get::<Option<Vec<u8>>, _>("payload")?
+            .map(Into::into),
         payload_size: row.try_get("payload_size")?,
         content_type: row.try_get("content_type")?,
         headers: row.try_get("headers")?,

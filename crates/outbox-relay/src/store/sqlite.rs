@@ -188,7 +188,9 @@ fn claimed(row: &sqlx::sqlite::SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
         event_type: text("event_type")?,
         schema_version: row.try_get("schema_version")?,
         destination: row.try_get("destination")?,
-        payload: row.try_get("payload")?,
+        payload: row
+            .try_get::<Option<Vec<u8>>, _>("payload")?
+            .map(Into::into),
         payload_size: row.try_get("payload_size")?,
         content_type: text("content_type")?,
         headers,

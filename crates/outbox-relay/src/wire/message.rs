@@ -48,8 +48,9 @@ pub struct Message {
 }
 
 impl Message {
-    /// Calls `f` for every header to put on the broker message, without building a map: the
-    /// writer's headers (except those the relay sets), then the relay's standard ones.
+    /// Calls `f` for every header to put on the broker message, without building a map and
+    /// without allocating: the writer's headers (except those the relay sets), then the
+    /// relay's standard ones, their values formatted on the stack.
     pub fn visit_headers(&self, mut f: impl FnMut(&str, &str)) {
         if !self.native_headers {
             for (name, value) in &self.headers {
@@ -57,35 +58,26 @@ impl Message {
             }
             return;
         }
-        const STANDARD: &[&str] = &[
-            header::EVENT_ID,
-            header::EVENT_TYPE,
-            header::SCHEMA_VERSION,
-            header::AGGREGATE_TYPE,
-            header::AGGREGATE_ID,
-            header::AGGREGATE_VERSION,
-            header::OCCURRED_AT,
-            header::CONTENT_TYPE,
-        ];
         for (name, value) in &self.headers {
-            if !STANDARD.contains(&name.as_str()) {
+            if !header::ALL.contains(&name.as_str()) {
                 f(name, value);
             }
         }
-        f(header::EVENT_ID, &self.event_id.to_string());
+        let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        f(
+            header::EVENT_ID,
+            self.event_id.hyphenated().encode_lower(&mut id),
+        );
         f(header::EVENT_TYPE, &self.event_type);
-        f(header::SCHEMA_VERSION, &self.schema_version.to_string());
+        let mut n = Digits::default();
+        f(header::SCHEMA_VERSION, n.of(i64::from(self.schema_version)));
         f(header::AGGREGATE_TYPE, &self.aggregate_type);
         f(header::AGGREGATE_ID, &self.aggregate_id);
         if let Some(v) = self.aggregate_version {
-            f(header::AGGREGATE_VERSION, &v.to_string());
+            f(header::AGGREGATE_VERSION, n.of(v));
         }
-        f(
-            header::OCCURRED_AT,
-            &self
-                .occurred_at
-                .to_rfc3339_opts(SecondsFormat::Micros, true),
-        );
+        let mut time = Rfc3339::default();
+        f(header::OCCURRED_AT, time.of(&self.occurred_at));
         f(header::CONTENT_TYPE, &self.content_type);
     }
 
@@ -114,6 +106,70 @@ impl Message {
         );
         out.insert(header::CONTENT_TYPE.into(), self.content_type.clone());
         out.into_iter().collect()
+    }
+}
+
+/// A decimal integer formatted on the stack.
+#[derive(Default)]
+struct Digits {
+    buf: [u8; 20],
+}
+
+impl Digits {
+    /// `n` in decimal, as `i64::to_string` writes it.
+    fn of(&mut self, n: i64) -> &str {
+        let mut at = self.buf.len();
+        let mut rest = n.unsigned_abs();
+        loop {
+            at -= 1;
+            self.buf[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            at -= 1;
+            self.buf[at] = b'-';
+        }
+        std::str::from_utf8(&self.buf[at..]).expect("ASCII digits")
+    }
+}
+
+/// An instant in RFC 3339 with microseconds and `Z`, formatted on the stack (what
+/// `to_rfc3339_opts(SecondsFormat::Micros, true)` writes, without its allocation).
+#[derive(Default)]
+struct Rfc3339 {
+    buf: [u8; 27],
+    /// Years outside 0000–9999 and leap seconds, which chrono writes its own way.
+    other: String,
+}
+
+impl Rfc3339 {
+    fn of(&mut self, t: &DateTime<Utc>) -> &str {
+        use chrono::{Datelike, Timelike};
+        let nanos = t.nanosecond();
+        if !(0..=9999).contains(&t.year()) || nanos >= 1_000_000_000 {
+            self.other = t.to_rfc3339_opts(SecondsFormat::Micros, true);
+            return &self.other;
+        }
+        let fields = [
+            (0, 4, t.year() as u32),
+            (5, 2, t.month()),
+            (8, 2, t.day()),
+            (11, 2, t.hour()),
+            (14, 2, t.minute()),
+            (17, 2, t.second()),
+            (20, 6, nanos / 1000),
+        ];
+        self.buf.copy_from_slice(b"0000-00-00T00:00:00.000000Z");
+        for (at, width, mut value) in fields {
+            for i in (at..at + width).rev() {
+                self.buf[i] = b'0' + (value % 10) as u8;
+                value /= 10;
+            }
+        }
+        std::str::from_utf8(&self.buf).expect("ASCII digits")
     }
 }
 
@@ -151,6 +207,27 @@ mod tests {
         m.visit_headers(|k, v| visited.push((k.to_owned(), v.to_owned())));
         visited.sort();
         assert_eq!(visited, m.broker_headers());
+    }
+
+    #[test]
+    fn stack_formatting_writes_what_the_standard_library_and_chrono_write() {
+        for n in [0, 7, -7, 10, 99, i64::MAX, i64::MIN, 1_000_000] {
+            assert_eq!(super::Digits::default().of(n), n.to_string());
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..10_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            // Any instant from year 0 to 12000, any nanosecond.
+            let secs = (seed % 440_000_000_000) as i64 - 62_167_219_200;
+            let t = chrono::DateTime::from_timestamp(secs, (seed >> 20) as u32 % 1_000_000_000)
+                .unwrap();
+            assert_eq!(
+                super::Rfc3339::default().of(&t),
+                t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            );
+        }
     }
 
     #[test]

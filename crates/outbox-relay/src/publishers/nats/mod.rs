@@ -1,7 +1,10 @@
 //! NATS JetStream: waits for the PubAck; `Nats-Msg-Id` is the event id, so JetStream drops a
-//! duplicate published within the stream's duplicate window (2 minutes by default).
+//! duplicate published within the stream's duplicate window (2 minutes by default). Messages
+//! go out through the core client, their PubAcks come back through one inbox (`acks.rs`).
 
 // Parts only its publisher uses are dead in a build without it.
+#[cfg(feature = "nats")]
+mod acks;
 #[cfg_attr(not(feature = "nats"), allow(dead_code))]
 mod config;
 #[cfg(feature = "nats")]

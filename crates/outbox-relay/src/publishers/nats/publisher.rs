@@ -1,14 +1,16 @@
 use std::{collections::HashSet, time::Duration};
 
 use async_nats::{
-    header::HeaderMap,
-    jetstream::{self, context::PublishErrorKind, message::PublishMessage, stream},
-    HeaderName, HeaderValue,
+    client::PublishErrorKind as ClientErrorKind, header::HeaderMap, jetstream, jetstream::stream,
+    HeaderName, StatusCode,
 };
 use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 
-use super::NatsConfig;
+use super::{
+    acks::{Acks, NoAck},
+    NatsConfig,
+};
 use crate::{check_payload_size, Error, Message, PublishError, Publisher};
 
 /// Fallback when the server has not told its `max_payload` yet.
@@ -17,7 +19,9 @@ const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// Publishes to NATS JetStream and waits for each PubAck.
 pub struct NatsPublisher {
     client: async_nats::Client,
+    /// For stream management (create, add subjects); publishes go through `acks`.
     js: jetstream::Context,
+    acks: Acks,
     config: NatsConfig,
     /// Subject patterns known to be captured by the stream.
     covered: Mutex<HashSet<String>>,
@@ -38,9 +42,13 @@ impl NatsPublisher {
             .map_err(|e| Error::Broker(format!("nats: {e}")))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.ack_timeout);
+        let acks = Acks::start(&client).await.map_err(|e| {
+            Error::Broker(format!("nats: subscribing to the acknowledgements: {e}"))
+        })?;
         Ok(Self {
             client,
             js,
+            acks,
             config,
             covered: Mutex::new(HashSet::new()),
         })
@@ -90,56 +98,150 @@ impl NatsPublisher {
         Ok(())
     }
 
-    async fn send(
-        &self,
-        message: &Message,
-        headers: HeaderMap,
-    ) -> Result<(), async_nats::jetstream::context::PublishError> {
-        let publish = PublishMessage::build()
-            .payload(message.payload.clone())
-            .headers(headers)
-            .message_id(message.message_id.to_string());
-        self.js
-            .send_publish(message.destination.clone(), publish)
-            .await?
+    /// Publishes `message` with `headers` (and its `Nats-Msg-Id`) and waits for the PubAck.
+    async fn send(&self, message: &Message, mut headers: HeaderMap) -> Result<(), SendError> {
+        let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            &*message.message_id.hyphenated().encode_lower(&mut id),
+        );
+        let (reply, pending) = self.acks.expect();
+        self.client
+            .publish_with_reply_and_headers(
+                message.destination.clone(),
+                reply,
+                headers,
+                message.payload.clone(),
+            )
             .await
-            .map(drop)
+            .map_err(SendError::Client)?;
+        let reply = pending
+            .reply(self.config.ack_timeout)
+            .await
+            .map_err(SendError::NoAck)?;
+        match reply.status {
+            Some(StatusCode::NO_RESPONDERS) => return Err(SendError::NoStream),
+            Some(status) if !status.is_success() => return Err(SendError::Status(status)),
+            _ => {}
+        }
+        if is_plain_ack(&reply.payload) {
+            return Ok(());
+        }
+        match serde_json::from_slice::<AckReply>(&reply.payload) {
+            Ok(AckReply { error: None }) => Ok(()),
+            Ok(AckReply { error: Some(error) }) => Err(SendError::Refused(error)),
+            Err(e) => Err(SendError::Unreadable(e.to_string())),
+        }
     }
 }
 
-/// Classifies a JetStream publish error: the one place NATS errors become retry decisions.
-fn classify(error: &async_nats::jetstream::context::PublishError) -> PublishError {
-    let text = format!("nats: {error}");
-    match error.kind() {
-        PublishErrorKind::MaxPayloadExceeded => PublishError::permanent(text),
-        PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
-            PublishError::permanent(text)
+/// A JetStream reply: a PubAck (`{"stream":…,"seq":…}`, its fields not needed), or an error.
+#[derive(serde::Deserialize)]
+struct AckReply {
+    #[serde(default)]
+    error: Option<ApiError>,
+}
+
+/// Whether `reply` is a PubAck without an error, told without parsing it: a JSON object whose
+/// first key is `stream` and in which the key `error` does not occur (JetStream writes its
+/// replies itself, without escapes in keys). Anything else is parsed.
+fn is_plain_ack(reply: &[u8]) -> bool {
+    reply.starts_with(br#"{"stream":"#)
+        && reply.ends_with(b"}")
+        && !reply.windows(7).any(|w| w == br#""error""#)
+}
+
+/// The error of a JetStream reply.
+#[derive(serde::Deserialize, Debug)]
+struct ApiError {
+    #[serde(default)]
+    code: u16,
+    #[serde(default)]
+    err_code: u64,
+    #[serde(default)]
+    description: String,
+}
+
+/// Why a publish was not acknowledged.
+#[derive(Debug)]
+enum SendError {
+    /// No stream captures the subject (the server answered "no responders").
+    NoStream,
+    /// The client refused it: over the server's payload limit, a bad subject, or closed.
+    Client(async_nats::PublishError),
+    /// No acknowledgement came.
+    NoAck(NoAck),
+    /// The stream refused the message.
+    Refused(ApiError),
+    /// A status reply other than no responders.
+    Status(StatusCode),
+    /// A reply that is not JetStream's.
+    Unreadable(String),
+}
+
+/// JetStream error codes of a message that no retry can store: over the stream's message size,
+/// and the expectations the relay never sets (wrong last message id or sequence).
+const PERMANENT_CODES: [u64; 3] = [10054, 10070, 10071];
+
+/// Classifies a failed publish: the one place NATS errors become retry decisions.
+fn classify(error: SendError, destination: &str) -> PublishError {
+    match error {
+        SendError::NoStream => {
+            PublishError::permanent(format!("nats: no stream captures subject {destination}"))
         }
-        PublishErrorKind::StreamNotFound => PublishError::permanent(text),
-        PublishErrorKind::TimedOut
-        | PublishErrorKind::BrokenPipe
-        | PublishErrorKind::MaxAckPending => PublishError::transient(text),
-        // Server-side rejections that no retry can fix.
-        _ if text.contains("exceeds maximum") || text.contains("message size") => {
-            PublishError::permanent(text)
+        SendError::Client(e) => match e.kind() {
+            ClientErrorKind::MaxPayloadExceeded | ClientErrorKind::InvalidSubject => {
+                PublishError::permanent(format!("nats: {e}"))
+            }
+            ClientErrorKind::Send => PublishError::transient(format!("nats: {e}")),
+        },
+        SendError::NoAck(NoAck::TimedOut) => {
+            PublishError::transient("nats: no acknowledgement within the ack timeout")
         }
-        _ => PublishError::transient(text),
+        SendError::NoAck(NoAck::Closed) => {
+            PublishError::transient("nats: the connection closed before the acknowledgement")
+        }
+        SendError::Refused(e) => {
+            let text = format!(
+                "nats: stream refused the message: {} (code {}, error {})",
+                e.description, e.code, e.err_code
+            );
+            let too_large =
+                e.description.contains("exceeds maximum") || e.description.contains("message size");
+            if PERMANENT_CODES.contains(&e.err_code) || too_large {
+                PublishError::permanent(text)
+            } else {
+                PublishError::transient(text)
+            }
+        }
+        SendError::Status(status) => {
+            PublishError::transient(format!("nats: the server answered status {status}"))
+        }
+        SendError::Unreadable(e) => {
+            PublishError::transient(format!("nats: unreadable acknowledgement: {e}"))
+        }
     }
 }
 
 /// The message's headers as NATS headers. A value with CR or LF would end the header line
 /// (async-nats panics on one): a permanent error, never a panic. `ClaimedRow::decode` refuses
-/// such rows already; this guards messages built elsewhere.
+/// such rows already; this guards messages built elsewhere. The relay's own header names are
+/// built once, not parsed for every message.
 fn nats_headers(message: &Message) -> Result<HeaderMap, PublishError> {
     let mut headers = HeaderMap::new();
     let mut invalid = None;
-    message.visit_headers(|name, value| match value.parse::<HeaderValue>() {
-        Ok(value) => headers.insert(
-            name.parse::<HeaderName>()
+    message.visit_headers(|name, value| {
+        if value.contains(['\r', '\n']) {
+            invalid = Some(name.to_owned());
+            return;
+        }
+        let name = match STANDARD_NAMES.iter().find(|(n, _)| *n == name) {
+            Some((_, header)) => header.clone(),
+            None => name
+                .parse::<HeaderName>()
                 .unwrap_or_else(|_| HeaderName::from_static("x-invalid-header")),
-            value,
-        ),
-        Err(_) => invalid = Some(name.to_owned()),
+        };
+        headers.insert(name, value);
     });
     match invalid {
         None => Ok(headers),
@@ -149,21 +251,42 @@ fn nats_headers(message: &Message) -> Result<HeaderMap, PublishError> {
     }
 }
 
+/// The relay's standard header names, as NATS header names.
+static STANDARD_NAMES: [(&str, HeaderName); 8] = {
+    use crate::message::header::*;
+    [
+        (EVENT_ID, HeaderName::from_static(EVENT_ID)),
+        (EVENT_TYPE, HeaderName::from_static(EVENT_TYPE)),
+        (SCHEMA_VERSION, HeaderName::from_static(SCHEMA_VERSION)),
+        (AGGREGATE_TYPE, HeaderName::from_static(AGGREGATE_TYPE)),
+        (AGGREGATE_ID, HeaderName::from_static(AGGREGATE_ID)),
+        (
+            AGGREGATE_VERSION,
+            HeaderName::from_static(AGGREGATE_VERSION),
+        ),
+        (OCCURRED_AT, HeaderName::from_static(OCCURRED_AT)),
+        (CONTENT_TYPE, HeaderName::from_static(CONTENT_TYPE)),
+    ]
+};
+
 impl Publisher for NatsPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
             check_payload_size(message, self.max_payload_bytes())?;
-            let headers = nats_headers(message)?;
-            match self.send(message, headers.clone()).await {
+            let destination = &message.destination;
+            match self.send(message, nats_headers(message)?).await {
                 Ok(()) => Ok(()),
-                Err(e)
-                    if e.kind() == PublishErrorKind::StreamNotFound
-                        && self.config.create_stream =>
-                {
-                    self.ensure_stream_covers(&message.destination).await?;
-                    self.send(message, headers).await.map_err(|e| classify(&e))
+                Err(SendError::NoStream) if self.config.create_stream => {
+                    // Boxed: the stream-management future is large, and the publish future
+                    // of every message would otherwise be as large as it.
+                    Box::pin(self.ensure_stream_covers(destination)).await?;
+                    // Built again: the map is moved into the first attempt (and the retry is
+                    // once per stream, not per message).
+                    self.send(message, nats_headers(message)?)
+                        .await
+                        .map_err(|e| classify(e, destination))
                 }
-                Err(e) => Err(classify(&e)),
+                Err(e) => Err(classify(e, destination)),
             }
         })
     }
@@ -173,7 +296,9 @@ impl Publisher for NatsPublisher {
     }
 
     fn max_payload_bytes(&self) -> usize {
-        match self.client.server_info().max_payload {
+        // An atomic the client keeps from the server's INFO (`server_info()` clones the whole
+        // INFO on every call, twice per message).
+        match self.client.max_payload() {
             0 => DEFAULT_MAX_PAYLOAD,
             // Leave room for the headers.
             n => n.saturating_sub(8 * 1024).max(1),
@@ -193,16 +318,30 @@ impl Publisher for NatsPublisher {
 }
 
 /// Whether `subject` can be published to: non-empty dot-separated tokens without whitespace,
-/// control characters or wildcards.
+/// control characters or wildcards. On bytes when the subject is ASCII (every byte above space
+/// but DEL), by character otherwise (Unicode whitespace and controls).
 pub fn is_valid_subject(subject: &str) -> bool {
-    !subject.is_empty()
-        && subject.len() <= 1024
-        && subject.split('.').all(|token| {
+    if subject.is_empty() || subject.len() > 1024 {
+        return false;
+    }
+    if !subject.is_ascii() {
+        return subject.split('.').all(|token| {
             !token.is_empty()
                 && token != "*"
                 && token != ">"
                 && !token.chars().any(|c| c.is_whitespace() || c.is_control())
-        })
+        });
+    }
+    // Printable bytes only (a pass without branches, which the compiler vectorises), then the
+    // tokens: none empty, none a lone wildcard.
+    let bytes = subject.as_bytes();
+    let unprintable = bytes
+        .iter()
+        .fold(false, |bad, &b| bad | (b <= b' ') | (b == 0x7f));
+    !unprintable
+        && bytes
+            .split(|&b| b == b'.')
+            .all(|token| !matches!(token, [] | [b'*'] | [b'>']))
 }
 
 /// The stream subject pattern that captures `subject`: `first.>`, or the subject itself when it
@@ -222,8 +361,55 @@ mod tests {
     fn validates_subjects() {
         assert!(is_valid_subject("order.OrderPlaced"));
         assert!(is_valid_subject("a"));
-        for bad in ["", "a..b", ".a", "a.", "a b", "a.*", "a.>", "a\n"] {
+        assert!(is_valid_subject("commandes.été"));
+        for bad in [
+            "",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "a.*",
+            "a.>",
+            "a\n",
+            "a\x7f",
+            "a\tb",
+            "é.a b",
+            "é.\u{a0}",
+            "é.\u{85}",
+            "é..a",
+            "*",
+            ">",
+            "a.*.b",
+            ">.a",
+        ] {
             assert!(!is_valid_subject(bad), "{bad:?}");
+        }
+    }
+
+    /// The one-pass check agrees with the plain reading of the rule on every subject of up to
+    /// five characters over an alphabet of the characters that matter.
+    #[test]
+    fn the_byte_check_agrees_with_the_rule() {
+        let rule = |subject: &str| {
+            !subject.is_empty()
+                && subject.split('.').all(|token| {
+                    !token.is_empty()
+                        && token != "*"
+                        && token != ">"
+                        && !token.chars().any(|c| c.is_whitespace() || c.is_control())
+                })
+        };
+        let alphabet = ['a', '.', '*', '>', ' ', '\t', '\x7f', '\0', '~'];
+        let mut subjects = vec![String::new()];
+        for _ in 0..5 {
+            let longer: Vec<String> = subjects
+                .iter()
+                .flat_map(|s| alphabet.iter().map(move |c| format!("{s}{c}")))
+                .collect();
+            for s in &longer {
+                assert_eq!(is_valid_subject(s), rule(s), "{s:?}");
+            }
+            subjects = longer;
         }
     }
 
@@ -237,6 +423,36 @@ mod tests {
         m.aggregate_id = "42".into();
         let headers = nats_headers(&m).unwrap();
         assert_eq!(headers.get("aggregate-id").unwrap().as_str(), "42");
+    }
+
+    /// A header the message does not have is not sent.
+    #[test]
+    fn a_header_the_message_lacks_is_absent_from_its_map() {
+        let mut m = crate::message::sample(1, "42");
+        m.aggregate_version = None;
+        let headers = nats_headers(&m).unwrap();
+        assert!(headers.get("aggregate-version").is_none());
+        assert_eq!(headers.get("event-type").unwrap().as_str(), m.event_type);
+        m.aggregate_version = Some(7);
+        let headers = nats_headers(&m).unwrap();
+        assert_eq!(headers.get("aggregate-version").unwrap().as_str(), "7");
+    }
+
+    #[test]
+    fn plain_acks_are_told_apart_from_errors() {
+        assert!(is_plain_ack(br#"{"stream":"OUTBOX","seq":12}"#));
+        assert!(is_plain_ack(
+            br#"{"stream":"OUTBOX","seq":12,"duplicate":true}"#
+        ));
+        for other in [
+            &br#"{"error":{"code":503,"description":"no space"}}"#[..],
+            br#"{"stream":"OUTBOX","error":{"code":400}}"#,
+            br#"{"stream":"OUTBOX""#,
+            b"",
+            b"garbage",
+        ] {
+            assert!(!is_plain_ack(other), "{}", String::from_utf8_lossy(other));
+        }
     }
 
     #[test]

@@ -101,12 +101,12 @@ impl RabbitMqPublisher {
 
     fn properties(message: &Message) -> BasicProperties {
         let mut headers = FieldTable::default();
-        for (name, value) in message.broker_headers() {
+        message.visit_headers(|name, value| {
             headers.insert(
-                ShortString::from(name),
-                AMQPValue::LongString(LongString::from(value)),
+                ShortString::from(name.to_owned()),
+                AMQPValue::LongString(LongString::from(value.to_owned())),
             );
-        }
+        });
         BasicProperties::default()
             .with_message_id(ShortString::from(message.message_id.to_string()))
             .with_content_type(ShortString::from(message.content_type.clone()))

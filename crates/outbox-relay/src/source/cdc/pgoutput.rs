@@ -159,7 +159,7 @@ impl Decoder {
             event_type: required("event_type", row.text("event_type"))?,
             schema_version: row.i32("schema_version").map_err(&bad)?.unwrap_or(1),
             destination: row.text("destination").map_err(&bad)?,
-            payload: Some(payload),
+            payload: Some(payload.into()),
             payload_size,
             content_type: required("content_type", row.text("content_type"))?,
             headers: row

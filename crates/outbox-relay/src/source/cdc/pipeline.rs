@@ -240,8 +240,10 @@ impl Session {
             .into_iter()
             .map(|e| {
                 // Table-less events have partition 0: any held lease fences them.
+                // The row stays with the event (the table path may need it): the item gets
+                // a copy.
                 let item = dispatch::item(
-                    &e.row,
+                    e.row.clone(),
                     e.seq as i64,
                     epoch_of(e.row.partition),
                     &self.ctx.config.routing,
@@ -261,7 +263,7 @@ impl Session {
                 .into_iter()
                 .map(|(item, outcome)| {
                     let event = by_seq.remove(&item.id).expect("dispatched");
-                    (event, item.destination, outcome)
+                    (event, item.destination().to_owned(), outcome)
                 })
                 .collect()
         })

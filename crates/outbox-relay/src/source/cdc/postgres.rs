@@ -126,7 +126,7 @@ impl PgCdc {
             )
             .bind(
                 rows.iter()
-                    .map(|x| x.row.payload.clone().unwrap_or_default())
+                    .map(|x| x.row.payload.as_deref().unwrap_or_default())
                     .collect::<Vec<_>>(),
             )
             .bind(text(&|x| x.row.content_type.clone()))

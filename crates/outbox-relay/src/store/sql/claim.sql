@@ -36,10 +36,16 @@
 -- they cost the relay (`row_bytes`, see claim_columns.sql) stay within it, the first row always
 -- (so that a row larger than the budget is still published, alone). `found` is how many rows
 -- the scan met (rows set waiting included): more than returned means more work may wait.
+-- What the per-row checks cost, and when they run. Each check above is one index probe per
+-- row; most claims need none of them, and run them only where they can find something, with
+-- the same result: the hold and waiting checks only when some hold or waiting row exists
+-- (`guarded`, two probes per claim), the below-floor check only in a partition that has a
+-- claimable row below its floor (`late`, one probe per partition scanned). A waiting row below
+-- the floor is found by the waiting check, so `late` looks at claimable rows only.
 -- $1 partitions, $2 batch size, $3 max payload bytes, $4 floors, $5 byte budget
 WITH scanned AS MATERIALIZED (
     SELECT {claim_columns:$3}, p.ord,
-           (EXISTS (
+           (g.guarded AND (EXISTS (
                 SELECT 1 FROM {schema}.holds h
                 WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
                   AND h.event_id <= e.id
@@ -49,8 +55,21 @@ WITH scanned AS MATERIALIZED (
                   AND w.aggregate_id = e.aggregate_id
                   AND w.status = 'pending' AND w.next_attempt_at IS NOT NULL
                   AND w.id < e.id
-            )) AS behind
-    FROM unnest($1::integer[], $4::bigint[]) WITH ORDINALITY AS p(partition, floor, ord)
+            ))) AS behind
+    FROM (
+        SELECT EXISTS (SELECT 1 FROM {schema}.holds)
+            OR EXISTS (SELECT 1 FROM {schema}.{events} w
+                       WHERE w.status = 'pending' AND w.next_attempt_at IS NOT NULL)
+            AS guarded
+    ) g
+    CROSS JOIN unnest($1::integer[], $4::bigint[]) WITH ORDINALITY AS p(partition, floor, ord)
+    CROSS JOIN LATERAL (
+        SELECT p.floor > 0 AND EXISTS (
+            SELECT 1 FROM {schema}.{events} l
+            WHERE l.partition >= p.partition AND l.partition <= p.partition
+              AND l.id < p.floor AND l.status = 'pending' AND l.next_attempt_at IS NULL
+        ) AS late
+    ) f
     CROSS JOIN LATERAL (
         SELECT * FROM {schema}.{events} e
         -- A range on partition instead of `=`, with ORDER BY (partition, id): only the
@@ -59,7 +78,7 @@ WITH scanned AS MATERIALIZED (
         WHERE e.partition >= p.partition AND e.partition <= p.partition
           AND e.id >= p.floor
           AND e.status = 'pending' AND e.next_attempt_at IS NULL
-          AND (p.floor = 0 OR NOT EXISTS (
+          AND (NOT f.late OR NOT EXISTS (
               SELECT 1 FROM {schema}.{events} b
               WHERE b.aggregate_type = e.aggregate_type
                 AND b.aggregate_id = e.aggregate_id

@@ -13,9 +13,14 @@
 WITH fence AS (
     {fence}
 ), failure AS (
-    SELECT * FROM unnest($1::bigint[], $5::text[], $6::double precision[], $7::boolean[],
-                         $9::boolean[])
+    -- One primary-key probe per id; the update goes by tuple id (see mark_published.sql).
+    SELECT f.*, t.row
+    FROM unnest($1::bigint[], $5::text[], $6::double precision[], $7::boolean[],
+                $9::boolean[])
         AS f(id, error, backoff, dead, permanent)
+    CROSS JOIN LATERAL (
+        SELECT e.ctid AS row FROM {schema}.{events} e WHERE e.id = f.id LIMIT 1
+    ) t
 ), done AS (
     UPDATE {schema}.{events} e
     -- Saturating: a writer may have stored any integer there (the column is the relay's, but
@@ -26,8 +31,9 @@ WITH fence AS (
         status = CASE WHEN failure.dead THEN 'dead' ELSE 'pending' END,
         next_attempt_at = CASE WHEN failure.dead THEN NULL
                                ELSE now() + make_interval(secs => failure.backoff) END
-    FROM failure, fence
-    WHERE e.id = failure.id AND e.partition = fence.partition AND e.status = 'pending'
+    FROM failure
+    WHERE e.ctid = failure.row AND e.id = failure.id AND e.status = 'pending'
+      AND e.partition = ANY (ARRAY(SELECT partition FROM fence))
     RETURNING e.id, e.aggregate_type, e.aggregate_id, e.partition, e.status, e.next_attempt_at
 ), next_head AS (
     -- A dead head that does not park: the next pending row of its aggregate.
@@ -69,17 +75,28 @@ WITH fence AS (
       )
     RETURNING h.aggregate_type, h.aggregate_id
 ), behind AS (
-    -- The rest of a held or parked aggregate waits behind its head.
+    -- The rest of a held or parked aggregate waits behind its head: driven by the failed
+    -- rows, each aggregate's later pending rows found by its index.
     UPDATE {schema}.{events} e SET next_attempt_at = 'infinity'
     FROM done
+    CROSS JOIN LATERAL (
+        SELECT b.id, b.ctid AS row FROM {schema}.{events} b
+        WHERE b.aggregate_type = done.aggregate_type AND b.aggregate_id = done.aggregate_id
+          AND b.status = 'pending' AND b.id > done.id
+    ) x
     WHERE (done.status = 'pending' OR $8::boolean)
-      AND e.aggregate_type = done.aggregate_type AND e.aggregate_id = done.aggregate_id
-      AND e.status = 'pending' AND e.next_attempt_at IS NULL AND e.id > done.id
+      AND e.ctid = x.row AND e.id = x.id
+      AND e.status = 'pending' AND e.next_attempt_at IS NULL
       AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = e.id)
 ), resumed AS (
     UPDATE {schema}.{events} e SET next_attempt_at = NULL
     FROM unheld r
-    WHERE e.aggregate_type = r.aggregate_type AND e.aggregate_id = r.aggregate_id
+    CROSS JOIN LATERAL (
+        SELECT w.id, w.ctid AS row FROM {schema}.{events} w
+        WHERE w.aggregate_type = r.aggregate_type AND w.aggregate_id = r.aggregate_id
+          AND w.status = 'pending' AND w.next_attempt_at IS NOT NULL
+    ) x
+    WHERE e.ctid = x.row AND e.id = x.id
       AND e.status = 'pending' AND e.next_attempt_at IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = e.id)
 )

@@ -6,14 +6,23 @@
 -- not returned is not visible yet (its commit reached the stream first) or the lease is gone:
 -- it is marked again shortly after.
 -- $1 ids, $2/$3 (partition, epoch) pairs, $4 relay id
+-- Each row is found by one primary-key probe and updated by its tuple id, as the polling
+-- relay's mark does (store/sql/mark_published.sql says why).
 WITH fence AS (
     {fence}
+), target AS (
+    SELECT t.id, t.row
+    FROM unnest($1::bigint[]) AS i(id)
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.ctid AS row FROM {schema}.{events} e WHERE e.id = i.id LIMIT 1
+    ) t
 ), done AS (
     UPDATE {schema}.{events} e
     SET status = 'published', published_at = now(), attempts = least(e.attempts, 2147483646) + 1,
         next_attempt_at = NULL
-    FROM fence
-    WHERE e.id = ANY($1::bigint[]) AND e.partition = fence.partition AND e.status = 'pending'
+    FROM target
+    WHERE e.ctid = target.row AND e.id = target.id AND e.status = 'pending'
+      AND e.partition = ANY (ARRAY(SELECT partition FROM fence))
     RETURNING e.id
 )
 SELECT id FROM done
