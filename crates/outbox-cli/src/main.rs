@@ -19,7 +19,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// aggregate.
 ///
 /// `demo` runs the orders scenario end to end (no services needed). `migrate` creates or
-/// upgrades the schema, `relay` publishes. `status`, `dead-letters`, `purge`, `verify`,
+/// upgrades the schema, `doctor` checks a set-up, `relay` publishes. `status`, `dead-letters`, `purge`, `verify`,
 /// `sagas` and `schema` inspect and operate the outbox.
 #[derive(Parser, Debug)]
 #[command(name = "outbox", version)]
@@ -35,6 +35,9 @@ enum Command {
     Demo(commands::demo::Args),
     /// Create or upgrade the outbox schema (idempotent, safe to run from several processes).
     Migrate(commands::migrate::Args),
+    /// Check a set-up (database, CDC, relays, broker, config): one line per check, each
+    /// problem with its fix. Exit 1 when a check fails.
+    Doctor(commands::doctor::Args),
     /// Publish committed events to the broker until SIGINT/SIGTERM.
     Relay(commands::relay::Args),
     /// Backlog, lag, dead letters and partition owners.
@@ -57,6 +60,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(args).await,
         Command::Migrate(args) => commands::migrate::run(args).await,
+        Command::Doctor(args) => commands::doctor::run(args).await,
         Command::Relay(args) => commands::relay::run(args).await,
         Command::Status(args) => commands::status::run(args).await,
         Command::Purge(args) => commands::purge::run(args).await,

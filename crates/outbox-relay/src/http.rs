@@ -44,6 +44,8 @@ struct Marks {
     claim_waiting: Option<Instant>,
     /// Events pending in the outbox at the last backlog sample.
     pending: i64,
+    /// Why the broker cannot be reached, while it cannot (`None`: reachable, or not probed).
+    broker_unreachable: Option<String>,
 }
 
 /// Why a relay is not ready.
@@ -69,6 +71,7 @@ impl Health {
                 loop_turned: now,
                 claim_waiting: None,
                 pending: 0,
+                broker_unreachable: None,
             }),
         }
     }
@@ -113,6 +116,12 @@ impl Health {
         self.marks().pending = pending;
     }
 
+    /// Whether the broker's server can be reached: `Some(cause)` while it cannot, `None` once
+    /// it can. Not ready meanwhile.
+    pub fn broker_unreachable(&self, cause: Option<String>) {
+        self.marks().broker_unreachable = cause;
+    }
+
     /// How long the relay loop has gone without turning.
     pub fn loop_silence(&self) -> Duration {
         self.marks().loop_turned.elapsed()
@@ -146,6 +155,9 @@ impl Health {
                     m.database_ok.elapsed().as_secs()
                 ),
             );
+        }
+        if let Some(cause) = &m.broker_unreachable {
+            return not_ready("broker", format!("broker unreachable: {cause}"));
         }
         if let Some(since) = m.claim_waiting.filter(|s| s.elapsed() > t && m.pending > 0) {
             return not_ready(
@@ -206,6 +218,72 @@ async fn ready(State(state): State<AppState>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {}\n", not_ready.message),
         ),
+    }
+}
+
+/// The endpoints of a relay that is still starting: `/healthz` answers 200 at once, every
+/// other path 503 with what the relay waits for (the database, the broker), until
+/// [`Startup::serve`] hands every request to the relay's own router. So an orchestrator's
+/// liveness probe does not kill a relay that is only waiting, and its readiness probe says why.
+#[derive(Clone)]
+pub struct Startup {
+    state: Arc<std::sync::RwLock<Started>>,
+}
+
+enum Started {
+    Waiting(String),
+    Serving(Router),
+}
+
+impl Startup {
+    /// Waiting for `what` (e.g. "waiting for the database at db:5432").
+    pub fn new(what: impl Into<String>) -> Self {
+        Self {
+            state: Arc::new(std::sync::RwLock::new(Started::Waiting(what.into()))),
+        }
+    }
+
+    /// Now waiting for `what`.
+    pub fn waiting_for(&self, what: impl Into<String>) {
+        *self.state.write().expect("not poisoned") = Started::Waiting(what.into());
+    }
+
+    /// From now on every request goes to `router`.
+    pub fn serve(&self, router: Router) {
+        *self.state.write().expect("not poisoned") = Started::Serving(router);
+    }
+
+    /// The router to serve from the start.
+    pub fn router(&self) -> Router {
+        let this = self.clone();
+        Router::new().fallback(move |request: axum::extract::Request| {
+            let this = this.clone();
+            async move { this.answer(request).await }
+        })
+    }
+
+    async fn answer(&self, request: axum::extract::Request) -> axum::response::Response {
+        let current = match &*self.state.read().expect("not poisoned") {
+            Started::Serving(router) => Ok(router.clone()),
+            Started::Waiting(what) => Err(what.clone()),
+        };
+        match current {
+            Ok(router) => {
+                use tower::ServiceExt;
+                match router.oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
+            Err(_) if request.uri().path() == "/healthz" => {
+                (StatusCode::OK, "ok\n").into_response()
+            }
+            Err(what) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {what}\n"),
+            )
+                .into_response(),
+        }
     }
 }
 

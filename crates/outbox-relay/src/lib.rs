@@ -33,6 +33,7 @@ mod complete;
 pub mod config;
 pub mod dashboard;
 pub mod dispatch;
+pub mod doctor;
 mod error;
 pub mod http;
 pub mod lease;

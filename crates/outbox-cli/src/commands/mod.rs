@@ -2,6 +2,7 @@
 
 pub mod dead_letters;
 pub mod demo;
+pub mod doctor;
 pub mod migrate;
 pub mod purge;
 pub mod relay;
@@ -76,14 +77,59 @@ fn kind(url: &str) -> Result<Kind, String> {
     }
 }
 
-/// Opens MySQL or MariaDB (`mariadb://` is taken as `mysql://`).
-async fn open_mysql(url: &str, max_connections: u32) -> Result<sqlx::MySqlPool, sqlx::Error> {
+/// How long opening one connection may take before the server counts as not answering.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `host:port` of the server a database URL names, for messages (never the credentials).
+pub fn database_address(url: &str) -> String {
+    let default_port = if kind(url) == Ok(Kind::MySql) {
+        3306
+    } else {
+        5432
+    };
+    outbox_relay::doctor::server_address(url, default_port)
+        .unwrap_or_else(|| "the local socket".to_owned())
+}
+
+/// Opens one connection and closes it: its error is the server's own answer (refused, unknown
+/// host, TLS, password, missing database), which a pool reports only as "pool timed out"
+/// after its acquire timeout.
+async fn first_connection(kind: Kind, url: &str) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    let opened = async {
+        match kind {
+            Kind::MySql => {
+                sqlx::MySqlConnection::connect_with(&mysql_options(url)?)
+                    .await?
+                    .close()
+                    .await
+            }
+            _ => sqlx::PgConnection::connect(url).await?.close().await,
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, opened).await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {CONNECT_TIMEOUT:?}"),
+        ))),
+    }
+}
+
+/// MySQL connect options (`mariadb://` is taken as `mysql://`).
+fn mysql_options(url: &str) -> Result<sqlx::mysql::MySqlConnectOptions, sqlx::Error> {
     use std::str::FromStr;
     let url = match url.strip_prefix("mariadb://") {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_owned(),
     };
-    let options = sqlx::mysql::MySqlConnectOptions::from_str(&url)?;
+    sqlx::mysql::MySqlConnectOptions::from_str(&url)
+}
+
+/// Opens MySQL or MariaDB.
+async fn open_mysql(url: &str, max_connections: u32) -> Result<sqlx::MySqlPool, sqlx::Error> {
+    first_connection(Kind::MySql, url).await?;
+    let options = mysql_options(url)?;
     sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
@@ -98,7 +144,12 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
         return open_mysql(url, max_connections)
             .await
             .map(Db::MySql)
-            .map_err(|e| format!("cannot connect to the database: {e}"));
+            .map_err(|e| {
+                format!(
+                    "cannot connect to the database at {}: {e}",
+                    database_address(url)
+                )
+            });
     }
     if url.starts_with("sqlite:") {
         use std::str::FromStr;
@@ -159,9 +210,12 @@ pub async fn open_outbox(args: &DatabaseArgs) -> Result<Outbox, Box<dyn std::err
 /// Opens a small pool; the error never contains the URL (it may hold a password).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, String> {
     postgres_scheme(url)?;
-    open_pool(url, max_connections)
-        .await
-        .map_err(|e| format!("cannot connect to the database: {e}"))
+    open_pool(url, max_connections).await.map_err(|e| {
+        format!(
+            "cannot connect to the database at {}: {e}",
+            database_address(url)
+        )
+    })
 }
 
 /// Refuses a URL that does not name PostgreSQL, before a byte is sent to it (PostgreSQL's
@@ -178,6 +232,7 @@ fn postgres_scheme(url: &str) -> Result<(), String> {
 }
 
 async fn open_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    first_connection(Kind::Postgres, url).await?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
@@ -186,29 +241,49 @@ async fn open_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Erro
 }
 
 /// Like [`connect_any`], but waits for a server that cannot be reached yet (connection
-/// refused or timed out, server starting up or shutting down), retrying with backoff up to 30 s
-/// and saying so in the log: a relay started before its database, or during a restart, comes
-/// up with it, as it does with its broker. Errors that waiting cannot cure (a malformed URL, a
-/// refused password, a missing database) are returned at once.
-pub async fn connect_waiting(url: &str, max_connections: u32) -> Result<Db, String> {
+/// refused or timed out, server starting up or shutting down), retrying with backoff up to 30 s:
+/// a relay started before its database, or during a restart, comes up with it, as it does with
+/// its broker. Each failed attempt is logged at WARN with the server's address and the
+/// underlying cause, the first one at once, and `waiting` is told the same sentence (for
+/// `/readyz`). Errors that waiting cannot cure (a malformed URL, a refused password, a missing
+/// database) are returned at once.
+pub async fn connect_waiting(
+    url: &str,
+    max_connections: u32,
+    waiting: impl Fn(String),
+) -> Result<Db, String> {
     let kind = kind(url)?;
     if kind == Kind::Sqlite {
         return connect_any(url, max_connections).await;
     }
+    let address = database_address(url);
     let mut delay = Duration::from_millis(500);
+    let mut waited = false;
     loop {
         let opened = match kind {
             Kind::MySql => open_mysql(url, max_connections).await.map(Db::MySql),
             _ => open_pool(url, max_connections).await.map(Db::Postgres),
         };
         match opened {
-            Ok(db) => return Ok(db),
+            Ok(db) => {
+                if waited {
+                    tracing::info!(database = %address, "connected to the database");
+                }
+                return Ok(db);
+            }
             Err(error) if unreachable(&error) => {
-                tracing::warn!(%error, retry_in = ?delay, "waiting for the database");
+                tracing::warn!(database = %address, cause = %error, retry_in = ?delay,
+                    "cannot reach the database; retrying");
+                waiting(format!("waiting for the database at {address}: {error}"));
+                waited = true;
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
-            Err(error) => return Err(format!("cannot connect to the database: {error}")),
+            Err(error) => {
+                return Err(format!(
+                    "cannot connect to the database at {address}: {error}"
+                ))
+            }
         }
     }
 }

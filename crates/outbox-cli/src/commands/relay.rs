@@ -96,10 +96,36 @@ pub async fn run(args: Args) -> CommandResult {
          mqtt://…, http(s)://…), set OUTBOX_BROKER_URL or \
          broker_url in the config file",
     )?;
+    // The endpoints are served from the start: /healthz answers while the relay waits for
+    // its database or broker, /readyz says which it waits for.
+    let startup = http::Startup::new(format!(
+        "waiting for the database at {}",
+        super::database_address(database_url)
+    ));
+    let (bound, server) = http::serve(cfg.listen, startup.router(), shutdown.clone()).await?;
+    tracing::info!(listen = %bound, "serving /healthz; /readyz answers 503 until the relay runs");
+    let waiting = |what: String| startup.waiting_for(what);
     let db = tokio::select! {
-        db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches)) => db?,
-        () = shutdown.cancelled() => return Ok(ExitCode::SUCCESS),
+        db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches), waiting) => db?,
+        () = shutdown.cancelled() => {
+            let _ = server.await;
+            return Ok(ExitCode::SUCCESS);
+        }
     };
+    let broker = outbox_relay::publishers::BrokerKind::of_url(&broker_url)?;
+    let broker_address = broker.address(&broker_url);
+    startup.waiting_for(format!("connecting to the {}", broker.name()));
+    let broker_cause = match &broker_address {
+        Some(address) => outbox_relay::doctor::reach(address, BROKER_PROBE)
+            .await
+            .err(),
+        None => None,
+    };
+    if let Some(cause) = &broker_cause {
+        tracing::warn!(broker = broker.name(), %cause,
+            "cannot reach the broker; the relay starts and its publishes wait and retry until \
+             it can");
+    }
     let publisher = outbox_relay::publishers::connect(&broker_url, cfg.broker_settings()).await?;
     let (relay, admin, store) = match db {
         Db::Postgres(pool) => {
@@ -137,8 +163,11 @@ pub async fn run(args: Args) -> CommandResult {
         metrics: relay.metrics(),
         token: cfg.admin_token.clone().filter(|t| !t.is_empty()),
     });
-    let router = http::router(relay.metrics(), relay.health()).merge(dashboard);
-    let (bound, server) = http::serve(cfg.listen, router, shutdown.clone()).await?;
+    startup.serve(http::router(relay.metrics(), relay.health()).merge(dashboard));
+    if let (Some(cause), Some(address)) = (broker_cause, broker_address) {
+        relay.health().broker_unreachable(Some(cause));
+        tokio::spawn(watch_broker(address, relay.health(), shutdown.clone()));
+    }
     tracing::info!(listen = %bound, relay_id = relay.relay_id(),
         "serving the dashboard (/), /api, /metrics, /healthz, /readyz");
     let result = relay.run(shutdown.clone()).await;
@@ -146,6 +175,33 @@ pub async fn run(args: Args) -> CommandResult {
     let _ = server.await;
     result?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long the start-up look at the broker's server may take.
+const BROKER_PROBE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Probes a broker that could not be reached at start-up, with backoff, until it can: the relay
+/// is not ready meanwhile (`/readyz`: `broker`), and each failure is logged with its cause.
+async fn watch_broker(address: String, health: Arc<http::Health>, shutdown: CancellationToken) {
+    let mut delay = std::time::Duration::from_millis(500);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => return,
+        }
+        match outbox_relay::doctor::reach(&address, BROKER_PROBE).await {
+            Ok(()) => {
+                tracing::info!(broker = %address, "the broker can be reached");
+                health.broker_unreachable(None);
+                return;
+            }
+            Err(cause) => {
+                tracing::warn!(%cause, retry_in = ?delay, "cannot reach the broker yet");
+                health.broker_unreachable(Some(cause));
+            }
+        }
+        delay = (delay * 2).min(std::time::Duration::from_secs(30));
+    }
 }
 
 /// Database connections for a relay with `max_inflight_batches` batches in flight: one each,

@@ -11,6 +11,7 @@ pub mod servicebus;
 pub mod sqs;
 pub mod webhook;
 
+pub mod probe;
 mod registry;
 
 pub use registry::{connect, BrokerKind, BrokerSettings};

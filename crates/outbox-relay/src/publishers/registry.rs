@@ -108,7 +108,7 @@ impl BrokerKind {
     }
 
     /// The error for a broker this build leaves out.
-    fn not_built(self) -> Error {
+    pub(crate) fn not_built(self) -> Error {
         let built: Vec<&str> = Self::ALL
             .iter()
             .filter(|k| k.built())

@@ -16,8 +16,12 @@
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 mod config;
 #[cfg(feature = "kafka")]
+mod probe;
+#[cfg(feature = "kafka")]
 mod publisher;
 
 pub use config::{bootstrap_list, Compression, KafkaConfig, SaslMechanism, SecurityProtocol};
+#[cfg(feature = "kafka")]
+pub use probe::probe;
 #[cfg(feature = "kafka")]
 pub use publisher::{is_valid_topic, KafkaPublisher};

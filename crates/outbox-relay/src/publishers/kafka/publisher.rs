@@ -109,6 +109,18 @@ fn client_config(config: &KafkaConfig) -> ClientConfig {
     c
 }
 
+/// A producer with the relay's settings for `config`, `overrides` set last.
+pub(super) fn create_with(
+    config: &KafkaConfig,
+    overrides: &[(&str, &str)],
+) -> Result<FutureProducer, Error> {
+    let mut c = client_config(config);
+    for (key, value) in overrides {
+        c.set(*key, *value);
+    }
+    create(&c)
+}
+
 fn create(config: &ClientConfig) -> Result<FutureProducer, Error> {
     config.create().map_err(|e| match e {
         // librdkafka names the property; values may be secrets, so they are not repeated.

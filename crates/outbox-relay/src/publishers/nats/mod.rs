@@ -8,8 +8,12 @@ mod acks;
 #[cfg_attr(not(feature = "nats"), allow(dead_code))]
 mod config;
 #[cfg(feature = "nats")]
+mod probe;
+#[cfg(feature = "nats")]
 mod publisher;
 
 pub use config::NatsConfig;
+#[cfg(feature = "nats")]
+pub use probe::probe;
 #[cfg(feature = "nats")]
 pub use publisher::{is_valid_subject, NatsPublisher};

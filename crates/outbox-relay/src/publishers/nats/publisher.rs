@@ -346,7 +346,7 @@ pub fn is_valid_subject(subject: &str) -> bool {
 
 /// The stream subject pattern that captures `subject`: `first.>`, or the subject itself when it
 /// has a single token.
-fn subject_pattern(subject: &str) -> String {
+pub(super) fn subject_pattern(subject: &str) -> String {
     match subject.split_once('.') {
         Some((first, _)) => format!("{first}.>"),
         None => subject.to_owned(),

@@ -5,8 +5,12 @@
 #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
 mod config;
 #[cfg(feature = "rabbitmq")]
+mod probe;
+#[cfg(feature = "rabbitmq")]
 mod publisher;
 
 pub use config::RabbitMqConfig;
+#[cfg(feature = "rabbitmq")]
+pub use probe::probe;
 #[cfg(feature = "rabbitmq")]
 pub use publisher::RabbitMqPublisher;
