@@ -62,11 +62,7 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Self {
-        Self {
-            level: Level::Warn,
-            fix: Some(fix.into()),
-            ..Self::ok(area, name, detail)
-        }
+        Self::ok(area, name, detail).needs(Level::Warn, fix)
     }
 
     /// A failure with its fix.
@@ -76,10 +72,14 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Self {
+        Self::ok(area, name, detail).needs(Level::Fail, fix)
+    }
+
+    fn needs(self, level: Level, fix: impl Into<String>) -> Self {
         Self {
-            level: Level::Fail,
+            level,
             fix: Some(fix.into()),
-            ..Self::ok(area, name, detail)
+            ..self
         }
     }
 

@@ -8,9 +8,10 @@ use tokio_util::sync::CancellationToken;
 use super::{connect_waiting, CommandResult, Db};
 use crate::{config, logging};
 
-/// Options of `outbox relay`. Flags override the config file and the environment.
+/// Where the relay's settings come from, shared by `outbox relay` and `outbox doctor`: the
+/// config file, then the environment, then these flags.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub struct Settings {
     /// PostgreSQL URL (postgres://…), MySQL or MariaDB URL (mysql://…) or SQLite file
     /// (sqlite://path/outbox.db).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
@@ -27,7 +28,7 @@ pub struct Args {
     /// TOML config file (see README: configuration reference).
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// Address for /metrics, /healthz and /readyz [default: 127.0.0.1:9187].
+    /// Address for the dashboard, /metrics, /healthz and /readyz [default: 127.0.0.1:9187].
     #[arg(long)]
     listen: Option<SocketAddr>,
     /// Schema holding the outbox [default: outbox].
@@ -36,13 +37,48 @@ pub struct Args {
     /// Events table in that schema [default: events].
     #[arg(long)]
     table: Option<String>,
-    /// This instance's id in the lease table [default: hostname-pid-random].
-    #[arg(long)]
-    relay_id: Option<String>,
     /// Where events come from: `poll` the events table (default), or `cdc`: stream them
     /// from a PostgreSQL logical replication slot (set up by `outbox migrate --cdc`).
     #[arg(long, value_enum)]
     mode: Option<RelayMode>,
+}
+
+impl Settings {
+    /// The config file and environment, with these flags over them.
+    pub fn load(self) -> Result<config::FileConfig, String> {
+        let mut cfg = config::load(self.config.as_deref())?;
+        if let Some(url) = self.database_url {
+            cfg.database_url = Some(url);
+        }
+        if let Some(url) = self.broker_url {
+            cfg.broker_url = Some(url);
+        }
+        if let Some(listen) = self.listen {
+            cfg.listen = listen;
+        }
+        if let Some(schema) = self.schema {
+            cfg.relay.schema = schema;
+        }
+        if let Some(table) = self.table {
+            cfg.relay.table = table;
+        }
+        match self.mode {
+            Some(RelayMode::Poll) => cfg.relay.mode = outbox_relay::Mode::Poll,
+            Some(RelayMode::Cdc) => cfg.relay.mode = outbox_relay::Mode::Cdc,
+            None => {}
+        }
+        Ok(cfg)
+    }
+}
+
+/// Options of `outbox relay`. Flags override the config file and the environment.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    settings: Settings,
+    /// This instance's id in the lease table [default: hostname-pid-random].
+    #[arg(long)]
+    relay_id: Option<String>,
     /// Log format.
     #[arg(long, value_enum)]
     log_format: Option<logging::LogFormat>,
@@ -61,29 +97,9 @@ pub async fn run(args: Args) -> CommandResult {
     // a SIGTERM at any point from here on stops the relay cleanly rather than killing it.
     let shutdown = CancellationToken::new();
     stop_on_signal(shutdown.clone())?;
-    let mut cfg = config::load(args.config.as_deref())?;
-    if let Some(url) = args.database_url {
-        cfg.database_url = Some(url);
-    }
-    if let Some(url) = args.broker_url {
-        cfg.broker_url = Some(url);
-    }
-    if let Some(listen) = args.listen {
-        cfg.listen = listen;
-    }
-    if let Some(schema) = args.schema {
-        cfg.relay.schema = schema;
-    }
-    if let Some(table) = args.table {
-        cfg.relay.table = table;
-    }
+    let mut cfg = args.settings.load()?;
     if let Some(id) = args.relay_id {
         cfg.relay.relay_id = Some(id);
-    }
-    match args.mode {
-        Some(RelayMode::Poll) => cfg.relay.mode = outbox_relay::Mode::Poll,
-        Some(RelayMode::Cdc) => cfg.relay.mode = outbox_relay::Mode::Cdc,
-        None => {}
     }
     logging::init(args.log_format.unwrap_or(cfg.log_format.into()));
     cfg.relay.validate()?;

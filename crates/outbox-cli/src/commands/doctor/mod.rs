@@ -5,73 +5,27 @@
 mod cdc;
 mod database;
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
+use std::process::ExitCode;
 
 use outbox_relay::doctor::{Check, Level};
 
 use super::{require_url, CommandResult};
 use crate::config;
 
-/// Options of `outbox doctor`. Flags override the config file and the environment, as for
-/// `outbox relay`.
+/// Options of `outbox doctor`: the relay's own settings (`--mode cdc` adds the logical
+/// replication checks; without a broker URL the broker is not checked).
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Database URL: postgres://…, mysql://… or sqlite://path.
-    #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
-    database_url: Option<String>,
-    /// Broker URL, as for `outbox relay` (without one the broker is not checked).
-    #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
-    broker_url: Option<String>,
-    /// The relay's TOML config file.
-    #[arg(long, short)]
-    config: Option<PathBuf>,
-    /// The relay's mode: `cdc` adds the logical replication checks.
-    #[arg(long, value_enum)]
-    mode: Option<DoctorMode>,
-    /// The address the relay will serve on (default: the config's `listen`).
-    #[arg(long)]
-    listen: Option<SocketAddr>,
-    /// Schema holding the outbox [default: outbox].
-    #[arg(long)]
-    schema: Option<String>,
-    /// Events table in that schema [default: events].
-    #[arg(long)]
-    table: Option<String>,
+    #[command(flatten)]
+    settings: super::relay::Settings,
     /// Print JSON for scripts: `{"checks": [{area, name, level, detail, fix}], "failed": n}`.
     #[arg(long)]
     json: bool,
 }
 
-/// `--mode`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum DoctorMode {
-    Poll,
-    Cdc,
-}
-
 /// Runs every check and prints them.
 pub async fn run(args: Args) -> CommandResult {
-    let mut cfg = config::load(args.config.as_deref())?;
-    if let Some(url) = args.database_url {
-        cfg.database_url = Some(url);
-    }
-    if let Some(url) = args.broker_url {
-        cfg.broker_url = Some(url);
-    }
-    if let Some(listen) = args.listen {
-        cfg.listen = listen;
-    }
-    if let Some(schema) = args.schema {
-        cfg.relay.schema = schema;
-    }
-    if let Some(table) = args.table {
-        cfg.relay.table = table;
-    }
-    match args.mode {
-        Some(DoctorMode::Poll) => cfg.relay.mode = outbox_relay::Mode::Poll,
-        Some(DoctorMode::Cdc) => cfg.relay.mode = outbox_relay::Mode::Cdc,
-        None => {}
-    }
+    let cfg = args.settings.load()?;
     let database_url = require_url(cfg.database_url.as_deref())?.to_owned();
     // Identifiers are validated before any SQL is built from them.
     let tables = outbox::Tables::new(&cfg.relay.schema, &cfg.relay.table)?;
