@@ -7,13 +7,16 @@
 //!
 //! * a field removed (`$.total: removed`);
 //! * a type changed (`$.total: type changed from number to string`, the `decimal` → `string`
-//!   change of the source documents), including a type dropped from or added to a union;
-//! * an optional field made required, or a new field added as required;
-//! * an `enum` narrowed (values removed), or one added where any value was allowed;
-//! * `additionalProperties` turned to `false`.
+//!   change of the source documents), including a type dropped from or added to a union, and
+//!   a `type` or `items` removed (anything allowed now);
+//! * an optional field made required, a new field added as required, or a required field
+//!   made optional (consumers of N expect it);
+//! * an `enum` narrowed (values removed), widened (consumers of N meet values they do not
+//!   know), removed, or added where any value was allowed;
+//! * `additionalProperties` turned to `false`, or a field added where it was `false`.
 //!
-//! Added optional fields, widened enums, removed `required` entries and annotations
-//! (`title`, `description`, …) are compatible. Every problem is reported, not only the first.
+//! Added optional fields (where other properties were allowed) and annotations (`title`,
+//! `description`, …) are compatible. Every problem is reported, not only the first.
 //!
 //! Either side is a JSON Schema (draft 7 / 2020-12, the subset `type`, `properties`,
 //! `required`, `items`, `enum`, `additionalProperties` plus annotations; other keywords such
@@ -129,15 +132,22 @@ pub fn check_as(previous: &Value, next: &Value, format: Format) -> Result<Report
 }
 
 fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Problem>) {
-    if let (Some(old), Some(new)) = (&previous.types, &next.types) {
-        if old != new {
-            let names = |kinds: &BTreeSet<Kind>| {
-                let names: Vec<_> = kinds.iter().map(|k| k.name()).collect();
-                names.join(" or ")
-            };
+    let names = |kinds: &BTreeSet<Kind>| {
+        let names: Vec<_> = kinds.iter().map(|k| k.name()).collect();
+        names.join(" or ")
+    };
+    match (&previous.types, &next.types) {
+        (Some(old), Some(new)) if old != new => {
             let message = format!("type changed from {} to {}", names(old), names(new));
             push(problems, path, message);
         }
+        // An example's `null` says nothing; a schema without `type` allows any, unless an
+        // `enum` lists what it allows (the enum rules judge that).
+        (Some(old), None) if !next.inferred && next.values.is_none() => {
+            let message = format!("type removed: any type allowed now (was {})", names(old));
+            push(problems, path, message);
+        }
+        _ => {}
     }
     let list = |values: &[&Value]| {
         let texts: Vec<_> = values.iter().map(|v| v.to_string()).collect();
@@ -150,7 +160,17 @@ fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Proble
                 let message = format!("enum narrowed: {} no longer allowed", list(&removed));
                 push(problems, path, message);
             }
+            let added: Vec<&Value> = new.iter().filter(|v| !old.contains(v)).collect();
+            if !added.is_empty() {
+                let message = format!(
+                    "enum widened: {} now allowed (consumers of the previous version do not \
+                     expect it)",
+                    list(&added)
+                );
+                push(problems, path, message);
+            }
         }
+        (Some(_), None) => push(problems, path, "enum removed: any value allowed now".into()),
         (None, Some(new)) => {
             let message = format!(
                 "enum added: only {} allowed now",
@@ -175,8 +195,20 @@ fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Proble
                 if next.required.contains(name) && !previous.required.contains(name) {
                     push(problems, &child, "optional field made required".into());
                 }
+                if previous.required.contains(name) && !next.required.contains(name) {
+                    let message = "required field made optional (consumers of the previous \
+                                   version expect it)";
+                    push(problems, &child, message.into());
+                }
                 compare(&child, old, new, problems);
             }
+        }
+    }
+    for (name, _) in next.properties.iter() {
+        if !previous.additional && !previous.properties.contains_key(name) {
+            let message = "added, but the previous version allowed no other properties (its \
+                           consumers reject the event)";
+            push(problems, &path_of_property(path, name), message.into());
         }
     }
     for name in &next.required {
@@ -185,8 +217,12 @@ fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Proble
             push(problems, &path_of_property(path, name), message.into());
         }
     }
-    if let (Some(old), Some(new)) = (&previous.items, &next.items) {
-        compare(&path_of_items(path), old, new, problems);
+    match (&previous.items, &next.items) {
+        (Some(old), Some(new)) => compare(&path_of_items(path), old, new, problems),
+        (Some(_), None) if !next.inferred => {
+            push(problems, path, "items removed: any item allowed now".into())
+        }
+        _ => {}
     }
 }
 

@@ -73,6 +73,9 @@ pub(super) struct Shape {
     pub items: Option<Box<Shape>>,
     /// Allowed values, when listed.
     pub values: Option<Vec<Value>>,
+    /// Inferred from an example: a missing type or item shape says nothing (a `null`, an empty
+    /// array), where in a schema it allows anything.
+    pub inferred: bool,
 }
 
 /// Keywords read by [`Shape::from_schema`].
@@ -83,6 +86,45 @@ const READ: &[&str] = &[
     "items",
     "enum",
     "additionalProperties",
+];
+
+/// JSON Schema keywords outside the supported subset: a document using them is a schema (and
+/// refused as one), never an example payload whose comparison would pass breaking changes.
+const UNSUPPORTED: &[&str] = &[
+    "$ref",
+    "$defs",
+    "definitions",
+    "$anchor",
+    "$dynamicRef",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "const",
+    "patternProperties",
+    "propertyNames",
+    "dependentRequired",
+    "dependentSchemas",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "prefixItems",
+    "contains",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
 ];
 
 /// Keywords that only annotate (ignored without changing the meaning).
@@ -120,10 +162,15 @@ impl Shape {
             }
             _ => false,
         };
-        valid_type
-            && object
-                .keys()
-                .all(|k| READ.contains(&k.as_str()) || ANNOTATIONS.contains(&k.as_str()))
+        let keyword = |k: &String| {
+            READ.contains(&k.as_str())
+                || ANNOTATIONS.contains(&k.as_str())
+                || UNSUPPORTED.contains(&k.as_str())
+        };
+        // `$`-keywords of JSON Schema do not name payload fields.
+        let dollar = ["$ref", "$defs", "$id", "$anchor", "$dynamicRef"];
+        object.keys().any(|k| dollar.contains(&k.as_str()))
+            || (valid_type && object.keys().all(keyword))
     }
 
     /// Reads a schema of the supported subset; anything else is bad input naming its path.
@@ -210,6 +257,7 @@ impl Shape {
     pub(super) fn infer(example: &Value) -> Self {
         let mut shape = Self {
             types: Kind::of(example).map(|k| BTreeSet::from([k])),
+            inferred: true,
             ..Self::any()
         };
         match example {

@@ -72,15 +72,95 @@ fn an_added_optional_field_is_compatible() {
     assert!(example.is_compatible(), "{example}");
 }
 
+// Consumers of the previous version read events of the next one: anything they may now meet
+// that they could not before breaks them, as much as anything stored events lack.
+
 #[test]
-fn widening_an_enum_and_dropping_a_required_entry_are_compatible() {
-    let next = with(
+fn a_required_field_made_optional_is_a_problem() {
+    let next = with(order_v1(), "/required", json!(["order_id"]));
+    assert_eq!(
+        problems(order_v1(), next),
+        ["$.total: required field made optional (consumers of the previous version expect it)"]
+    );
+}
+
+#[test]
+fn a_widened_or_removed_enum_is_a_problem() {
+    let widened = with(
         order_v1(),
         "/properties/status",
         json!({ "enum": ["placed", "paid", "shipped", "cancelled"] }),
     );
-    let next = with(next, "/required", json!(["order_id"]));
-    assert!(check(&order_v1(), &next).unwrap().is_compatible());
+    assert_eq!(
+        problems(order_v1(), widened),
+        ["$.status: enum widened: \"cancelled\" now allowed (consumers of the previous version do not expect it)"]
+    );
+    let removed = with(
+        order_v1(),
+        "/properties/status",
+        json!({ "type": "string" }),
+    );
+    assert_eq!(
+        problems(order_v1(), removed),
+        ["$.status: enum removed: any value allowed now"]
+    );
+}
+
+#[test]
+fn a_removed_type_or_items_is_a_problem() {
+    let untyped = with(order_v1(), "/properties/total", json!({}));
+    assert_eq!(
+        problems(order_v1(), untyped),
+        ["$.total: type removed: any type allowed now (was number)"]
+    );
+    let any_items = with(order_v1(), "/properties/lines", json!({ "type": "array" }));
+    assert_eq!(
+        problems(order_v1(), any_items),
+        ["$.lines: items removed: any item allowed now"]
+    );
+}
+
+#[test]
+fn a_new_field_where_no_other_was_allowed_is_a_problem() {
+    let closed = with(order_v1(), "/additionalProperties", json!(false));
+    let next = with(
+        closed.clone(),
+        "/properties/region",
+        json!({ "type": "string" }),
+    );
+    assert_eq!(
+        problems(closed, next),
+        ["$.region: added, but the previous version allowed no other properties (its consumers reject the event)"]
+    );
+}
+
+#[test]
+fn schemas_with_unsupported_keywords_are_not_read_as_examples() {
+    // Without `$schema`, with a keyword outside the subset: before, both were read as example
+    // payloads and a number -> string change inside `properties` passed.
+    for keyword in ["$defs", "definitions", "allOf"] {
+        let previous =
+            json!({"type": "object", keyword: {}, "properties": {"total": {"type": "number"}}});
+        let next =
+            json!({"type": "object", keyword: {}, "properties": {"total": {"type": "string"}}});
+        let err = check(&previous, &next).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!(
+                "previous: $: keyword \"{keyword}\" is not supported"
+            )),
+            "{keyword}: {err}"
+        );
+    }
+}
+
+#[test]
+fn examples_do_not_lose_types_to_nulls_or_empty_arrays() {
+    let report = check(
+        &json!({"total": 1, "lines": [{"sku": "a"}]}),
+        &json!({"total": null, "lines": []}),
+    )
+    .unwrap();
+    assert!(report.is_compatible(), "{report}");
 }
 
 #[test]
