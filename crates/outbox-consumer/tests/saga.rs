@@ -67,6 +67,11 @@ impl Saga for Checkout {
                 Step::stay().emit(Event::new("order", &order.id, "TakePayment"))
             }
             (AwaitingPayment, "PaymentTaken") => Step::to(Paid),
+            (AwaitingPayment, TIMEOUT) if order.id.starts_with("poison") => {
+                return Err(HandlerError::new(
+                    "the timeout step cannot run for this order",
+                ));
+            }
             (AwaitingPayment, TIMEOUT) => {
                 Step::to(Cancelled).emit(Event::new("order", &order.id, "CancelOrder"))
             }
@@ -364,6 +369,71 @@ async fn a_deadline_fires_once_even_with_two_schedulers_racing() {
         .unwrap();
     assert_eq!(f.instance("t0").await.unwrap().state, "Cancelled");
     assert_eq!(f.steps("t0").await[2].1, "unexpected");
+}
+
+/// Before: the failing instance, due first, failed every round before the others were tried,
+/// so no later timeout of the saga type ever fired.
+#[tokio::test]
+async fn a_failing_timeout_step_is_put_off_and_does_not_hold_back_the_others() {
+    let f = fixture(Duration::ZERO).await;
+    for id in ["poison-1", "a", "b", "c"] {
+        f.processor
+            .apply(&envelope(Some(id), "OrderPlaced"))
+            .await
+            .unwrap();
+    }
+    let timeouts = f.saga.timeouts(f.db.pool.clone());
+    assert_eq!(timeouts.fire_due().await.unwrap(), 3);
+    for id in ["a", "b", "c"] {
+        assert_eq!(f.instance(id).await.unwrap().state, "Cancelled", "{id}");
+    }
+    // The failing one stays where it was, due again later, its failure recorded.
+    let poison = f.instance("poison-1").await.unwrap();
+    assert_eq!(
+        (poison.state.as_str(), poison.has_deadline),
+        ("AwaitingPayment", true)
+    );
+    let steps = f.steps("poison-1").await;
+    assert_eq!(
+        steps.last().unwrap(),
+        &(
+            TIMEOUT.to_owned(),
+            "timeout_failed".to_owned(),
+            Some("AwaitingPayment".to_owned()),
+            Some("AwaitingPayment".to_owned())
+        )
+    );
+    let (detail, wait): (String, f64) = sqlx::query_as(&f.db.tables.render(
+        "SELECT s.detail, extract(epoch FROM g.deadline - now())::float8 \
+         FROM {schema}.saga_steps s JOIN {schema}.sagas g USING (saga_type, correlation_id) \
+         WHERE s.correlation_id = 'poison-1' ORDER BY s.id DESC LIMIT 1",
+    ))
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    assert!(detail.contains("cannot run for this order"), "{detail}");
+    assert!(wait > 0.0, "due again later, not now: {wait}");
+    assert_eq!(
+        timeouts.fire_due().await.unwrap(),
+        0,
+        "put off, not retried at once"
+    );
+    // Each consecutive failure doubles the delay.
+    f.db.exec("UPDATE {schema}.sagas SET deadline = now() WHERE correlation_id = 'poison-1'")
+        .await;
+    assert_eq!(timeouts.fire_due().await.unwrap(), 0);
+    let wait: f64 = sqlx::query_scalar(&f.db.tables.render(
+        "SELECT extract(epoch FROM deadline - now())::float8 FROM {schema}.sagas \
+         WHERE correlation_id = 'poison-1'",
+    ))
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    let first = outbox_consumer::saga::TIMEOUT_RETRY_FIRST.as_secs_f64();
+    assert!(
+        wait > first * 1.5,
+        "second failure waits about twice the first: {wait}"
+    );
 }
 
 #[tokio::test]

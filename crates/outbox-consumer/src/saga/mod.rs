@@ -24,4 +24,4 @@ mod timeouts;
 pub use definition::{Saga, Step, Trigger, TIMEOUT};
 pub use handler::SagaHandler;
 pub use runtime::Outcome;
-pub use timeouts::SagaTimeouts;
+pub use timeouts::{SagaTimeouts, TIMEOUT_RETRY_FIRST, TIMEOUT_RETRY_LONGEST};

@@ -62,6 +62,7 @@ pub(crate) struct Runtime<S: Saga> {
     update: String,
     record: String,
     pub(crate) due: String,
+    pub(crate) defer: String,
 }
 
 impl<S: Saga> Runtime<S> {
@@ -98,6 +99,7 @@ impl<S: Saga> Runtime<S> {
                  WHERE saga_type = $1 AND deadline <= now() AND NOT finished \
                  ORDER BY deadline LIMIT $2",
             ),
+            defer: tables.render(include_str!("sql/defer_timeout.sql")),
         }
     }
 
