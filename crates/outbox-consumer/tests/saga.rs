@@ -42,7 +42,7 @@ impl Saga for Checkout {
     }
 
     fn reacts_to(&self) -> &[&str] {
-        &["OrderPlaced", "PaymentTaken", "Note", "Boom"]
+        &["OrderPlaced", "PaymentTaken", "Note", "Boom", "Scribble"]
     }
 
     fn correlate(&self, event: &Envelope) -> Option<String> {
@@ -78,6 +78,10 @@ impl Saga for Checkout {
             (_, "Note") => {
                 order.notes += 1;
                 Step::stay()
+            }
+            (_, "Scribble") => {
+                order.notes += 100;
+                Step::unexpected("scribbled on the order, then refused it")
             }
             (_, "Boom") => {
                 order.notes += 1000;
@@ -369,6 +373,27 @@ async fn a_deadline_fires_once_even_with_two_schedulers_racing() {
         .unwrap();
     assert_eq!(f.instance("t0").await.unwrap().state, "Cancelled");
     assert_eq!(f.steps("t0").await[2].1, "unexpected");
+}
+
+/// Before: `react` changed the data, returned `unexpected`, and the change was saved.
+#[tokio::test]
+async fn an_unexpected_step_keeps_the_data_as_it_was() {
+    let f = fixture(Duration::from_secs(3600)).await;
+    f.processor
+        .apply(&envelope(Some("s1"), "OrderPlaced"))
+        .await
+        .unwrap();
+    f.processor
+        .apply(&envelope(Some("s1"), "Note"))
+        .await
+        .unwrap();
+    f.processor
+        .apply(&envelope(Some("s1"), "Scribble"))
+        .await
+        .unwrap();
+    let row = f.instance("s1").await.unwrap();
+    assert_eq!((row.state.as_str(), row.notes), ("AwaitingPayment", 1));
+    assert_eq!(f.steps("s1").await.last().unwrap().1, "unexpected");
 }
 
 /// Before: the failing instance, due first, failed every round before the others were tried,

@@ -166,6 +166,14 @@ impl<S: Saga> Runtime<S> {
     ) -> Result<Outcome, HandlerError> {
         let saga = &*self.saga;
         let from = state_name(&instance.state)?;
+        // What the data was before `react`: an unexpected step keeps it (a step that was not
+        // meant to happen changes nothing but its record).
+        let original = serde_json::to_value(&instance.data).map_err(|e| {
+            HandlerError::new(format!(
+                "saga {}: data does not serialise: {e}",
+                saga.name()
+            ))
+        })?;
         let step = saga.react(&instance.state, &mut instance.data, trigger)?;
         let is_timeout = matches!(trigger, Trigger::Timeout);
         let (next, outcome, detail) = match step.change {
@@ -199,12 +207,16 @@ impl<S: Saga> Runtime<S> {
         } else {
             saga.timeout(&next).map(|d| d.as_secs_f64())
         };
-        let data = serde_json::to_value(&instance.data).map_err(|e| {
-            HandlerError::new(format!(
-                "saga {}: data does not serialise: {e}",
-                saga.name()
-            ))
-        })?;
+        let data = if outcome == Outcome::Unexpected {
+            original
+        } else {
+            serde_json::to_value(&instance.data).map_err(|e| {
+                HandlerError::new(format!(
+                    "saga {}: data does not serialise: {e}",
+                    saga.name()
+                ))
+            })?
+        };
         let written = match instance.version {
             None => {
                 sqlx::query(&self.insert)
