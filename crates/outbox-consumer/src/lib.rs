@@ -13,16 +13,22 @@
 //!
 //! A crash anywhere before the commit leaves nothing applied and the message redelivered; a
 //! crash after the commit but before the ack leads to a redelivery that the inbox recognises
-//! and skips. A handler that fails is retried with backoff; after `max_attempts` the message
-//! goes to the consumer's dead letter with its error, and later messages keep flowing.
+//! and skips. A handler that fails (or panics) is retried with backoff; after `max_attempts`
+//! the message goes to the consumer's dead letter with its error, and later messages keep
+//! flowing. A database outage is not the message's fault: the runner holds the message and
+//! retries it until the database answers, spending none of its attempts. [`ConsumerMetrics`]
+//! counts all of it.
 
 mod cloudevents;
 mod config;
 mod envelope;
 mod error;
 mod handler;
+mod metrics;
 #[cfg(feature = "nats")]
 pub mod nats;
+mod outage;
+mod panic;
 mod processor;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
@@ -33,5 +39,6 @@ pub use config::ConsumerConfig;
 pub use envelope::{DecodeError, Envelope};
 pub use error::Error;
 pub use handler::{Handler, HandlerError};
+pub use metrics::{ConsumerMetrics, Count};
 pub use processor::{Outcome, Processor};
 pub use upcast::{UpcastError, Upcaster, Upcasters};

@@ -1,7 +1,9 @@
 //! NATS JetStream runner: a durable pull consumer with explicit acks. Failed messages are
 //! NAKed with a delay (the server redelivers them while later messages flow); after
 //! `max_attempts` deliveries, or at once when malformed, the message is published to the dead
-//! letter subject (stream `{stream}_DEAD`) with its error, and only then terminated.
+//! letter subject (stream `{stream}_DEAD`) with its error, and only then terminated. While the
+//! database is unreachable the message in hand is held (its ack deadline extended) and retried
+//! until the database answers: an outage spends no attempt.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -12,7 +14,7 @@ use async_nats::{
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::{ConsumerConfig, Envelope, Error, Processor};
+use crate::{outage, ConsumerConfig, Count, Envelope, Error, Processor};
 
 /// Where to consume from.
 #[derive(Clone, Debug)]
@@ -46,6 +48,7 @@ pub struct NatsConsumer {
     config: ConsumerConfig,
     processor: Processor,
     dead_subject: String,
+    ack_wait: Duration,
 }
 
 impl NatsConsumer {
@@ -93,6 +96,7 @@ impl NatsConsumer {
             config,
             processor,
             dead_subject,
+            ack_wait: source.ack_wait,
         })
     }
 
@@ -111,12 +115,12 @@ impl NatsConsumer {
             match next {
                 None => return Err(Error::Broker("nats: consumer stream ended".into())),
                 Some(Err(e)) => tracing::warn!(error = %e, "nats: receiving failed; retrying"),
-                Some(Ok(message)) => self.handle(message).await,
+                Some(Ok(message)) => self.handle(message, &shutdown).await,
             }
         }
     }
 
-    async fn handle(&self, message: jetstream::Message) {
+    async fn handle(&self, message: jetstream::Message, shutdown: &CancellationToken) {
         let delivered = message.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
         let headers: BTreeMap<String, String> = message
             .headers
@@ -139,11 +143,19 @@ impl NatsConsumer {
         .and_then(|e| self.processor.upcast(e).map_err(|e| e.to_string()));
         let result = match &envelope {
             Err(e) => Err((e.to_string(), true)),
-            Ok(event) => self
-                .processor
-                .apply(event)
-                .await
-                .map_err(|e| (e.to_string(), delivered >= self.config.max_attempts)),
+            // During an outage the message is held, its ack deadline pushed back, until the
+            // database answers; an outage outlasting shutdown is not the message's fault.
+            Ok(event) => outage::apply(&self.processor, event, shutdown, self.ack_wait / 3, || {
+                let message = &message;
+                async move {
+                    let _ = message.ack_with(AckKind::Progress).await;
+                }
+            })
+            .await
+            .map_err(|e| {
+                let dead = !e.is_infrastructure() && delivered >= self.config.max_attempts;
+                (e.to_string(), dead)
+            }),
         };
         match result {
             Ok(outcome) => {
@@ -156,6 +168,9 @@ impl NatsConsumer {
                 tracing::error!(%error, delivered, subject = %message.subject,
                     consumer = self.processor.name(), "dead-lettering message");
                 if self.dead_letter(&message, &error, delivered).await {
+                    self.processor
+                        .metrics()
+                        .add(self.processor.name(), Count::DeadLettered);
                     let _ = message.ack_with(AckKind::Term).await;
                 } else {
                     let _ = message

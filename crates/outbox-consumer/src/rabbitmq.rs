@@ -2,11 +2,14 @@
 //! for its backoff, then requeued, while later messages go on; after `max_attempts` failures,
 //! or at once when malformed, it is published to the dead-letter queue `{queue}.dead` with its
 //! error (confirmed), and only then acked. Attempts are counted per event id in memory: a
-//! restarted consumer gives a poison message at most `max_attempts` more tries.
+//! restarted consumer gives a poison message at most `max_attempts` more tries. While the
+//! database is unreachable the message in hand is held and retried until the database answers
+//! (consumption pauses meanwhile): an outage spends no attempt.
 
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use futures::StreamExt;
@@ -21,7 +24,7 @@ use lapin::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{ConsumerConfig, Envelope, Error, Processor};
+use crate::{outage, ConsumerConfig, Count, Envelope, Error, Processor};
 
 /// Where to consume from.
 #[derive(Clone, Debug)]
@@ -124,12 +127,12 @@ impl RabbitMqConsumer {
             match next {
                 None => return Err(Error::Broker("rabbitmq: consumer cancelled".into())),
                 Some(Err(e)) => return Err(Error::Broker(format!("rabbitmq: {e}"))),
-                Some(Ok(delivery)) => self.handle(delivery).await,
+                Some(Ok(delivery)) => self.handle(delivery, &shutdown).await,
             }
         }
     }
 
-    async fn handle(&self, delivery: Delivery) {
+    async fn handle(&self, delivery: Delivery, shutdown: &CancellationToken) {
         let headers = headers_of(&delivery);
         let envelope = Envelope::decode(
             delivery.routing_key.to_string(),
@@ -143,14 +146,23 @@ impl RabbitMqConsumer {
             .as_ref()
             .map(|e| e.event_id.to_string())
             .unwrap_or_default();
+        // RabbitMQ has no ack deadline to extend (only the broker's `consumer_timeout`, 30 min
+        // by default): the wait needs no keep-alive.
+        let longest_wait = Duration::from_secs(5);
         let result = match &envelope {
             Err(e) => Err((e.to_string(), u32::MAX)),
-            Ok(event) => self.processor.apply(event).await.map_err(|e| {
-                let mut attempts = self.attempts.lock().expect("not poisoned");
-                let n = attempts.entry(key.clone()).or_insert(0);
-                *n += 1;
-                (e.to_string(), *n)
-            }),
+            Ok(event) => outage::apply(&self.processor, event, shutdown, longest_wait, || async {})
+                .await
+                .map_err(|e| {
+                    if e.is_infrastructure() {
+                        // Shut down during an outage: requeued, no attempt spent.
+                        return (e.to_string(), 0);
+                    }
+                    let mut attempts = self.attempts.lock().expect("not poisoned");
+                    let n = attempts.entry(key.clone()).or_insert(0);
+                    *n += 1;
+                    (e.to_string(), *n)
+                }),
         };
         match result {
             Ok(_) => {
@@ -164,6 +176,9 @@ impl RabbitMqConsumer {
                     "dead-lettering message");
                 if self.dead_letter(&delivery, &error, attempts).await {
                     self.attempts.lock().expect("not poisoned").remove(&key);
+                    self.processor
+                        .metrics()
+                        .add(self.processor.name(), Count::DeadLettered);
                     let _ = delivery.ack(BasicAckOptions::default()).await;
                 } else {
                     let _ = delivery

@@ -32,7 +32,7 @@
 //! such messages at once, with the reason; they never reach the handler in a shape it does not
 //! expect.
 
-use std::{collections::BTreeMap, fmt, sync::Arc};
+use std::{collections::BTreeMap, fmt, panic::AssertUnwindSafe, sync::Arc};
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -85,6 +85,16 @@ pub enum UpcastError {
         from: i32,
         /// The upcaster's message.
         reason: String,
+    },
+    /// An upcaster panicked (indexing a payload of another shape, say).
+    #[error("{event_type}: the upcaster from schema_version {from} {message}")]
+    Panicked {
+        /// Event type.
+        event_type: String,
+        /// The step's source version.
+        from: i32,
+        /// The panic's message.
+        message: String,
     },
 }
 
@@ -172,11 +182,19 @@ impl Upcasters {
                 from,
                 current,
             })?;
-            step(value).map_err(|reason| UpcastError::Failed {
-                event_type: event_type.to_owned(),
-                from,
-                reason,
-            })
+            // A panic fails this message only (dead-lettered with the reason), not the runner.
+            match std::panic::catch_unwind(AssertUnwindSafe(|| step(value))) {
+                Ok(result) => result.map_err(|reason| UpcastError::Failed {
+                    event_type: event_type.to_owned(),
+                    from,
+                    reason,
+                }),
+                Err(panic) => Err(UpcastError::Panicked {
+                    event_type: event_type.to_owned(),
+                    from,
+                    message: crate::panic::message(panic),
+                }),
+            }
         })
     }
 
@@ -316,6 +334,24 @@ mod tests {
             "T: no upcaster from schema_version 1 to 2 (current version 3)"
         );
         assert!(up.upcast("T", 2, json!({})).is_ok());
+    }
+
+    /// Before: the documented V1 → V2 step (`v["region"] = …`) panicked on a payload that is
+    /// not an object, and the panic ended the runner.
+    #[test]
+    fn a_panicking_upcaster_fails_the_message_with_the_panic() {
+        let err = orders()
+            .upcast_envelope(envelope(1, b"[1, 2]"))
+            .unwrap_err();
+        assert!(
+            matches!(err, UpcastError::Panicked { from: 1, .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("OrderPlaced: the upcaster from schema_version 1 panicked: "),
+            "{text}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use common::{applied, distinct_applied, relay_headers, reserved, ReserveStock};
 use futures::StreamExt;
 use outbox_consumer::{
     nats::{NatsConsumer, NatsSource},
-    ConsumerConfig,
+    ConsumerConfig, Count,
 };
 use outbox_testkit::{unique, wait_until, TestDb, NATS_URL};
 use tokio_util::sync::CancellationToken;
@@ -312,5 +312,89 @@ async fn a_consumer_killed_between_commit_and_ack_leaves_state_correct() {
     assert_eq!(applied(&db).await, 1, "applied once across the crash");
     assert_eq!(reserved(&db, "apple").await, 3);
     assert_eq!(handler.calls(id), 1, "the handler did not run again");
+    fx.cleanup().await;
+}
+
+/// Before: every attempt during the outage counted, and with two attempts the five events were
+/// dead-lettered within a second of the database going down.
+#[tokio::test]
+async fn a_database_outage_spends_no_attempt_and_dead_letters_nothing() {
+    let mut outage = common::Outage::start("inventory").await;
+    let fx = Fixture::new().await;
+    let ids: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    for id in &ids {
+        let body = serde_json::json!({"sku": "apple", "qty": 1});
+        fx.publish(*id, "OrderPlaced", body, true).await;
+    }
+    outage.server.crash();
+    let consumer = NatsConsumer::connect(
+        fx.source(),
+        fx.config("inventory", 2),
+        outage.processor.clone(),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    outage.end_and_check(&ids).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let dead = fx
+        .js
+        .get_stream(format!("{}_DEAD_inventory", fx.stream))
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(dead, 0, "nothing dead-lettered");
+    fx.cleanup().await;
+}
+
+/// Before: the panic unwound through the runner's task, which ended; its redelivery killed the
+/// next runner the same way.
+#[tokio::test]
+async fn a_panicking_handler_fails_its_message_and_the_runner_goes_on() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let mut handler = ReserveStock::install(&db).await;
+    handler.panic_type = Some("Explode".into());
+    let handler = Arc::new(handler);
+    let explode = Uuid::now_v7();
+    fx.publish(explode, "Explode", serde_json::json!({}), true)
+        .await;
+    for _ in 0..3 {
+        let body = serde_json::json!({"sku": "pear", "qty": 1});
+        fx.publish(Uuid::now_v7(), "OrderPlaced", body, true).await;
+    }
+    let processor = common::processor(&db, "inventory", handler.clone());
+    let metrics = processor.metrics().clone();
+    let consumer = NatsConsumer::connect(fx.source(), fx.config("inventory", 2), processor)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("3 events applied and 1 dead letter", WAIT, || async {
+        applied(&db).await == 3 && metrics.count("inventory", Count::DeadLettered) == 1
+    })
+    .await;
+    assert!(!task.is_finished(), "the runner is still running");
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(handler.calls(explode), 2, "max_attempts deliveries");
+    assert_eq!(metrics.count("inventory", Count::Panics), 2);
+    let stream = fx
+        .js
+        .get_stream(format!("{}_DEAD_inventory", fx.stream))
+        .await
+        .unwrap();
+    let dead = stream.get_raw_message(1).await.unwrap();
+    let reason = dead.headers.get("dead-letter-reason").unwrap().to_string();
+    assert!(
+        reason.starts_with("handler panicked: the handler's bug"),
+        "{reason}"
+    );
     fx.cleanup().await;
 }

@@ -195,3 +195,43 @@ async fn redelivered_events_apply_once_and_poison_or_malformed_ones_are_dead_let
     );
     fx.cleanup().await;
 }
+
+/// Before: every attempt during the outage counted, and with two attempts the five events were
+/// dead-lettered within a second of the database going down.
+#[tokio::test]
+async fn a_database_outage_spends_no_attempt_and_dead_letters_nothing() {
+    let mut outage = common::Outage::start("inventory").await;
+    let fx = Fixture::new().await;
+    let ids: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    for id in &ids {
+        let body = serde_json::json!({"sku": "apple", "qty": 1});
+        fx.publish(*id, "OrderPlaced", body, true).await;
+    }
+    outage.server.crash();
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
+        fx.config(2),
+        outage.processor.clone(),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    outage.end_and_check(&ids).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let dead = fx
+        .channel
+        .queue_declare(
+            &format!("{}.dead", fx.queue),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dead.message_count(), 0, "nothing dead-lettered");
+    fx.cleanup().await;
+}

@@ -4,12 +4,13 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use futures::future::BoxFuture;
-use outbox_consumer::{Envelope, Handler, HandlerError, Processor};
-use outbox_testkit::TestDb;
-use sqlx::PgConnection;
+use outbox_consumer::{Count, Envelope, Handler, HandlerError, Processor};
+use outbox_testkit::{wait_until, PrivatePostgres, TestDb};
+use sqlx::{postgres::PgPoolOptions, PgConnection};
 use uuid::Uuid;
 
 /// Reserves `qty` of `sku` (from the JSON payload) and logs the event id in `applied`
@@ -21,6 +22,8 @@ pub struct ReserveStock {
     pub fail_first: u32,
     /// Always fail events of this type.
     pub poison_type: Option<String>,
+    /// Always panic on events of this type.
+    pub panic_type: Option<String>,
     /// Handler calls per event id.
     pub calls: Mutex<HashMap<Uuid, u32>>,
 }
@@ -42,6 +45,7 @@ impl ReserveStock {
                 .render("INSERT INTO {schema}.applied (event_id) VALUES ($1)"),
             fail_first: 0,
             poison_type: None,
+            panic_type: None,
             calls: Mutex::new(HashMap::new()),
         }
     }
@@ -67,6 +71,9 @@ impl Handler for ReserveStock {
             if self.poison_type.as_deref() == Some(event.event_type.as_str()) {
                 return Err(HandlerError::new("cannot reserve: poison"));
             }
+            if self.panic_type.as_deref() == Some(event.event_type.as_str()) {
+                panic!("the handler's bug, event {}", event.event_id);
+            }
             let body: serde_json::Value = event.json()?;
             sqlx::query(&self.stock_sql)
                 .bind(body["sku"].as_str().unwrap_or_default())
@@ -85,6 +92,8 @@ impl Handler for ReserveStock {
         })
     }
 }
+
+const WAIT: Duration = Duration::from_secs(60);
 
 pub fn processor(db: &TestDb, name: &str, handler: Arc<ReserveStock>) -> Processor {
     Processor::new(db.pool.clone(), &db.tables, name, handler)
@@ -128,4 +137,62 @@ pub fn relay_headers(id: Uuid, event_type: &str) -> Vec<(&'static str, String)> 
         ("aggregate-id", "o-1".into()),
         ("content-type", "application/json".into()),
     ]
+}
+
+/// A database that goes down while a consumer runs: the outbox on a private PostgreSQL server,
+/// the stock handler, and a processor whose pool gives up on a connection after 200 ms.
+pub struct Outage {
+    pub server: PrivatePostgres,
+    pub db: TestDb,
+    pub handler: Arc<ReserveStock>,
+    pub processor: Processor,
+}
+
+impl Outage {
+    pub async fn start(name: &str) -> Self {
+        let server = PrivatePostgres::start().await;
+        let db = TestDb::on(&server.url(), Default::default()).await;
+        let handler = Arc::new(ReserveStock::install(&db).await);
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_millis(200))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        let processor = Processor::new(pool, &db.tables, name, handler.clone());
+        Self {
+            server,
+            db,
+            handler,
+            processor,
+        }
+    }
+
+    /// Waits until the processor has met the outage 6 times (more tries than the 5 events it
+    /// is given: a runner that spent attempts on the outage has tried one event twice and, with
+    /// `max_attempts` 2, dead-lettered it), starts the server again, and checks that each of
+    /// `ids` was then applied once, with no failure and no dead letter.
+    pub async fn end_and_check(&mut self, ids: &[Uuid]) {
+        let metrics = self.processor.metrics().clone();
+        let name = self.processor.name().to_owned();
+        let tries = || metrics.count(&name, Count::InfrastructureFailures);
+        wait_until("6 tries against the stopped database", WAIT, || {
+            let tries = tries();
+            async move { tries >= 6 }
+        })
+        .await;
+        self.server.start_again().await;
+        let db = &self.db;
+        wait_until("the events applied", WAIT, || async {
+            applied(db).await == ids.len() as i64
+        })
+        .await;
+        assert_eq!(metrics.count(&name, Count::Failures), 0);
+        assert_eq!(metrics.count(&name, Count::DeadLettered), 0);
+        assert_eq!(metrics.count(&name, Count::Handled), ids.len() as u64);
+        assert_eq!(reserved(db, "apple").await, ids.len() as i64);
+        for id in ids {
+            assert_eq!(self.handler.calls(*id), 1, "the handler ran once per event");
+        }
+    }
 }

@@ -1,0 +1,180 @@
+//! What a consumer counts, on the relay's Prometheus conventions (`outbox_` prefix, counters
+//! ending in `_total`, one label: the consumer's name). Every [`Processor`](crate::Processor)
+//! counts into one [`ConsumerMetrics`]; share one between processors and register it in the
+//! application's registry to export them.
+//!
+//! | metric | type | meaning |
+//! | --- | --- | --- |
+//! | `outbox_consumer_handled_total{consumer}` | counter | events applied (handler committed) |
+//! | `outbox_consumer_duplicates_total{consumer}` | counter | deliveries the inbox had seen: skipped |
+//! | `outbox_consumer_failures_total{consumer}` | counter | failed attempts of a message (handler error or panic) |
+//! | `outbox_consumer_panics_total{consumer}` | counter | of those, handler or upcaster panics |
+//! | `outbox_consumer_infrastructure_failures_total{consumer}` | counter | attempts that met a database outage (waited out, no attempt spent) |
+//! | `outbox_consumer_dead_lettered_total{consumer}` | counter | messages sent to the consumer's dead letters |
+//! | `outbox_consumer_handler_seconds{consumer}` | histogram | one attempt, inbox check to commit |
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConsumerLabel {
+    consumer: String,
+}
+
+type Counters = Family<ConsumerLabel, Counter>;
+type Latencies = Family<ConsumerLabel, Histogram, fn() -> Histogram>;
+
+/// The consumer-side counters, per consumer name. Cheap to clone (clones share the values).
+#[derive(Clone, Debug)]
+pub struct ConsumerMetrics {
+    handled: Counters,
+    duplicates: Counters,
+    failures: Counters,
+    panics: Counters,
+    infrastructure_failures: Counters,
+    dead_lettered: Counters,
+    handler_seconds: Latencies,
+}
+
+impl Default for ConsumerMetrics {
+    fn default() -> Self {
+        Self {
+            handled: Counters::default(),
+            duplicates: Counters::default(),
+            failures: Counters::default(),
+            panics: Counters::default(),
+            infrastructure_failures: Counters::default(),
+            dead_lettered: Counters::default(),
+            handler_seconds: Latencies::new_with_constructor(|| {
+                Histogram::new([
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
+                ])
+            }),
+        }
+    }
+}
+
+/// One kind of count, for reading back ([`ConsumerMetrics::count`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Count {
+    /// Events applied.
+    Handled,
+    /// Deliveries skipped as duplicates.
+    Duplicates,
+    /// Failed attempts of a message.
+    Failures,
+    /// Handler or upcaster panics.
+    Panics,
+    /// Attempts that met a database outage.
+    InfrastructureFailures,
+    /// Messages dead-lettered.
+    DeadLettered,
+}
+
+impl ConsumerMetrics {
+    /// Fresh counters, all at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds every metric to `registry` (an application's, or the one it serves at `/metrics`).
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry;
+        r.register(
+            "outbox_consumer_handled",
+            "Events applied: the handler's transaction committed",
+            self.handled.clone(),
+        );
+        r.register(
+            "outbox_consumer_duplicates",
+            "Deliveries of events the inbox had already seen, skipped",
+            self.duplicates.clone(),
+        );
+        r.register(
+            "outbox_consumer_failures",
+            "Failed attempts of a message (handler error or panic)",
+            self.failures.clone(),
+        );
+        r.register(
+            "outbox_consumer_panics",
+            "Handler or upcaster panics, each counted as a failure of its message",
+            self.panics.clone(),
+        );
+        r.register(
+            "outbox_consumer_infrastructure_failures",
+            "Attempts that met a database outage, retried without spending an attempt",
+            self.infrastructure_failures.clone(),
+        );
+        r.register(
+            "outbox_consumer_dead_lettered",
+            "Messages sent to the consumer's dead letters",
+            self.dead_lettered.clone(),
+        );
+        r.register(
+            "outbox_consumer_handler_seconds",
+            "One attempt of a message, inbox check to commit",
+            self.handler_seconds.clone(),
+        );
+    }
+
+    /// The current value of one count for `consumer`.
+    pub fn count(&self, consumer: &str, count: Count) -> u64 {
+        self.family(count).get_or_create(&label(consumer)).get()
+    }
+
+    pub(crate) fn add(&self, consumer: &str, count: Count) {
+        self.family(count).get_or_create(&label(consumer)).inc();
+    }
+
+    pub(crate) fn observe_handler(&self, consumer: &str, seconds: f64) {
+        self.handler_seconds
+            .get_or_create(&label(consumer))
+            .observe(seconds);
+    }
+
+    fn family(&self, count: Count) -> &Counters {
+        match count {
+            Count::Handled => &self.handled,
+            Count::Duplicates => &self.duplicates,
+            Count::Failures => &self.failures,
+            Count::Panics => &self.panics,
+            Count::InfrastructureFailures => &self.infrastructure_failures,
+            Count::DeadLettered => &self.dead_lettered,
+        }
+    }
+}
+
+fn label(consumer: &str) -> ConsumerLabel {
+    ConsumerLabel {
+        consumer: consumer.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_per_consumer_and_exports_them() {
+        let metrics = ConsumerMetrics::new();
+        metrics.add("billing", Count::Handled);
+        metrics.add("billing", Count::Handled);
+        metrics.add("shipping", Count::DeadLettered);
+        assert_eq!(metrics.count("billing", Count::Handled), 2);
+        assert_eq!(metrics.count("shipping", Count::Handled), 0);
+        assert_eq!(metrics.count("shipping", Count::DeadLettered), 1);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("outbox_consumer_handled_total{consumer=\"billing\"} 2"),
+            "{text}"
+        );
+    }
+}
