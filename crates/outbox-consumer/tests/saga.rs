@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use bytes::Bytes;
 use outbox::Event;
 use outbox_consumer::{
-    saga::{Saga, SagaHandler, Step, Trigger, TIMEOUT},
+    saga::{Saga, SagaHandler, Start, Step, Trigger, TIMEOUT},
     Envelope, HandlerError, Outcome, Processor,
 };
 use outbox_testkit::TestDb;
@@ -28,7 +28,9 @@ struct Order {
 }
 
 /// A checkout: placed → awaiting payment → paid, or cancelled when payment does not come in
-/// time. `Note` only counts; `Boom` changes the data and then fails.
+/// time (a payment after that is refunded). `Note` only counts; `Scribble` changes the data
+/// and then ignores the event; `Boom` changes the data and then fails. Orders whose id starts
+/// with `unstartable` cannot be started.
 struct Checkout {
     payment_timeout: Duration,
 }
@@ -49,10 +51,18 @@ impl Saga for Checkout {
         event.aggregate_id.clone()
     }
 
-    fn start(&self, event: &Envelope) -> Option<(State, Order)> {
-        let id = event.aggregate_id.clone()?;
-        (event.event_type == "OrderPlaced")
-            .then_some((State::AwaitingPayment, Order { id, notes: 0 }))
+    fn start(&self, event: &Envelope) -> Result<Option<Start<State, Order>>, HandlerError> {
+        if event.event_type != "OrderPlaced" {
+            return Ok(None);
+        }
+        let id = event.aggregate_id.clone().unwrap_or_default();
+        if id.starts_with("unstartable") {
+            return Err(HandlerError::new(format!("order {id} cannot be started")));
+        }
+        let take_payment = Event::new("order", &id, "TakePayment");
+        Ok(Some(
+            Start::new(State::AwaitingPayment, Order { id, notes: 0 }).emit(take_payment),
+        ))
     }
 
     fn react(
@@ -63,10 +73,10 @@ impl Saga for Checkout {
     ) -> Result<Step<State>, HandlerError> {
         use State::*;
         Ok(match (state, on.name()) {
-            (AwaitingPayment, "OrderPlaced") => {
-                Step::stay().emit(Event::new("order", &order.id, "TakePayment"))
-            }
+            (_, "OrderPlaced") => Step::ignore("the order is placed already"),
             (AwaitingPayment, "PaymentTaken") => Step::to(Paid),
+            (Cancelled, "PaymentTaken") => Step::ignore("paid after the cancellation")
+                .emit(Event::new("order", &order.id, "RefundPayment")),
             (AwaitingPayment, TIMEOUT) if order.id.starts_with("poison") => {
                 return Err(HandlerError::new(
                     "the timeout step cannot run for this order",
@@ -81,7 +91,7 @@ impl Saga for Checkout {
             }
             (_, "Scribble") => {
                 order.notes += 100;
-                Step::unexpected("scribbled on the order, then refused it")
+                Step::ignore("scribbled on the order, then ignored the event")
             }
             (_, "Boom") => {
                 order.notes += 1000;
@@ -167,6 +177,19 @@ impl Fixture {
         ))
         .bind(id)
         .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn inbox(&self, event_id: Uuid) -> i64 {
+        sqlx::query_scalar(
+            &self
+                .db
+                .tables
+                .render("SELECT count(*) FROM {schema}.inbox WHERE event_id = $1"),
+        )
+        .bind(event_id)
+        .fetch_one(&self.db.pool)
         .await
         .unwrap()
     }
@@ -266,36 +289,40 @@ async fn a_failed_step_leaves_nothing_behind_and_is_retried_whole() {
     assert_eq!((row.notes, row.version), (0, 1), "data change rolled back");
     assert_eq!(f.steps("o3").await.len(), 1, "no step recorded");
     assert_eq!(f.emitted("o3").await.len(), 1, "nothing more emitted");
-    let inbox: i64 = sqlx::query_scalar(
-        &f.db
-            .tables
-            .render("SELECT count(*) FROM {schema}.inbox WHERE event_id = $1"),
-    )
-    .bind(boom.event_id)
-    .fetch_one(&f.db.pool)
-    .await
-    .unwrap();
     assert_eq!(
-        inbox, 0,
+        f.inbox(boom.event_id).await,
+        0,
         "the event is not marked seen: a redelivery runs the step again"
     );
 }
 
+/// Before: a payment that overtook its order was recorded as `orphan` and acknowledged, and
+/// the order then waited for it until its timeout cancelled it.
 #[tokio::test]
-async fn unexpected_orphan_and_uncorrelated_events_are_recorded_not_dropped() {
+async fn an_event_for_no_instance_yet_is_retried_not_dropped() {
     let f = fixture(Duration::from_secs(600)).await;
-    // Payment for an order the saga never saw.
+    let early = envelope(Some("early"), "PaymentTaken");
+    let err = f.processor.apply(&early).await.unwrap_err();
     assert_eq!(
-        f.saga
-            .step(
-                &mut f.db.pool.acquire().await.unwrap(),
-                &envelope(Some("ghost"), "PaymentTaken")
-            )
-            .await
-            .unwrap(),
-        Some(outbox_consumer::saga::Outcome::Orphan)
+        err.to_string(),
+        "saga checkout \"early\": no instance yet, and PaymentTaken does not start one"
     );
-    // A second payment after the first: not expected once paid.
+    assert_eq!(f.inbox(early.event_id).await, 0, "not marked seen");
+    assert!(f.steps("early").await.is_empty());
+    // The order arrives; the retried payment then applies.
+    f.processor
+        .apply(&envelope(Some("early"), "OrderPlaced"))
+        .await
+        .unwrap();
+    assert_eq!(f.processor.apply(&early).await.unwrap(), Outcome::Applied);
+    assert_eq!(f.instance("early").await.unwrap().state, "Paid");
+}
+
+/// Before: `unexpected` was committed and acknowledged, so an event that overtook the one
+/// leading to the state that expects it was lost.
+#[tokio::test]
+async fn an_unexpected_event_is_rolled_back_and_retried() {
+    let f = fixture(Duration::from_secs(600)).await;
     f.processor
         .apply(&envelope(Some("o4"), "OrderPlaced"))
         .await
@@ -304,39 +331,69 @@ async fn unexpected_orphan_and_uncorrelated_events_are_recorded_not_dropped() {
         .apply(&envelope(Some("o4"), "PaymentTaken"))
         .await
         .unwrap();
-    f.processor
-        .apply(&envelope(Some("o4"), "PaymentTaken"))
-        .await
-        .unwrap();
-    // No correlation id at all.
+    let again = envelope(Some("o4"), "PaymentTaken");
+    let err = f.processor.apply(&again).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "saga checkout \"o4\" in Paid: PaymentTaken not expected: PaymentTaken while Paid"
+    );
+    assert_eq!(f.inbox(again.event_id).await, 0, "not marked seen");
+    assert_eq!(
+        f.instance("o4").await.unwrap().version,
+        2,
+        "nothing written"
+    );
+    assert_eq!(f.steps("o4").await.len(), 2);
+}
+
+#[tokio::test]
+async fn uncorrelated_events_are_recorded_and_others_skipped() {
+    let f = fixture(Duration::from_secs(600)).await;
     f.processor
         .apply(&envelope(None, "PaymentTaken"))
         .await
         .unwrap();
     // Not addressed to this saga: skipped without a trace.
     f.processor
-        .apply(&envelope(Some("o4"), "Unrelated"))
+        .apply(&envelope(Some("o5"), "Unrelated"))
         .await
         .unwrap();
-
-    assert_eq!(f.steps("ghost").await[0].1, "orphan");
-    let o4 = f.steps("o4").await;
-    assert_eq!(o4.len(), 3);
-    assert_eq!(
-        o4[2],
-        (
-            "PaymentTaken".into(),
-            "unexpected".into(),
-            Some("Paid".into()),
-            Some("Paid".into())
-        )
-    );
-    assert_eq!(
-        f.instance("o4").await.unwrap().version,
-        3,
-        "the unexpected step is a version too"
-    );
     assert_eq!(f.steps("").await[0].1, "uncorrelated");
+    assert!(f.steps("o5").await.is_empty());
+}
+
+/// Before: `react` ran the starting arm again for the second `OrderPlaced` (new event id, same
+/// order) and a second `TakePayment` was emitted.
+#[tokio::test]
+async fn a_second_start_event_does_not_start_the_instance_again() {
+    let f = fixture(Duration::from_secs(600)).await;
+    for _ in 0..2 {
+        f.processor
+            .apply(&envelope(Some("twice"), "OrderPlaced"))
+            .await
+            .unwrap();
+    }
+    let types: Vec<String> = f
+        .emitted("twice")
+        .await
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    assert_eq!(types, ["TakePayment"], "the payment is requested once");
+    let outcomes: Vec<String> = f.steps("twice").await.into_iter().map(|s| s.1).collect();
+    assert_eq!(outcomes, ["started", "ignored"]);
+}
+
+/// Before: `start` returned an `Option` and could not say why an event did not start.
+#[tokio::test]
+async fn start_can_fail_and_then_nothing_is_written() {
+    let f = fixture(Duration::from_secs(600)).await;
+    let placed = envelope(Some("unstartable-1"), "OrderPlaced");
+    let err = f.processor.apply(&placed).await.unwrap_err();
+    assert_eq!(err.to_string(), "order unstartable-1 cannot be started");
+    assert!(f.instance("unstartable-1").await.is_none());
+    assert_eq!(f.inbox(placed.event_id).await, 0);
+    assert!(f.emitted("unstartable-1").await.is_empty());
 }
 
 #[tokio::test]
@@ -366,18 +423,20 @@ async fn a_deadline_fires_once_even_with_two_schedulers_racing() {
         assert_eq!(types, ["TakePayment", "CancelOrder"]);
         assert_eq!(f.steps(&id).await[1].1, "timed_out");
     }
-    // A reply after the timeout is recorded as unexpected and changes nothing.
+    // A payment after the timeout is ignored, and refunded.
     f.processor
         .apply(&envelope(Some("t0"), "PaymentTaken"))
         .await
         .unwrap();
     assert_eq!(f.instance("t0").await.unwrap().state, "Cancelled");
-    assert_eq!(f.steps("t0").await[2].1, "unexpected");
+    assert_eq!(f.steps("t0").await[2].1, "ignored");
+    let types: Vec<String> = f.emitted("t0").await.into_iter().map(|(t, _)| t).collect();
+    assert_eq!(types, ["TakePayment", "CancelOrder", "RefundPayment"]);
 }
 
 /// Before: `react` changed the data, returned `unexpected`, and the change was saved.
 #[tokio::test]
-async fn an_unexpected_step_keeps_the_data_as_it_was() {
+async fn an_ignored_step_keeps_the_data_as_it_was() {
     let f = fixture(Duration::from_secs(3600)).await;
     f.processor
         .apply(&envelope(Some("s1"), "OrderPlaced"))
@@ -393,7 +452,7 @@ async fn an_unexpected_step_keeps_the_data_as_it_was() {
         .unwrap();
     let row = f.instance("s1").await.unwrap();
     assert_eq!((row.state.as_str(), row.notes), ("AwaitingPayment", 1));
-    assert_eq!(f.steps("s1").await.last().unwrap().1, "unexpected");
+    assert_eq!(f.steps("s1").await.last().unwrap().1, "ignored");
 }
 
 /// Before: the failing instance, due first, failed every round before the others were tried,
@@ -501,5 +560,6 @@ async fn concurrent_starts_create_one_instance() {
     );
     let steps = f.steps("s1").await;
     assert_eq!(steps[0].1, "started");
-    assert_eq!(steps[1].1, "stayed");
+    assert_eq!(steps[1].1, "ignored");
+    assert_eq!(f.emitted("s1").await.len(), 1, "one TakePayment");
 }

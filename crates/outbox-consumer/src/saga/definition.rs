@@ -22,7 +22,7 @@ pub const TIMEOUT: &str = "saga.timeout";
 ///
 /// ```
 /// use outbox::Event;
-/// use outbox_consumer::saga::{Saga, Step, Trigger, TIMEOUT};
+/// use outbox_consumer::saga::{Saga, Start, Step, Trigger, TIMEOUT};
 /// use outbox_consumer::{Envelope, HandlerError};
 /// use serde::{Deserialize, Serialize};
 ///
@@ -41,18 +41,22 @@ pub const TIMEOUT: &str = "saga.timeout";
 ///     fn name(&self) -> &str { "checkout" }
 ///     fn reacts_to(&self) -> &[&str] { &["OrderPlaced", "PaymentTaken"] }
 ///     fn correlate(&self, event: &Envelope) -> Option<String> { event.aggregate_id.clone() }
-///     fn start(&self, event: &Envelope) -> Option<(State, Order)> {
-///         let id = event.aggregate_id.clone()?;
-///         (event.event_type == "OrderPlaced").then(|| (State::AwaitingPayment, Order { id }))
+///     fn start(&self, event: &Envelope) -> Result<Option<Start<State, Order>>, HandlerError> {
+///         if event.event_type != "OrderPlaced" {
+///             return Ok(None);
+///         }
+///         let id = event.aggregate_id.clone().ok_or_else(|| HandlerError::new("no order id"))?;
+///         let take_payment = Event::new("order", &id, "TakePayment");
+///         Ok(Some(Start::new(State::AwaitingPayment, Order { id }).emit(take_payment)))
 ///     }
 ///     fn react(&self, state: &State, order: &mut Order, on: &Trigger)
 ///         -> Result<Step<State>, HandlerError> {
 ///         Ok(match (state, on.name()) {
-///             (State::AwaitingPayment, "OrderPlaced") => Step::stay()
-///                 .emit(Event::new("order", &order.id, "TakePayment")),
 ///             (State::AwaitingPayment, "PaymentTaken") => Step::to(State::Paid),
 ///             (State::AwaitingPayment, TIMEOUT) => Step::to(State::Cancelled)
 ///                 .emit(Event::new("order", &order.id, "CancelOrder")),
+///             // Placed twice (a producer's retry with a new id): the payment is taken once.
+///             (_, "OrderPlaced") => Step::ignore("the order is placed already"),
 ///             _ => Step::unexpected("not expected in this state"),
 ///         })
 ///     }
@@ -73,22 +77,29 @@ pub trait Saga: Send + Sync + 'static {
     fn name(&self) -> &str;
 
     /// The event types this saga handles. Others are not addressed to it and are skipped
-    /// without a trace (the subscription's filter in effect); every one listed here is either
-    /// applied or recorded as unexpected or orphaned.
+    /// without a trace (the subscription's filter in effect); every one listed here is
+    /// applied, recorded as ignored, or retried and then dead-lettered.
     fn reacts_to(&self) -> &[&str];
 
     /// The instance an event belongs to, or `None` when the event carries no correlation id
     /// (recorded as `uncorrelated`).
     fn correlate(&self, event: &Envelope) -> Option<String>;
 
-    /// The initial state and data when `event` starts a new instance, else `None` (an event for
-    /// an instance that does not exist is then recorded as `orphan`). The starting event is
-    /// then passed to [`Saga::react`] in that initial state, like any other.
-    fn start(&self, event: &Envelope) -> Option<(Self::State, Self::Data)>;
+    /// The first step of a new instance when `event` starts one: its state, its data and what
+    /// it emits. Called only when no instance exists for the correlation id, so the starting
+    /// arm runs once per instance: a second starting event (a new event id) goes to
+    /// [`Saga::react`] like any other, where it is usually [`Step::ignore`]d.
+    ///
+    /// `Ok(None)`: the event does not start an instance. It may have arrived before the one
+    /// that does (another aggregate's stream, a concurrent reply), so it is rolled back and
+    /// retried with backoff, then dead-lettered with the reason, never dropped. `Err` rolls
+    /// the step back the same way.
+    fn start(&self, event: &Envelope) -> Result<Option<StartOf<Self>>, HandlerError>;
 
-    /// The transition for `trigger` in `state`: the next state, what to emit, or why it is not
-    /// expected. Called for final states too, so a late reply can still be compensated.
-    /// Returning `Err` rolls the step back: the event is retried, then dead-lettered.
+    /// The transition for `trigger` in `state` of an existing instance: the next state, what
+    /// to emit, or why the event is ignored or not expected. Called for final states too, so
+    /// a late reply can still be compensated. Returning `Err` (or [`Step::unexpected`] for an
+    /// event) rolls the step back: the event is retried, then dead-lettered.
     fn react(
         &self,
         state: &Self::State,
@@ -151,7 +162,38 @@ pub struct Step<S> {
 pub(crate) enum Change<S> {
     To(S),
     Stay,
+    Ignore(String),
     Unexpected(String),
+}
+
+/// The [`Start`] of saga `S`.
+pub type StartOf<S> = Start<<S as Saga>::State, <S as Saga>::Data>;
+
+/// The first step of an instance, returned by [`Saga::start`]: its state (whose deadline
+/// starts now), its data, and what it emits.
+#[derive(Debug)]
+pub struct Start<S, D> {
+    pub(crate) state: S,
+    pub(crate) data: D,
+    pub(crate) emit: Vec<Event>,
+}
+
+impl<S, D> Start<S, D> {
+    /// A new instance in `state` with `data`.
+    pub fn new(state: S, data: D) -> Self {
+        Self {
+            state,
+            data,
+            emit: Vec::new(),
+        }
+    }
+
+    /// Enqueue `event` into the outbox with the instance's creation (headers as
+    /// [`Step::emit`]).
+    pub fn emit(mut self, event: Event) -> Self {
+        self.emit.push(event);
+        self
+    }
 }
 
 impl<S> Step<S> {
@@ -171,8 +213,22 @@ impl<S> Step<S> {
         }
     }
 
-    /// The event is not expected here: nothing changes, and the step is recorded with
-    /// `reason` as `unexpected` (shown by `outbox sagas show`, logged as a warning).
+    /// The event is known and moot here (a second start, a late reply already compensated):
+    /// state, data and deadline stay as they were, and the step is recorded with `reason` as
+    /// `ignored`. What the step emits is still enqueued (a refund for a late payment, say).
+    pub fn ignore(reason: impl Into<String>) -> Self {
+        Self {
+            change: Change::Ignore(reason.into()),
+            emit: Vec::new(),
+        }
+    }
+
+    /// The event is not expected in this state, perhaps not *yet* (it overtook the event
+    /// that leads to the state that expects it): the step is rolled back, nothing changes,
+    /// and the event is retried with backoff, then dead-lettered with `reason` (replayable
+    /// once the saga is fixed). For a [`TIMEOUT`] trigger the step is recorded as
+    /// `unexpected` and the deadline cleared instead (a timeout is not redelivered). Logged
+    /// as a warning either way.
     pub fn unexpected(reason: impl Into<String>) -> Self {
         Self {
             change: Change::Unexpected(reason.into()),

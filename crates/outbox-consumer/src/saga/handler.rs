@@ -9,7 +9,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::{
     definition::{Saga, Trigger},
-    runtime::{Loaded, Outcome, Runtime},
+    runtime::{Outcome, Runtime},
     timeouts::SagaTimeouts,
 };
 use crate::{Envelope, Handler, HandlerError};
@@ -43,7 +43,9 @@ impl<S: Saga> SagaHandler<S> {
     }
 
     /// Runs one step for `event` in the caller's transaction and says how it ended. `None`
-    /// when the saga does not handle this event type.
+    /// when the saga does not handle this event type. An error rolls the step back: the
+    /// event has no instance yet, `react` found it unexpected, `start` or `react` failed, or
+    /// the database did.
     pub async fn step(
         &self,
         conn: &mut PgConnection,
@@ -71,35 +73,29 @@ impl<S: Saga> SagaHandler<S> {
             .await?;
             return Ok(Some(Outcome::Uncorrelated));
         };
-        let instance = match rt.load(conn, &correlation_id).await? {
-            Some(loaded) => loaded,
-            None => match saga.start(event) {
-                Some((state, data)) => Loaded {
-                    state,
-                    data,
-                    version: None,
-                },
-                None => {
-                    tracing::warn!(saga = saga.name(), correlation_id, event_id = %event.event_id,
-                        event_type = %event.event_type, "saga event for no instance");
-                    rt.record(
-                        conn,
-                        &correlation_id,
-                        &trigger,
-                        None,
-                        None,
-                        Outcome::Orphan,
-                        &[],
-                        Some("no instance, and this event does not start one"),
-                    )
-                    .await?;
-                    return Ok(Some(Outcome::Orphan));
-                }
-            },
-        };
-        rt.step(conn, &correlation_id, instance, &trigger)
-            .await
-            .map(Some)
+        if let Some(instance) = rt.load(conn, &correlation_id).await? {
+            return rt
+                .step(conn, &correlation_id, instance, &trigger)
+                .await
+                .map(Some);
+        }
+        match saga.start(event)? {
+            Some(start) => rt
+                .start(conn, &correlation_id, start, &trigger)
+                .await
+                .map(Some),
+            None => {
+                // Perhaps it overtook the event that starts the instance: retried, then
+                // dead-lettered, never dropped.
+                tracing::warn!(saga = saga.name(), correlation_id, event_id = %event.event_id,
+                    event_type = %event.event_type, "saga event for no instance yet; retried");
+                Err(HandlerError::new(format!(
+                    "saga {} {correlation_id:?}: no instance yet, and {} does not start one",
+                    saga.name(),
+                    event.event_type
+                )))
+            }
+        }
     }
 }
 

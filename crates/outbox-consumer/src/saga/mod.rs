@@ -11,9 +11,12 @@
 //! - Define the machine with [`Saga`]: one `match` over (state, trigger) in [`Saga::react`].
 //! - Run it with [`SagaHandler`] inside a [`Processor`](crate::Processor).
 //! - Fire deadlines with [`SagaTimeouts`]: the [`TIMEOUT`] trigger goes through the same step.
-//! - Events the saga does not expect, or that match no instance, are recorded in `saga_steps`
-//!   (`unexpected`, `orphan`, `uncorrelated`) and logged, never dropped silently;
-//!   `outbox sagas list | show` reports them.
+//! - Nothing a saga reacts to is dropped silently: an event for no instance yet, or one
+//!   [`Saga::react`] says is [`Step::unexpected`], is rolled back and retried, then
+//!   dead-lettered with the reason (it may have overtaken the event it depends on); an event
+//!   the saga [`Step::ignore`]s, or that carries no correlation id, is recorded in
+//!   `saga_steps` (`ignored`, `uncorrelated`) and logged; `outbox sagas list | show` reports
+//!   them.
 
 mod definition;
 mod handler;
@@ -21,7 +24,7 @@ pub mod inspect;
 mod runtime;
 mod timeouts;
 
-pub use definition::{Saga, Step, Trigger, TIMEOUT};
+pub use definition::{Saga, Start, StartOf, Step, Trigger, TIMEOUT};
 pub use handler::SagaHandler;
 pub use runtime::Outcome;
 pub use timeouts::{SagaTimeouts, TIMEOUT_RETRY_FIRST, TIMEOUT_RETRY_LONGEST};

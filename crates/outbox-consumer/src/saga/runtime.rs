@@ -8,7 +8,7 @@ use outbox::{postgres::PgOutbox, Event, Tables};
 use sqlx::{types::Json, PgConnection, Row};
 use uuid::Uuid;
 
-use super::definition::{Change, Saga, Trigger};
+use super::definition::{Change, Saga, Start, Step, Trigger};
 use crate::HandlerError;
 
 /// How a step ended, as stored in `saga_steps.outcome`.
@@ -22,10 +22,12 @@ pub enum Outcome {
     TimedOut,
     /// The state stayed; the step may have changed the data or emitted events.
     Stayed,
-    /// The saga does not expect this event in this state: nothing changed.
+    /// The saga ignored the event ([`Step::ignore`](super::Step::ignore)): state and data
+    /// unchanged.
+    Ignored,
+    /// The saga did not expect the timeout in this state: nothing changed, deadline cleared.
+    /// (An unexpected *event* is rolled back and retried instead, so it is never recorded.)
     Unexpected,
-    /// No instance for this correlation id, and the event does not start one.
-    Orphan,
     /// The event carries no correlation id.
     Uncorrelated,
 }
@@ -38,8 +40,8 @@ impl Outcome {
             Outcome::Transitioned => "transitioned",
             Outcome::TimedOut => "timed_out",
             Outcome::Stayed => "stayed",
+            Outcome::Ignored => "ignored",
             Outcome::Unexpected => "unexpected",
-            Outcome::Orphan => "orphan",
             Outcome::Uncorrelated => "uncorrelated",
         }
     }
@@ -156,7 +158,7 @@ impl<S: Saga> Runtime<S> {
         })
     }
 
-    /// Runs [`Saga::react`] on a loaded (or new) instance and writes the result.
+    /// Runs [`Saga::react`] on a loaded instance and writes the result.
     pub(crate) async fn step(
         &self,
         conn: &mut PgConnection,
@@ -164,17 +166,66 @@ impl<S: Saga> Runtime<S> {
         mut instance: Loaded<S>,
         trigger: &Trigger<'_>,
     ) -> Result<Outcome, HandlerError> {
-        let saga = &*self.saga;
-        let from = state_name(&instance.state)?;
-        // What the data was before `react`: an unexpected step keeps it (a step that was not
-        // meant to happen changes nothing but its record).
-        let original = serde_json::to_value(&instance.data).map_err(|e| {
+        // What the data was before `react`: an ignored or unexpected step keeps it (a step
+        // that was not meant to happen changes nothing but its record).
+        let original = self.data_value(&instance.data)?;
+        let step = self
+            .saga
+            .react(&instance.state, &mut instance.data, trigger)?;
+        self.write(conn, correlation_id, instance, original, trigger, step)
+            .await
+    }
+
+    /// Creates the instance `start` describes, for the event that starts it.
+    pub(crate) async fn start(
+        &self,
+        conn: &mut PgConnection,
+        correlation_id: &str,
+        start: Start<S::State, S::Data>,
+        trigger: &Trigger<'_>,
+    ) -> Result<Outcome, HandlerError> {
+        let instance = Loaded {
+            state: start.state.clone(),
+            data: start.data,
+            version: None,
+        };
+        let step = Step {
+            change: Change::To(start.state),
+            emit: start.emit,
+        };
+        self.write(
+            conn,
+            correlation_id,
+            instance,
+            serde_json::Value::Null,
+            trigger,
+            step,
+        )
+        .await
+    }
+
+    fn data_value(&self, data: &S::Data) -> Result<serde_json::Value, HandlerError> {
+        serde_json::to_value(data).map_err(|e| {
             HandlerError::new(format!(
                 "saga {}: data does not serialise: {e}",
-                saga.name()
+                self.saga.name()
             ))
-        })?;
-        let step = saga.react(&instance.state, &mut instance.data, trigger)?;
+        })
+    }
+
+    /// Writes a step's result: the instance (created when it has no version), what it emits,
+    /// and its record. An unexpected event fails here, before anything is written.
+    async fn write(
+        &self,
+        conn: &mut PgConnection,
+        correlation_id: &str,
+        instance: Loaded<S>,
+        original: serde_json::Value,
+        trigger: &Trigger<'_>,
+        step: Step<S::State>,
+    ) -> Result<Outcome, HandlerError> {
+        let saga = &*self.saga;
+        let from = state_name(&instance.state)?;
         let is_timeout = matches!(trigger, Trigger::Timeout);
         let (next, outcome, detail) = match step.change {
             Change::To(next) => {
@@ -185,37 +236,37 @@ impl<S: Saga> Runtime<S> {
                 };
                 (next, outcome, None)
             }
-            Change::Stay => {
-                let outcome = if instance.version.is_none() {
-                    Outcome::Started
-                } else {
-                    Outcome::Stayed
-                };
-                (instance.state.clone(), outcome, None)
-            }
-            Change::Unexpected(reason) => {
+            Change::Stay => (instance.state.clone(), Outcome::Stayed, None),
+            Change::Ignore(reason) => (instance.state.clone(), Outcome::Ignored, Some(reason)),
+            Change::Unexpected(reason) if is_timeout => {
                 (instance.state.clone(), Outcome::Unexpected, Some(reason))
             }
+            Change::Unexpected(reason) => {
+                tracing::warn!(saga = saga.name(), correlation_id, state = %from,
+                    trigger = trigger.name(), %reason,
+                    "saga event not expected in this state; rolled back and retried");
+                return Err(HandlerError::new(format!(
+                    "saga {} {correlation_id:?} in {from}: {} not expected: {reason}",
+                    saga.name(),
+                    trigger.name()
+                )));
+            }
         };
+        let unchanged = matches!(outcome, Outcome::Ignored | Outcome::Unexpected);
         let to = state_name(&next)?;
         let finished = saga.is_final(&next);
         // A deadline starts when a state is entered; a timeout that leaves the state where it is
-        // re-arms it (or clears it, when unexpected), so it never fires in a loop.
-        let entered = !matches!(outcome, Outcome::Stayed | Outcome::Unexpected) || is_timeout;
-        let deadline = if finished || outcome == Outcome::Unexpected {
+        // re-arms it (or clears it, when unexpected or ignored), so it never fires in a loop.
+        let entered = !matches!(outcome, Outcome::Stayed) && !unchanged || is_timeout;
+        let deadline = if finished || unchanged {
             None
         } else {
             saga.timeout(&next).map(|d| d.as_secs_f64())
         };
-        let data = if outcome == Outcome::Unexpected {
+        let data = if unchanged {
             original
         } else {
-            serde_json::to_value(&instance.data).map_err(|e| {
-                HandlerError::new(format!(
-                    "saga {}: data does not serialise: {e}",
-                    saga.name()
-                ))
-            })?
+            self.data_value(&instance.data)?
         };
         let written = match instance.version {
             None => {
@@ -262,9 +313,10 @@ impl<S: Saga> Runtime<S> {
             detail.as_deref(),
         )
         .await?;
-        if outcome == Outcome::Unexpected {
+        if unchanged {
             tracing::warn!(saga = saga.name(), correlation_id, state = %from,
-                trigger = trigger.name(), "saga step not expected in this state");
+                trigger = trigger.name(), outcome = outcome.as_str(), reason = detail.as_deref(),
+                "saga step changed nothing");
         }
         Ok(outcome)
     }

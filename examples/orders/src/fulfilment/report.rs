@@ -43,7 +43,7 @@ pub struct Report {
     pub stock_drift: i64,
     /// Saga instances not in a final state, or disagreeing with their order (must be 0).
     pub saga_mismatches: i64,
-    /// Saga steps recorded as unexpected, orphan or uncorrelated (late replies; reported).
+    /// Saga steps recorded as ignored, unexpected or uncorrelated (late replies; reported).
     pub unexpected_steps: i64,
     /// Relays killed abruptly.
     pub relay_kills: u32,
@@ -191,7 +191,7 @@ impl Report {
             },
             unexpected_steps: count(
                 "SELECT count(*) FROM {schema}.saga_steps \
-                 WHERE outcome IN ('unexpected', 'orphan', 'uncorrelated') AND $1 <> $2",
+                 WHERE outcome IN ('ignored', 'unexpected', 'uncorrelated') AND $1 <> $2",
             )
             .await?,
             published: count(

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use outbox_consumer::{
-    saga::{Saga, Step, Trigger, TIMEOUT},
+    saga::{Saga, Start, Step, Trigger, TIMEOUT},
     Envelope, HandlerError,
 };
 use serde::{Deserialize, Serialize};
@@ -57,9 +57,15 @@ impl Saga for OrderSaga {
         event.aggregate_id.clone()
     }
 
-    fn start(&self, event: &Envelope) -> Option<(OrderState, Ticket)> {
-        let ticket = event.json().ok()?;
-        (event.event_type == "OrderCreated").then_some((OrderState::AwaitingInventory, ticket))
+    fn start(&self, event: &Envelope) -> Result<Option<Start<OrderState, Ticket>>, HandlerError> {
+        if event.event_type != "OrderCreated" {
+            return Ok(None);
+        }
+        let ticket: Ticket = event.json()?;
+        let reserve = ticket.event("ReserveInventory");
+        Ok(Some(
+            Start::new(OrderState::AwaitingInventory, ticket).emit(reserve),
+        ))
     }
 
     fn react(
@@ -71,7 +77,6 @@ impl Saga for OrderSaga {
         use OrderState::*;
         let send = |event_type: &str| order.event(event_type);
         Ok(match (state, on.name()) {
-            (AwaitingInventory, "OrderCreated") => Step::stay().emit(send("ReserveInventory")),
             (AwaitingInventory, "InventoryReserved") => {
                 Step::to(AwaitingPayment).emit(send("ProcessPayment"))
             }
@@ -87,9 +92,10 @@ impl Saga for OrderSaga {
                 Step::to(AwaitingShipment).emit(send("ShipOrder"))
             }
             (AwaitingShipment, "OrderShipped") => Step::to(Completed).emit(send("CompleteOrder")),
-            (Cancelled, "InventoryReserved" | "InventoryRejected") => Step::unexpected(
-                "late inventory answer: the release sent on cancellation undoes it",
-            ),
+            (_, "OrderCreated") => Step::ignore("the saga has started already"),
+            (Cancelled, "InventoryReserved" | "InventoryRejected") => {
+                Step::ignore("late inventory answer: the release sent on cancellation undoes it")
+            }
             (state, trigger) => Step::unexpected(format!("{trigger} in {state:?}")),
         })
     }
