@@ -19,8 +19,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// aggregate.
 ///
 /// `demo` runs the orders scenario end to end (no services needed). `migrate` creates or
-/// upgrades the schema, `doctor` checks a set-up, `relay` publishes. `status`, `dead-letters`, `purge`, `verify`,
-/// `sagas` and `schema` inspect and operate the outbox.
+/// upgrades the schema, `doctor` checks a set-up, `relay` publishes. `status`, `dead-letters`,
+/// `purge`, `verify`, `sagas` and `schema` inspect and operate the outbox;
+/// `consumer-dead-letters` lists and replays a consumer's dead letters.
 #[derive(Parser, Debug)]
 #[command(name = "outbox", version)]
 struct Cli {
@@ -46,6 +47,8 @@ enum Command {
     Purge(commands::purge::Args),
     /// List, inspect, replay or skip dead letters (audited).
     DeadLetters(commands::dead_letters::Args),
+    /// List or replay the dead letters of an outbox-consumer runner (NATS, RabbitMQ; audited).
+    ConsumerDeadLetters(commands::consumer_dead_letters::Args),
     /// Audit a broker stream against the outbox: missing, duplicated, out-of-order events.
     Verify(commands::verify::Args),
     /// Saga instances and their history: state, deadline, every step, unexpected events.
@@ -65,6 +68,7 @@ async fn main() -> ExitCode {
         Command::Status(args) => commands::status::run(args).await,
         Command::Purge(args) => commands::purge::run(args).await,
         Command::DeadLetters(args) => commands::dead_letters::run(args).await,
+        Command::ConsumerDeadLetters(args) => commands::consumer_dead_letters::run(args).await,
         Command::Verify(args) => commands::verify::run(args).await,
         Command::Sagas(args) => commands::sagas::run(args).await,
         Command::Schema(args) => commands::schema::run(args).await,

@@ -21,6 +21,7 @@
 
 mod cloudevents;
 mod config;
+pub mod dead_letters;
 mod envelope;
 mod error;
 mod handler;

@@ -122,17 +122,7 @@ impl NatsConsumer {
 
     async fn handle(&self, message: jetstream::Message, shutdown: &CancellationToken) {
         let delivered = message.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
-        let headers: BTreeMap<String, String> = message
-            .headers
-            .iter()
-            .flat_map(|h| h.iter())
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    v.first().map(|x| x.as_str().to_owned()).unwrap_or_default(),
-                )
-            })
-            .collect();
+        let headers = message.headers.as_ref().map(headers_of).unwrap_or_default();
         let envelope = Envelope::decode(
             message.subject.to_string(),
             headers,
@@ -216,6 +206,19 @@ impl NatsConsumer {
             }
         }
     }
+}
+
+/// A message's headers, the first value of each.
+pub(crate) fn headers_of(headers: &HeaderMap) -> BTreeMap<String, String> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                v.first().map(|x| x.as_str().to_owned()).unwrap_or_default(),
+            )
+        })
+        .collect()
 }
 
 /// Convenience: connect and run until `shutdown`.

@@ -253,7 +253,7 @@ impl RabbitMqConsumer {
 
 /// The message's headers, plus its `content-type` property (where AMQP carries a CloudEvent's
 /// `datacontenttype`, and the structured mode's media type) unless a header has that name.
-fn headers_of(delivery: &Delivery) -> BTreeMap<String, String> {
+pub(crate) fn headers_of(delivery: &Delivery) -> BTreeMap<String, String> {
     let mut headers: BTreeMap<String, String> = delivery
         .properties
         .headers()

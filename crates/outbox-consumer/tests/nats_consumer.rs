@@ -11,6 +11,7 @@ use async_nats::{
 use common::{applied, distinct_applied, relay_headers, reserved, ReserveStock};
 use futures::StreamExt;
 use outbox_consumer::{
+    dead_letters::{nats::NatsDeadLetters, record_replay, Selection},
     nats::{NatsConsumer, NatsSource},
     ConsumerConfig, Count,
 };
@@ -396,5 +397,88 @@ async fn a_panicking_handler_fails_its_message_and_the_runner_goes_on() {
         reason.starts_with("handler panicked: the handler's bug"),
         "{reason}"
     );
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_and_replayed_once_fixed_and_audited() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let mut handler = ReserveStock::install(&db).await;
+    handler.poison_type = Some("Poison".into());
+    let handler = Arc::new(handler);
+    let poison = Uuid::now_v7();
+    let body = serde_json::json!({"sku": "apple", "qty": 7});
+    fx.publish(poison, "Poison", body, true).await;
+    for _ in 0..2 {
+        let body = serde_json::json!({"sku": "pear", "qty": 1});
+        fx.publish(Uuid::now_v7(), "OrderPlaced", body, true).await;
+    }
+    let processor = common::processor(&db, "inventory", handler.clone());
+    let metrics = processor.metrics().clone();
+    let consumer = NatsConsumer::connect(fx.source(), fx.config("inventory", 2), processor)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("2 applied and 1 dead letter", WAIT, || async {
+        applied(&db).await == 2 && metrics.count("inventory", Count::DeadLettered) == 1
+    })
+    .await;
+
+    let dead = NatsDeadLetters::open(NATS_URL, &fx.stream, "inventory")
+        .await
+        .unwrap();
+    let all = Selection {
+        limit: 100,
+        ..Default::default()
+    };
+    let listed = dead.list(&all).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].event_id, Some(poison.to_string()));
+    assert_eq!(listed[0].reason, "cannot reserve: poison");
+    assert_eq!(listed[0].origin, format!("{}.order.Poison", fx.prefix));
+    let other = Selection {
+        event_ids: vec![Uuid::now_v7().to_string()],
+        limit: 100,
+        ..Default::default()
+    };
+    assert!(dead.replay(&other).await.unwrap().letters.is_empty());
+
+    handler
+        .cured
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let replayed = dead.replay(&all).await.unwrap().letters;
+    assert_eq!(replayed, listed);
+    record_replay(
+        &db.pool,
+        &db.tables,
+        "inventory",
+        &dead.source(),
+        &replayed,
+        "ops",
+        "poison fixed",
+    )
+    .await
+    .unwrap();
+    wait_until("the replayed event applied", WAIT, || async {
+        applied(&db).await == 3
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(reserved(&db, "apple").await, 7);
+    assert!(
+        dead.list(&all).await.unwrap().is_empty(),
+        "replayed, removed"
+    );
+    let audit = common::replay_audit(&db).await;
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (audit[0].0.as_str(), audit[0].1.as_str()),
+        ("ops", "poison fixed")
+    );
+    assert_eq!(audit[0].2["event_ids"][0], poison.to_string());
+    assert_eq!(audit[0].2["consumer"], "inventory");
     fx.cleanup().await;
 }

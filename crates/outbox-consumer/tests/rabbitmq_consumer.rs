@@ -12,6 +12,7 @@ use lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties,
 };
 use outbox_consumer::{
+    dead_letters::{rabbitmq::RabbitMqDeadLetters, Selection},
     rabbitmq::{RabbitMqConsumer, RabbitMqSource},
     ConsumerConfig,
 };
@@ -233,5 +234,76 @@ async fn a_database_outage_spends_no_attempt_and_dead_letters_nothing() {
         .await
         .unwrap();
     assert_eq!(dead.message_count(), 0, "nothing dead-lettered");
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_and_replayed_once_fixed() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let mut handler = ReserveStock::install(&db).await;
+    handler.poison_type = Some("Poison".into());
+    let handler = Arc::new(handler);
+    let poison = Uuid::now_v7();
+    fx.publish(
+        poison,
+        "Poison",
+        serde_json::json!({"sku": "apple", "qty": 7}),
+        true,
+    )
+    .await;
+    fx.publish(Uuid::now_v7(), "NoId", serde_json::json!({}), false)
+        .await;
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
+        fx.config(2),
+        common::processor(&db, "inventory", handler.clone()),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    let dead = RabbitMqDeadLetters::open(RABBITMQ_URL, &fx.queue)
+        .await
+        .unwrap();
+    let all = Selection {
+        limit: 100,
+        ..Default::default()
+    };
+    wait_until("2 dead letters", WAIT, || async {
+        dead.list(&all).await.unwrap().len() == 2
+    })
+    .await;
+    let listed = dead.list(&all).await.unwrap();
+    let reasons: Vec<&str> = listed.iter().map(|l| l.reason.as_str()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "malformed message: no event-id header",
+            "cannot reserve: poison"
+        ],
+        "in the order dead-lettered (the malformed one at once); listing keeps them"
+    );
+    handler
+        .cured
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let only_poison = Selection {
+        event_ids: vec![poison.to_string()],
+        limit: 100,
+        ..Default::default()
+    };
+    let replayed = dead.replay(&only_poison).await.unwrap().letters;
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].origin, fx.queue);
+    wait_until("the replayed event applied", WAIT, || async {
+        applied(&db).await == 1
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(reserved(&db, "apple").await, 7);
+    let left = dead.list(&all).await.unwrap();
+    assert_eq!(left.len(), 1, "the malformed one stays dead");
+    assert_eq!(left[0].event_id, None);
     fx.cleanup().await;
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod consumer_dead_letters;
 pub mod dead_letters;
 pub mod demo;
 pub mod doctor;

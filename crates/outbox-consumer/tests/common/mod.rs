@@ -20,8 +20,10 @@ pub struct ReserveStock {
     log_sql: String,
     /// Fail this many times per event before succeeding.
     pub fail_first: u32,
-    /// Always fail events of this type.
+    /// Always fail events of this type, until `cured`.
     pub poison_type: Option<String>,
+    /// The fix for `poison_type` is deployed.
+    pub cured: std::sync::atomic::AtomicBool,
     /// Always panic on events of this type.
     pub panic_type: Option<String>,
     /// Handler calls per event id.
@@ -45,6 +47,7 @@ impl ReserveStock {
                 .render("INSERT INTO {schema}.applied (event_id) VALUES ($1)"),
             fail_first: 0,
             poison_type: None,
+            cured: Default::default(),
             panic_type: None,
             calls: Mutex::new(HashMap::new()),
         }
@@ -68,7 +71,9 @@ impl Handler for ReserveStock {
                 *n += 1;
                 *n
             };
-            if self.poison_type.as_deref() == Some(event.event_type.as_str()) {
+            if self.poison_type.as_deref() == Some(event.event_type.as_str())
+                && !self.cured.load(std::sync::atomic::Ordering::SeqCst)
+            {
                 return Err(HandlerError::new("cannot reserve: poison"));
             }
             if self.panic_type.as_deref() == Some(event.event_type.as_str()) {
@@ -195,4 +200,15 @@ impl Outage {
             assert_eq!(self.handler.calls(*id), 1, "the handler ran once per event");
         }
     }
+}
+
+/// The audit records of consumer replays: (actor, reason, details).
+pub async fn replay_audit(db: &TestDb) -> Vec<(String, String, serde_json::Value)> {
+    sqlx::query_as(&db.tables.render(
+        "SELECT actor, reason, details FROM {schema}.audit \
+         WHERE action = 'consumer_replay' ORDER BY id",
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
 }
