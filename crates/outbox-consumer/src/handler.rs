@@ -29,7 +29,14 @@ pub trait Handler: Send + Sync + 'static {
 #[error("{message}")]
 pub struct HandlerError {
     message: String,
-    infrastructure: bool,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Message,
+    Infrastructure,
+    OutOfOrder,
 }
 
 impl HandlerError {
@@ -37,7 +44,7 @@ impl HandlerError {
     pub fn new(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
-            infrastructure: false,
+            kind: Kind::Message,
         }
     }
 
@@ -47,7 +54,16 @@ impl HandlerError {
     pub fn infrastructure(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
-            infrastructure: true,
+            kind: Kind::Infrastructure,
+        }
+    }
+
+    /// The event came before an earlier version of its aggregate (the version gate): it is
+    /// retried later, without spending its attempts, and never dead-lettered.
+    pub(crate) fn out_of_order(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            kind: Kind::OutOfOrder,
         }
     }
 
@@ -58,7 +74,19 @@ impl HandlerError {
 
     /// Whether the failure is the infrastructure's (waited out) rather than the message's.
     pub fn is_infrastructure(&self) -> bool {
-        self.infrastructure
+        self.kind == Kind::Infrastructure
+    }
+
+    /// Whether the event waits for an earlier version of its aggregate (see
+    /// [`VersionGate`](crate::VersionGate)): retried later, never dead-lettered.
+    pub fn is_out_of_order(&self) -> bool {
+        self.kind == Kind::OutOfOrder
+    }
+
+    /// Whether the failure may end in a dead letter: neither an outage nor a wait for an
+    /// earlier version does.
+    pub fn counts_as_attempt(&self) -> bool {
+        self.kind == Kind::Message
     }
 }
 

@@ -16,14 +16,16 @@
 //! and skips. A handler that fails (or panics) is retried with backoff; after `max_attempts`
 //! the message goes to the consumer's dead letter with its error, and later messages keep
 //! flowing. A database outage is not the message's fault: the runner holds the message and
-//! retries it until the database answers, spending none of its attempts. [`ConsumerMetrics`]
-//! counts all of it.
+//! retries it until the database answers, spending none of its attempts. With a
+//! [`VersionGate`] the events of each aggregate apply in `aggregate_version` order: a version
+//! that arrives before its predecessor waits for it. [`ConsumerMetrics`] counts all of it.
 
 mod cloudevents;
 mod config;
 pub mod dead_letters;
 mod envelope;
 mod error;
+mod gate;
 mod handler;
 mod metrics;
 #[cfg(feature = "nats")]
@@ -39,6 +41,7 @@ mod upcast;
 pub use config::ConsumerConfig;
 pub use envelope::{DecodeError, Envelope};
 pub use error::Error;
+pub use gate::VersionGate;
 pub use handler::{Handler, HandlerError};
 pub use metrics::{ConsumerMetrics, Count};
 pub use processor::{Outcome, Processor};

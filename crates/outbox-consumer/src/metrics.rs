@@ -10,6 +10,7 @@
 //! | `outbox_consumer_failures_total{consumer}` | counter | failed attempts of a message (handler error or panic) |
 //! | `outbox_consumer_panics_total{consumer}` | counter | of those, handler or upcaster panics |
 //! | `outbox_consumer_infrastructure_failures_total{consumer}` | counter | attempts that met a database outage (waited out, no attempt spent) |
+//! | `outbox_consumer_out_of_order_total{consumer}` | counter | deliveries held by the version gate: an earlier version of the aggregate not applied yet |
 //! | `outbox_consumer_dead_lettered_total{consumer}` | counter | messages sent to the consumer's dead letters |
 //! | `outbox_consumer_handler_seconds{consumer}` | histogram | one attempt, inbox check to commit |
 
@@ -35,6 +36,7 @@ pub struct ConsumerMetrics {
     failures: Counters,
     panics: Counters,
     infrastructure_failures: Counters,
+    out_of_order: Counters,
     dead_lettered: Counters,
     handler_seconds: Latencies,
 }
@@ -47,6 +49,7 @@ impl Default for ConsumerMetrics {
             failures: Counters::default(),
             panics: Counters::default(),
             infrastructure_failures: Counters::default(),
+            out_of_order: Counters::default(),
             dead_lettered: Counters::default(),
             handler_seconds: Latencies::new_with_constructor(|| {
                 Histogram::new([
@@ -72,6 +75,8 @@ pub enum Count {
     Panics,
     /// Attempts that met a database outage.
     InfrastructureFailures,
+    /// Deliveries held by the version gate.
+    OutOfOrder,
     /// Messages dead-lettered.
     DeadLettered,
 }
@@ -111,6 +116,11 @@ impl ConsumerMetrics {
             self.infrastructure_failures.clone(),
         );
         r.register(
+            "outbox_consumer_out_of_order",
+            "Deliveries held by the version gate until an earlier version is applied",
+            self.out_of_order.clone(),
+        );
+        r.register(
             "outbox_consumer_dead_lettered",
             "Messages sent to the consumer's dead letters",
             self.dead_lettered.clone(),
@@ -144,6 +154,7 @@ impl ConsumerMetrics {
             Count::Failures => &self.failures,
             Count::Panics => &self.panics,
             Count::InfrastructureFailures => &self.infrastructure_failures,
+            Count::OutOfOrder => &self.out_of_order,
             Count::DeadLettered => &self.dead_lettered,
         }
     }

@@ -134,7 +134,7 @@ impl NatsConsumer {
         let result = match &envelope {
             Err(e) => Err((e.to_string(), true)),
             // During an outage the message is held, its ack deadline pushed back, until the
-            // database answers; an outage outlasting shutdown is not the message's fault.
+            // database answers.
             Ok(event) => outage::apply(&self.processor, event, shutdown, self.ack_wait / 3, || {
                 let message = &message;
                 async move {
@@ -143,7 +143,9 @@ impl NatsConsumer {
             })
             .await
             .map_err(|e| {
-                let dead = !e.is_infrastructure() && delivered >= self.config.max_attempts;
+                // Only the message's own failures dead-letter it: not an outage outlasting
+                // shutdown, not a wait for an earlier version of its aggregate.
+                let dead = e.counts_as_attempt() && delivered >= self.config.max_attempts;
                 (e.to_string(), dead)
             }),
         };

@@ -5,8 +5,9 @@ use outbox::postgres::{PgInbox, Seen};
 use sqlx::PgPool;
 
 use crate::{
+    gate::Verdict,
     metrics::{ConsumerMetrics, Count},
-    Envelope, Handler, HandlerError, UpcastError, Upcasters,
+    Envelope, Handler, HandlerError, UpcastError, Upcasters, VersionGate,
 };
 
 /// What processing did with an event.
@@ -14,7 +15,8 @@ use crate::{
 pub enum Outcome {
     /// The handler ran and its transaction committed.
     Applied,
-    /// The inbox already had the event: nothing ran; safe to ack.
+    /// The inbox already had the event, or the version gate had applied its version:
+    /// nothing ran; safe to ack.
     Duplicate,
 }
 
@@ -28,6 +30,7 @@ pub struct Processor {
     handler: Arc<dyn Handler>,
     upcasters: Upcasters,
     metrics: ConsumerMetrics,
+    gate: Option<Arc<VersionGate>>,
 }
 
 impl Processor {
@@ -45,6 +48,7 @@ impl Processor {
             handler,
             upcasters: Upcasters::new(),
             metrics: ConsumerMetrics::new(),
+            gate: None,
         }
     }
 
@@ -59,6 +63,19 @@ impl Processor {
     /// otherwise.
     pub fn with_metrics(self, metrics: ConsumerMetrics) -> Self {
         Self { metrics, ..self }
+    }
+
+    /// The same processor, applying each aggregate's events in `aggregate_version` order
+    /// through `gate`: a version applied already is skipped as a duplicate, one that comes
+    /// before its predecessor is retried until the predecessor is applied (never
+    /// dead-lettered). Events without an aggregate version pass. Only for a consumer that
+    /// receives *every* event of the aggregates it handles: one filtered by event type sees
+    /// gaps that never fill.
+    pub fn with_version_gate(self, gate: VersionGate) -> Self {
+        Self {
+            gate: Some(Arc::new(gate)),
+            ..self
+        }
     }
 
     /// What this processor counts.
@@ -94,6 +111,7 @@ impl Processor {
             Ok(Outcome::Applied) => Count::Handled,
             Ok(Outcome::Duplicate) => Count::Duplicates,
             Err(e) if e.is_infrastructure() => Count::InfrastructureFailures,
+            Err(e) if e.is_out_of_order() => Count::OutOfOrder,
             Err(_) => Count::Failures,
         };
         self.metrics.add(&self.name, count);
@@ -112,16 +130,47 @@ impl Processor {
             _ => event,
         };
         let mut tx = self.pool.begin().await?;
+        match self.in_transaction(&mut tx, event).await {
+            Ok(Outcome::Applied) => {
+                tx.commit().await?;
+                Ok(Outcome::Applied)
+            }
+            Ok(Outcome::Duplicate) => {
+                tx.rollback().await?;
+                Ok(Outcome::Duplicate)
+            }
+            Err(e) => {
+                // Rolled back now, not when the pooled connection is next used: until then
+                // its locks (the inbox row, the aggregate's version row) would hold back the
+                // redelivery.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Inbox check, version gate, handler, in the caller's transaction. `Duplicate` leaves
+    /// nothing worth committing.
+    async fn in_transaction(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        event: &Envelope,
+    ) -> Result<Outcome, HandlerError> {
         let seen = self
             .inbox
-            .record(&mut tx, &self.name, event.event_id)
+            .record(&mut *tx, &self.name, event.event_id)
             .await?;
         if seen == Seen::Duplicate {
-            tx.rollback().await?;
             return Ok(Outcome::Duplicate);
         }
-        // The transaction is dropped, so rolled back, when the handler panics.
-        match AssertUnwindSafe(self.handler.handle(&mut tx, event))
+        let gated = match &self.gate {
+            None => None,
+            Some(gate) => match gate.check(&mut *tx, &self.name, event).await? {
+                Verdict::Stale => return Ok(Outcome::Duplicate),
+                Verdict::Next(key) => key.map(|key| (gate, key)),
+            },
+        };
+        match AssertUnwindSafe(self.handler.handle(&mut *tx, event))
             .catch_unwind()
             .await
         {
@@ -134,7 +183,9 @@ impl Processor {
                 )));
             }
         }
-        tx.commit().await?;
+        if let Some((gate, key)) = gated {
+            gate.advance(&mut *tx, &self.name, &key).await?;
+        }
         Ok(Outcome::Applied)
     }
 }

@@ -154,8 +154,9 @@ impl RabbitMqConsumer {
             Ok(event) => outage::apply(&self.processor, event, shutdown, longest_wait, || async {})
                 .await
                 .map_err(|e| {
-                    if e.is_infrastructure() {
-                        // Shut down during an outage: requeued, no attempt spent.
+                    if !e.counts_as_attempt() {
+                        // Shut down during an outage, or waiting for an earlier version of
+                        // its aggregate: requeued after the first backoff, no attempt spent.
                         return (e.to_string(), 0);
                     }
                     let mut attempts = self.attempts.lock().expect("not poisoned");

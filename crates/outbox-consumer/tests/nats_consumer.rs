@@ -8,12 +8,12 @@ use async_nats::{
     jetstream::{self, consumer::pull, stream},
     HeaderMap,
 };
-use common::{applied, distinct_applied, relay_headers, reserved, ReserveStock};
+use common::{applied, distinct_applied, relay_headers, reserved, Ledger, ReserveStock};
 use futures::StreamExt;
 use outbox_consumer::{
     dead_letters::{nats::NatsDeadLetters, record_replay, Selection},
     nats::{NatsConsumer, NatsSource},
-    ConsumerConfig, Count,
+    ConsumerConfig, Count, Processor, VersionGate,
 };
 use outbox_testkit::{unique, wait_until, TestDb, NATS_URL};
 use tokio_util::sync::CancellationToken;
@@ -480,5 +480,57 @@ async fn dead_letters_are_listed_and_replayed_once_fixed_and_audited() {
     );
     assert_eq!(audit[0].2["event_ids"][0], poison.to_string());
     assert_eq!(audit[0].2["consumer"], "inventory");
+    fx.cleanup().await;
+}
+
+/// Before (no version gate): `slow` version 1 failed and was NAKed, and versions 2 to 5 were
+/// applied before it.
+#[tokio::test]
+async fn a_failing_aggregate_holds_only_itself_and_every_aggregate_applies_in_order() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let ledger = common::flaky_ledger(&db).await;
+    let (messages, expected) = common::interleaved();
+    for (aggregate, version) in &messages {
+        let mut headers = HeaderMap::new();
+        for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
+            headers.insert(k, v.as_str());
+        }
+        fx.js
+            .publish_with_headers(
+                format!("{}.order.OrderChanged", fx.prefix),
+                headers,
+                "{}".into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", ledger)
+        .with_version_gate(VersionGate::starting_at(&db.tables, 1));
+    let metrics = processor.metrics().clone();
+    let consumer = NatsConsumer::connect(fx.source(), fx.config("inventory", 5), processor)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("every event applied", WAIT, || async {
+        Ledger::count(&db).await == messages.len() as i64
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    common::assert_in_order(&Ledger::applied(&db).await, &expected);
+    assert_eq!(
+        metrics.count("inventory", Count::Failures),
+        3,
+        "slow v1 failed 3 times"
+    );
+    assert!(
+        metrics.count("inventory", Count::OutOfOrder) > 0,
+        "slow v2.. waited"
+    );
+    assert_eq!(metrics.count("inventory", Count::DeadLettered), 0);
     fx.cleanup().await;
 }

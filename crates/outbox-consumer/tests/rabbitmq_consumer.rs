@@ -4,7 +4,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::{applied, relay_headers, reserved, ReserveStock};
+use common::{applied, relay_headers, reserved, Ledger, ReserveStock};
 use futures::StreamExt;
 use lapin::{
     options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions},
@@ -14,7 +14,7 @@ use lapin::{
 use outbox_consumer::{
     dead_letters::{rabbitmq::RabbitMqDeadLetters, Selection},
     rabbitmq::{RabbitMqConsumer, RabbitMqSource},
-    ConsumerConfig,
+    ConsumerConfig, Count, Processor, VersionGate,
 };
 use outbox_testkit::{unique, wait_until, TestDb, RABBITMQ_URL};
 use tokio_util::sync::CancellationToken;
@@ -305,5 +305,57 @@ async fn dead_letters_are_listed_and_replayed_once_fixed() {
     let left = dead.list(&all).await.unwrap();
     assert_eq!(left.len(), 1, "the malformed one stays dead");
     assert_eq!(left[0].event_id, None);
+    fx.cleanup().await;
+}
+
+/// Before (no version gate): `slow` version 1 failed and was requeued after its backoff, and
+/// versions 2 to 5 were applied before it.
+#[tokio::test]
+async fn a_failing_aggregate_holds_only_itself_and_every_aggregate_applies_in_order() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let ledger = common::flaky_ledger(&db).await;
+    let (messages, expected) = common::interleaved();
+    for (aggregate, version) in &messages {
+        let mut table = FieldTable::default();
+        for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
+            table.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
+        }
+        fx.channel
+            .basic_publish(
+                "",
+                &fx.queue,
+                BasicPublishOptions::default(),
+                b"{}",
+                BasicProperties::default().with_headers(table),
+            )
+            .await
+            .unwrap();
+    }
+    let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", ledger)
+        .with_version_gate(VersionGate::starting_at(&db.tables, 1));
+    let metrics = processor.metrics().clone();
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
+        fx.config(5),
+        processor,
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("every event applied", WAIT, || async {
+        Ledger::count(&db).await == messages.len() as i64
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    common::assert_in_order(&Ledger::applied(&db).await, &expected);
+    assert_eq!(
+        metrics.count("inventory", Count::Failures),
+        3,
+        "slow v1 failed 3 times"
+    );
+    assert_eq!(metrics.count("inventory", Count::DeadLettered), 0);
     fx.cleanup().await;
 }

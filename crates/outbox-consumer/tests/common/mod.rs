@@ -212,3 +212,126 @@ pub async fn replay_audit(db: &TestDb) -> Vec<(String, String, serde_json::Value
     .await
     .unwrap()
 }
+
+/// Records the order events are applied in, per aggregate, in a table with an identity column;
+/// fails the first `fail_first` attempts of each aggregate in `flaky`.
+pub struct Ledger {
+    record_sql: String,
+    pub flaky: Vec<String>,
+    pub fail_first: u32,
+    attempts: Mutex<HashMap<String, u32>>,
+}
+
+impl Ledger {
+    pub async fn install(db: &TestDb) -> Self {
+        db.exec(
+            "CREATE TABLE {schema}.ledger (n bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 aggregate_id text NOT NULL, version bigint NOT NULL)",
+        )
+        .await;
+        Self {
+            record_sql: db
+                .tables
+                .render("INSERT INTO {schema}.ledger (aggregate_id, version) VALUES ($1, $2)"),
+            flaky: Vec::new(),
+            fail_first: 0,
+            attempts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Per aggregate, the versions in the order they were applied.
+    pub async fn applied(db: &TestDb) -> HashMap<String, Vec<i64>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            &db.tables
+                .render("SELECT aggregate_id, version FROM {schema}.ledger ORDER BY n"),
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let mut out: HashMap<String, Vec<i64>> = HashMap::new();
+        for (id, version) in rows {
+            out.entry(id).or_default().push(version);
+        }
+        out
+    }
+
+    pub async fn count(db: &TestDb) -> i64 {
+        sqlx::query_scalar(&db.tables.render("SELECT count(*) FROM {schema}.ledger"))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    }
+}
+
+impl Handler for Ledger {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        event: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let id = event.aggregate_id.clone().unwrap_or_default();
+            if self.flaky.contains(&id) {
+                let mut attempts = self.attempts.lock().unwrap();
+                let n = attempts.entry(id.clone()).or_insert(0);
+                *n += 1;
+                if *n <= self.fail_first {
+                    return Err(HandlerError::new(format!("{id} is flaky ({n})")));
+                }
+            }
+            sqlx::query(&self.record_sql)
+                .bind(&id)
+                .bind(event.aggregate_version.unwrap_or(-1))
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// Headers as the relay sets them for version `version` of order `aggregate`.
+pub fn versioned_headers(id: Uuid, aggregate: &str, version: i64) -> Vec<(&'static str, String)> {
+    let mut headers = relay_headers(id, "OrderChanged");
+    headers.retain(|(k, _)| *k != "aggregate-id");
+    headers.push(("aggregate-id", aggregate.to_owned()));
+    headers.push(("aggregate-version", version.to_string()));
+    headers
+}
+
+/// Checks that every aggregate in `expected` (id → last version) had each version applied
+/// once, in order.
+pub fn assert_in_order(applied: &HashMap<String, Vec<i64>>, expected: &[(String, i64)]) {
+    for (id, last) in expected {
+        let want: Vec<i64> = (1..=*last).collect();
+        assert_eq!(applied.get(id), Some(&want), "aggregate {id}");
+    }
+    assert_eq!(applied.len(), expected.len(), "no other aggregate");
+}
+
+/// An aggregate id and a version.
+pub type Versioned = (String, i64);
+
+/// 50 aggregates with versions 1..=3 and one, `slow`, with 1..=5, interleaved as the relay
+/// publishes them (in order per aggregate): (aggregate, version) per message, and the
+/// expected last version per aggregate.
+pub fn interleaved() -> (Vec<Versioned>, Vec<Versioned>) {
+    let mut expected: Vec<(String, i64)> = (0..50).map(|n| (format!("a{n}"), 3)).collect();
+    expected.push(("slow".into(), 5));
+    let mut messages = Vec::new();
+    for version in 1..=5 {
+        for (id, last) in &expected {
+            if version <= *last {
+                messages.push((id.clone(), version));
+            }
+        }
+    }
+    (messages, expected)
+}
+
+/// The ledger handler with `slow` failing its first three attempts.
+pub async fn flaky_ledger(db: &TestDb) -> Arc<Ledger> {
+    let mut ledger = Ledger::install(db).await;
+    ledger.flaky = vec!["slow".into()];
+    ledger.fail_first = 3;
+    Arc::new(ledger)
+}

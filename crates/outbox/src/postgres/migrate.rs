@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "stream position of CDC holds",
         include_str!("migrations/0013_hold_stream_position.sql"),
     ),
+    (
+        14,
+        "consumers' version gate",
+        include_str!("migrations/0014_consumer_versions.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.
