@@ -14,6 +14,9 @@ pub struct ConsumerConfig {
     pub initial_backoff: Duration,
     /// Longest delay between deliveries (default 30s).
     pub max_backoff: Duration,
+    /// Aggregates handled at once (default 16; NATS runner). Each aggregate's messages still
+    /// run one after another, in the order received.
+    pub concurrency: usize,
 }
 
 impl ConsumerConfig {
@@ -24,6 +27,7 @@ impl ConsumerConfig {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
+            concurrency: 16,
         }
     }
 
@@ -43,6 +47,11 @@ impl ConsumerConfig {
         if self.max_attempts == 0 {
             return Err(crate::Error::Config(
                 "max_attempts: must be 1 or more".into(),
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err(crate::Error::Config(
+                "concurrency: must be 1 or more".into(),
             ));
         }
         if self.initial_backoff.is_zero() || self.max_backoff < self.initial_backoff {

@@ -27,6 +27,7 @@ mod envelope;
 mod error;
 mod gate;
 mod handler;
+mod lanes;
 mod metrics;
 #[cfg(feature = "nats")]
 pub mod nats;

@@ -11,10 +11,13 @@ use async_nats::{
     jetstream::{self, consumer::pull, stream, AckKind},
     HeaderMap,
 };
-use futures::StreamExt;
+use futures::{stream::FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::{outage, ConsumerConfig, Count, Envelope, Error, Processor};
+use crate::{
+    lanes::{Lane, Lanes},
+    outage, ConsumerConfig, Count, Envelope, Error, Processor,
+};
 
 /// Where to consume from.
 #[derive(Clone, Debug)]
@@ -43,8 +46,13 @@ impl NatsSource {
 
 /// A running JetStream consumer.
 pub struct NatsConsumer {
-    js: jetstream::Context,
     messages: pull::Stream,
+    worker: Worker,
+}
+
+/// What handles one message: shared by the messages in flight.
+struct Worker {
+    js: jetstream::Context,
     config: ConsumerConfig,
     processor: Processor,
     dead_subject: String,
@@ -91,33 +99,68 @@ impl NatsConsumer {
             .map_err(|e| broker(&e))?;
         let messages = consumer.messages().await.map_err(|e| broker(&e))?;
         Ok(Self {
-            js,
             messages,
-            config,
-            processor,
-            dead_subject,
-            ack_wait: source.ack_wait,
+            worker: Worker {
+                js,
+                config,
+                processor,
+                dead_subject,
+                ack_wait: source.ack_wait,
+            },
         })
     }
 
     /// The subject dead letters are published to.
     pub fn dead_letter_subject(&self) -> &str {
-        &self.dead_subject
+        &self.worker.dead_subject
     }
 
-    /// Processes messages until `shutdown`; the message in hand is finished first.
-    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
-        loop {
-            let next = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                next = self.messages.next() => next,
-            };
-            match next {
-                None => return Err(Error::Broker("nats: consumer stream ended".into())),
-                Some(Err(e)) => tracing::warn!(error = %e, "nats: receiving failed; retrying"),
-                Some(Ok(message)) => self.handle(message, &shutdown).await,
+    /// Processes messages until `shutdown`: up to `config.concurrency` at once, each
+    /// aggregate's strictly one after another in the order received (a message waiting for
+    /// its aggregate does not hold up others). The messages in hand are finished first.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let Self {
+            mut messages,
+            worker,
+        } = self;
+        let mut lanes = Lanes::new(worker.config.concurrency);
+        let mut in_flight = FuturesUnordered::new();
+        let ended = loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break None,
+                Some(lane) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(message) = lanes.finished(&lane) {
+                        in_flight.push(worker.handle_in(lane, message, &shutdown));
+                    }
+                }
+                next = messages.next(), if lanes.has_room() => match next {
+                    None => break Some(Error::Broker("nats: consumer stream ended".into())),
+                    Some(Err(e)) => tracing::warn!(error = %e, "nats: receiving failed; retrying"),
+                    Some(Ok(message)) => {
+                        let lane = lane_of(&message);
+                        if let Some(message) = lanes.start(lane.clone(), message) {
+                            in_flight.push(worker.handle_in(lane, message, &shutdown));
+                        }
+                    }
+                },
             }
-        }
+        };
+        // Finish what is in hand (a message queued behind its aggregate is left unacked: the
+        // server redelivers it).
+        while in_flight.next().await.is_some() {}
+        ended.map_or(Ok(()), Err)
+    }
+}
+
+impl Worker {
+    async fn handle_in(
+        &self,
+        lane: Lane,
+        message: jetstream::Message,
+        shutdown: &CancellationToken,
+    ) -> Lane {
+        self.handle(message, shutdown).await;
+        lane
     }
 
     async fn handle(&self, message: jetstream::Message, shutdown: &CancellationToken) {
@@ -207,6 +250,22 @@ impl NatsConsumer {
                 false
             }
         }
+    }
+}
+
+/// The message's aggregate (`aggregate-type`, `aggregate-id` headers); a message without one
+/// has a lane of its own.
+fn lane_of(message: &jetstream::Message) -> Lane {
+    let header = |name| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_owned())
+    };
+    match (header("aggregate-type"), header("aggregate-id")) {
+        (Some(kind), Some(id)) => Lane::Aggregate(kind, id),
+        _ => Lane::Alone(message.info().map(|i| i.stream_sequence).unwrap_or(0)),
     }
 }
 

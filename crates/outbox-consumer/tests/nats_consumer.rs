@@ -534,3 +534,54 @@ async fn a_failing_aggregate_holds_only_itself_and_every_aggregate_applies_in_or
     assert_eq!(metrics.count("inventory", Count::DeadLettered), 0);
     fx.cleanup().await;
 }
+
+/// Before: one message at a time, so the first four handlers, which wait for each other, never
+/// met (each failed after 10 s).
+#[tokio::test]
+async fn aggregates_are_handled_at_once_each_in_order() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let ledger = Ledger::install(&db).await.meeting(4);
+    let (messages, expected) = common::interleaved();
+    for (aggregate, version) in &messages {
+        let mut headers = HeaderMap::new();
+        for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
+            headers.insert(k, v.as_str());
+        }
+        fx.js
+            .publish_with_headers(
+                format!("{}.order.OrderChanged", fx.prefix),
+                headers,
+                "{}".into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    // No version gate: the order below is the runner's own.
+    let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", Arc::new(ledger));
+    let metrics = processor.metrics().clone();
+    let config = ConsumerConfig {
+        concurrency: 8,
+        ..fx.config("inventory", 5)
+    };
+    let consumer = NatsConsumer::connect(fx.source(), config, processor)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("every event applied", WAIT, || async {
+        Ledger::count(&db).await == messages.len() as i64
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        metrics.count("inventory", Count::Failures),
+        0,
+        "the first four met"
+    );
+    common::assert_in_order(&Ledger::applied(&db).await, &expected);
+    fx.cleanup().await;
+}

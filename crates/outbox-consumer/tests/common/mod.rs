@@ -220,6 +220,10 @@ pub struct Ledger {
     pub flaky: Vec<String>,
     pub fail_first: u32,
     attempts: Mutex<HashMap<String, u32>>,
+    /// When set, the first `n` calls wait here for each other (at most 10 s, then fail):
+    /// they meet only if the runner handles `n` messages at once.
+    rendezvous: Option<(usize, tokio::sync::Barrier)>,
+    calls: std::sync::atomic::AtomicUsize,
 }
 
 impl Ledger {
@@ -236,7 +240,15 @@ impl Ledger {
             flaky: Vec::new(),
             fail_first: 0,
             attempts: Mutex::new(HashMap::new()),
+            rendezvous: None,
+            calls: Default::default(),
         }
+    }
+
+    /// The ledger whose first `n` calls must run at the same time.
+    pub fn meeting(mut self, n: usize) -> Self {
+        self.rendezvous = Some((n, tokio::sync::Barrier::new(n)));
+        self
     }
 
     /// Per aggregate, the versions in the order they were applied.
@@ -271,6 +283,14 @@ impl Handler for Ledger {
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let id = event.aggregate_id.clone().unwrap_or_default();
+            let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if let Some((n, barrier)) = &self.rendezvous {
+                if call < *n {
+                    tokio::time::timeout(Duration::from_secs(10), barrier.wait())
+                        .await
+                        .map_err(|_| HandlerError::new("handled alone: no one to meet"))?;
+                }
+            }
             if self.flaky.contains(&id) {
                 let mut attempts = self.attempts.lock().unwrap();
                 let n = attempts.entry(id.clone()).or_insert(0);
