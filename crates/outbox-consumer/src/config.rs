@@ -14,8 +14,8 @@ pub struct ConsumerConfig {
     pub initial_backoff: Duration,
     /// Longest delay between deliveries (default 30s).
     pub max_backoff: Duration,
-    /// Aggregates handled at once (default 16; NATS runner). Each aggregate's messages still
-    /// run one after another, in the order received.
+    /// Aggregates handled at once (default 16). Each aggregate's messages still run one after
+    /// another, in the order received. RabbitMQ: also bounded by the source's prefetch.
     pub concurrency: usize,
 }
 

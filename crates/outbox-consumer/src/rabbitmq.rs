@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
+use futures::{stream::FuturesUnordered, StreamExt};
 use lapin::{
     message::Delivery,
     options::{
@@ -24,7 +24,10 @@ use lapin::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{outage, ConsumerConfig, Count, Envelope, Error, Processor};
+use crate::{
+    lanes::{Lane, Lanes},
+    outage, ConsumerConfig, Count, Envelope, Error, Processor,
+};
 
 /// Where to consume from.
 #[derive(Clone, Debug)]
@@ -51,8 +54,13 @@ impl RabbitMqSource {
 /// A running RabbitMQ consumer.
 pub struct RabbitMqConsumer {
     _connection: Connection,
-    channel: Channel,
     consumer: lapin::Consumer,
+    worker: Worker,
+}
+
+/// What handles one delivery: shared by the deliveries in flight.
+struct Worker {
+    channel: Channel,
     config: ConsumerConfig,
     processor: Processor,
     dead_queue: String,
@@ -103,33 +111,69 @@ impl RabbitMqConsumer {
             .map_err(broker)?;
         Ok(Self {
             _connection: connection,
-            channel,
             consumer,
-            config,
-            processor,
-            dead_queue,
-            attempts: Arc::new(Mutex::new(HashMap::new())),
+            worker: Worker {
+                channel,
+                config,
+                processor,
+                dead_queue,
+                attempts: Arc::new(Mutex::new(HashMap::new())),
+            },
         })
     }
 
     /// The dead-letter queue.
     pub fn dead_letter_queue(&self) -> &str {
-        &self.dead_queue
+        &self.worker.dead_queue
     }
 
-    /// Processes deliveries until `shutdown`.
-    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
-        loop {
-            let next = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                next = self.consumer.next() => next,
-            };
-            match next {
-                None => return Err(Error::Broker("rabbitmq: consumer cancelled".into())),
-                Some(Err(e)) => return Err(Error::Broker(format!("rabbitmq: {e}"))),
-                Some(Ok(delivery)) => self.handle(delivery, &shutdown).await,
+    /// Processes deliveries until `shutdown`: up to `config.concurrency` aggregates at once
+    /// (within the prefetch window), each aggregate's one after another in the order
+    /// received. The deliveries in hand are finished first.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let Self {
+            _connection,
+            mut consumer,
+            worker,
+        } = self;
+        let mut lanes = Lanes::new(worker.config.concurrency);
+        let mut in_flight = FuturesUnordered::new();
+        let ended = loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break None,
+                Some(lane) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(delivery) = lanes.finished(&lane) {
+                        in_flight.push(worker.handle_in(lane, delivery, &shutdown));
+                    }
+                }
+                next = consumer.next(), if lanes.has_room() => match next {
+                    None => break Some(Error::Broker("rabbitmq: consumer cancelled".into())),
+                    Some(Err(e)) => break Some(Error::Broker(format!("rabbitmq: {e}"))),
+                    Some(Ok(delivery)) => {
+                        let lane = lane_of(&delivery);
+                        if let Some(delivery) = lanes.start(lane.clone(), delivery) {
+                            in_flight.push(worker.handle_in(lane, delivery, &shutdown));
+                        }
+                    }
+                },
             }
-        }
+        };
+        // Finish what is in hand (a delivery queued behind its aggregate is left unacked: the
+        // broker requeues it when the channel closes).
+        while in_flight.next().await.is_some() {}
+        ended.map_or(Ok(()), Err)
+    }
+}
+
+impl Worker {
+    async fn handle_in(
+        &self,
+        lane: Lane,
+        delivery: Delivery,
+        shutdown: &CancellationToken,
+    ) -> Lane {
+        self.handle(delivery, shutdown).await;
+        lane
     }
 
     async fn handle(&self, delivery: Delivery, shutdown: &CancellationToken) {
@@ -249,6 +293,21 @@ impl RabbitMqConsumer {
                 false
             }
         }
+    }
+}
+
+/// The delivery's aggregate (`aggregate-type`, `aggregate-id` headers); one without has a lane
+/// of its own.
+fn lane_of(delivery: &Delivery) -> Lane {
+    let table = delivery.properties.headers().as_ref();
+    let header = |name: &str| match table.and_then(|t| t.inner().get(name)) {
+        Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        Some(AMQPValue::ShortString(s)) => Some(s.to_string()),
+        _ => None,
+    };
+    match (header("aggregate-type"), header("aggregate-id")) {
+        (Some(kind), Some(id)) => Lane::Aggregate(kind, id),
+        _ => Lane::Alone(delivery.delivery_tag),
     }
 }
 

@@ -62,6 +62,26 @@ impl Fixture {
             .unwrap();
     }
 
+    /// Publishes one `OrderChanged` per (aggregate, version), as the relay would.
+    async fn publish_versioned(&self, messages: &[common::Versioned]) {
+        for (aggregate, version) in messages {
+            let mut headers = HeaderMap::new();
+            for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
+                headers.insert(k, v.as_str());
+            }
+            self.js
+                .publish_with_headers(
+                    format!("{}.order.OrderChanged", self.prefix),
+                    headers,
+                    "{}".into(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    }
+
     fn config(&self, name: &str, max_attempts: u32) -> ConsumerConfig {
         ConsumerConfig {
             max_attempts,
@@ -491,22 +511,7 @@ async fn a_failing_aggregate_holds_only_itself_and_every_aggregate_applies_in_or
     let fx = Fixture::new().await;
     let ledger = common::flaky_ledger(&db).await;
     let (messages, expected) = common::interleaved();
-    for (aggregate, version) in &messages {
-        let mut headers = HeaderMap::new();
-        for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
-            headers.insert(k, v.as_str());
-        }
-        fx.js
-            .publish_with_headers(
-                format!("{}.order.OrderChanged", fx.prefix),
-                headers,
-                "{}".into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
+    fx.publish_versioned(&messages).await;
     let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", ledger)
         .with_version_gate(VersionGate::starting_at(&db.tables, 1));
     let metrics = processor.metrics().clone();
@@ -543,22 +548,7 @@ async fn aggregates_are_handled_at_once_each_in_order() {
     let fx = Fixture::new().await;
     let ledger = Ledger::install(&db).await.meeting(4);
     let (messages, expected) = common::interleaved();
-    for (aggregate, version) in &messages {
-        let mut headers = HeaderMap::new();
-        for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
-            headers.insert(k, v.as_str());
-        }
-        fx.js
-            .publish_with_headers(
-                format!("{}.order.OrderChanged", fx.prefix),
-                headers,
-                "{}".into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
+    fx.publish_versioned(&messages).await;
     // No version gate: the order below is the runner's own.
     let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", Arc::new(ledger));
     let metrics = processor.metrics().clone();

@@ -69,6 +69,26 @@ impl Fixture {
             .unwrap();
     }
 
+    /// Publishes one `OrderChanged` per (aggregate, version), as the relay would.
+    async fn publish_versioned(&self, messages: &[common::Versioned]) {
+        for (aggregate, version) in messages {
+            let mut table = FieldTable::default();
+            for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
+                table.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
+            }
+            self.channel
+                .basic_publish(
+                    "",
+                    &self.queue,
+                    BasicPublishOptions::default(),
+                    b"{}",
+                    BasicProperties::default().with_headers(table),
+                )
+                .await
+                .unwrap();
+        }
+    }
+
     fn config(&self, max_attempts: u32) -> ConsumerConfig {
         ConsumerConfig {
             max_attempts,
@@ -316,22 +336,7 @@ async fn a_failing_aggregate_holds_only_itself_and_every_aggregate_applies_in_or
     let fx = Fixture::new().await;
     let ledger = common::flaky_ledger(&db).await;
     let (messages, expected) = common::interleaved();
-    for (aggregate, version) in &messages {
-        let mut table = FieldTable::default();
-        for (k, v) in common::versioned_headers(Uuid::now_v7(), aggregate, *version) {
-            table.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
-        }
-        fx.channel
-            .basic_publish(
-                "",
-                &fx.queue,
-                BasicPublishOptions::default(),
-                b"{}",
-                BasicProperties::default().with_headers(table),
-            )
-            .await
-            .unwrap();
-    }
+    fx.publish_versioned(&messages).await;
     let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", ledger)
         .with_version_gate(VersionGate::starting_at(&db.tables, 1));
     let metrics = processor.metrics().clone();
@@ -357,5 +362,45 @@ async fn a_failing_aggregate_holds_only_itself_and_every_aggregate_applies_in_or
         "slow v1 failed 3 times"
     );
     assert_eq!(metrics.count("inventory", Count::DeadLettered), 0);
+    fx.cleanup().await;
+}
+
+/// Before: one delivery at a time, so the first four handlers, which wait for each other,
+/// never met (each failed after 10 s).
+#[tokio::test]
+async fn aggregates_are_handled_at_once_each_in_order() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let ledger = Ledger::install(&db).await.meeting(4);
+    let (messages, expected) = common::interleaved();
+    fx.publish_versioned(&messages).await;
+    // No version gate: the order below is the runner's own.
+    let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", Arc::new(ledger));
+    let metrics = processor.metrics().clone();
+    let config = ConsumerConfig {
+        concurrency: 8,
+        ..fx.config(5)
+    };
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
+        config,
+        processor,
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("every event applied", WAIT, || async {
+        Ledger::count(&db).await == messages.len() as i64
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        metrics.count("inventory", Count::Failures),
+        0,
+        "the first four met"
+    );
+    common::assert_in_order(&Ledger::applied(&db).await, &expected);
     fx.cleanup().await;
 }
