@@ -14,7 +14,7 @@ pub mod verify;
 
 use std::time::Duration;
 
-use sqlx::{postgres::PgPoolOptions, PgPool};
+use sqlx::{postgres::PgPoolOptions, Connection, PgPool};
 
 /// Result of a subcommand: its exit code, or an error printed with its causes.
 pub type CommandResult = Result<std::process::ExitCode, Box<dyn std::error::Error>>;
@@ -134,6 +134,7 @@ async fn open_mysql(url: &str, max_connections: u32) -> Result<sqlx::MySqlPool, 
     sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
+        .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
         .connect_with(options)
         .await
 }
@@ -161,6 +162,7 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
             .busy_timeout(Duration::from_secs(30));
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(max_connections)
+            .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
             .connect_with(options)
             .await
             .map_err(|e| format!("cannot open the SQLite database: {e}"))?;
@@ -234,9 +236,12 @@ fn postgres_scheme(url: &str) -> Result<(), String> {
 
 async fn open_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     first_connection(Kind::Postgres, url).await?;
+    // A connection returned with a transaction still open (a future dropped while it was
+    // beginning one) is closed, which rolls it back, instead of pooled holding its locks.
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
+        .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
         .connect(url)
         .await
 }

@@ -14,8 +14,8 @@ use outbox_relay::{Publisher, Relay, RelayConfig};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
-    Database, Executor, IntoArguments, MySql, MySqlPool, PgPool, Pool, Postgres, Sqlite,
-    SqlitePool,
+    Connection, Database, Executor, IntoArguments, MySql, MySqlPool, PgPool, Pool, Postgres,
+    Sqlite, SqlitePool,
 };
 use uuid::Uuid;
 
@@ -108,6 +108,7 @@ impl Storage {
         let options = MySqlConnectOptions::from_str(&url)?.database(database);
         let pool = MySqlPoolOptions::new()
             .max_connections(16)
+            .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
             .connect_with(options)
             .await?;
         let tables = Tables::default();
@@ -131,8 +132,14 @@ impl Storage {
         let dir = std::env::temp_dir().join(format!("outbox-demo-{name}"));
         std::fs::create_dir_all(&dir)?;
         let file = dir.join("shop.db");
+        // The run aborts its first relay mid-flight (its `kill -9`): a transaction it had half
+        // begun when its future was dropped is still open on the connection it returns. Such a
+        // connection is closed, which rolls the transaction back, instead of pooled holding
+        // SQLite's write lock (everyone else then failed with "database is locked" after the
+        // 30 s busy timeout).
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
             .connect_with(
                 SqliteConnectOptions::new()
                     .filename(&file)
