@@ -3,7 +3,10 @@
 use std::{path::PathBuf, time::Duration};
 
 use outbox::{sqlite::SqliteOutbox, Event, Tables};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions},
+    Connection,
+};
 
 /// A SQLite outbox for one test.
 pub struct SqliteFile {
@@ -26,8 +29,11 @@ impl SqliteFile {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(30));
+        // A relay aborted mid-begin returns its connection inside a transaction: close it
+        // (rolling back) rather than pool it holding the write lock.
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
             .connect_with(options)
             .await
             .expect("open the SQLite file");
