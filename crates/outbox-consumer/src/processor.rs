@@ -98,7 +98,8 @@ impl Processor {
         &self.name
     }
 
-    /// In one transaction: inbox check, handler (when new), commit. The event is upcast first
+    /// In one transaction: inbox check, version gate (when set), handler (when new), commit;
+    /// any error rolls the transaction back before it returns. The event is upcast first
     /// (a no-op when it is already current, as after [`Processor::upcast`]). A handler that
     /// panics fails this message like an `Err` (its transaction is rolled back); a database
     /// outage comes back as an error with [`HandlerError::is_infrastructure`] set.
