@@ -2,7 +2,73 @@
 //! aggregate. A lane runs one message at a time; the others of that aggregate queue behind it
 //! in the order received, while other lanes go on. At most `concurrency` lanes run at once.
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    future::Future,
+};
+
+use futures::{stream::FuturesUnordered, Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+
+/// What a runner does with a receive error: log it and go on, or stop with an error.
+pub(crate) type OnReceiveError<E> = fn(E) -> Option<Error>;
+
+/// Takes messages from `source` into their lanes (`lane_of`) and runs `handle` on each, up to
+/// `concurrency` lanes at once, until `shutdown` or the end of `source` (`ended`). The
+/// messages in hand are finished first; those queued behind their aggregate are left
+/// unacknowledged, for the broker to deliver again.
+pub(crate) async fn drive<M, E, S, H, F>(
+    mut source: S,
+    concurrency: usize,
+    shutdown: &CancellationToken,
+    lane_of: fn(&M) -> Lane,
+    on_receive_error: OnReceiveError<E>,
+    ended: fn() -> Error,
+    handle: H,
+) -> Result<(), Error>
+where
+    S: Stream<Item = Result<M, E>> + Unpin,
+    H: Fn(M) -> F,
+    F: Future<Output = ()>,
+{
+    let run = |lane: Lane, message: M| {
+        let handled = handle(message);
+        async move {
+            handled.await;
+            lane
+        }
+    };
+    let mut lanes = Lanes::new(concurrency);
+    let mut in_flight = FuturesUnordered::new();
+    let stopped = loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break None,
+            Some(lane) = in_flight.next(), if !in_flight.is_empty() => {
+                if let Some(message) = lanes.finished(&lane) {
+                    in_flight.push(run(lane, message));
+                }
+            }
+            next = source.next(), if lanes.has_room() => match next {
+                None => break Some(ended()),
+                Some(Err(e)) => {
+                    if let Some(error) = on_receive_error(e) {
+                        break Some(error);
+                    }
+                }
+                Some(Ok(message)) => {
+                    let lane = lane_of(&message);
+                    if let Some(message) = lanes.start(lane.clone(), message) {
+                        in_flight.push(run(lane, message));
+                    }
+                }
+            },
+        }
+    };
+    while in_flight.next().await.is_some() {}
+    stopped.map_or(Ok(()), Err)
+}
 
 /// Which messages must run one after another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

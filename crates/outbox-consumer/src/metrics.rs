@@ -137,14 +137,20 @@ impl ConsumerMetrics {
         self.family(count).get_or_create(&label(consumer)).get()
     }
 
-    pub(crate) fn add(&self, consumer: &str, count: Count) {
-        self.family(count).get_or_create(&label(consumer)).inc();
-    }
-
-    pub(crate) fn observe_handler(&self, consumer: &str, seconds: f64) {
-        self.handler_seconds
-            .get_or_create(&label(consumer))
-            .observe(seconds);
+    /// `consumer`'s counters, looked up once (a processor counts every message).
+    pub(crate) fn of(&self, consumer: &str) -> Counts {
+        let label = label(consumer);
+        let counter = |count| self.family(count).get_or_create(&label).clone();
+        Counts {
+            handled: counter(Count::Handled),
+            duplicates: counter(Count::Duplicates),
+            failures: counter(Count::Failures),
+            panics: counter(Count::Panics),
+            infrastructure_failures: counter(Count::InfrastructureFailures),
+            out_of_order: counter(Count::OutOfOrder),
+            dead_lettered: counter(Count::DeadLettered),
+            handler_seconds: self.handler_seconds.get_or_create(&label).clone(),
+        }
     }
 
     fn family(&self, count: Count) -> &Counters {
@@ -157,6 +163,38 @@ impl ConsumerMetrics {
             Count::OutOfOrder => &self.out_of_order,
             Count::DeadLettered => &self.dead_lettered,
         }
+    }
+}
+
+/// One consumer's counters (clones of those in [`ConsumerMetrics`], sharing their values).
+#[derive(Clone, Debug)]
+pub(crate) struct Counts {
+    handled: Counter,
+    duplicates: Counter,
+    failures: Counter,
+    panics: Counter,
+    infrastructure_failures: Counter,
+    out_of_order: Counter,
+    dead_lettered: Counter,
+    handler_seconds: Histogram,
+}
+
+impl Counts {
+    pub(crate) fn add(&self, count: Count) {
+        let counter = match count {
+            Count::Handled => &self.handled,
+            Count::Duplicates => &self.duplicates,
+            Count::Failures => &self.failures,
+            Count::Panics => &self.panics,
+            Count::InfrastructureFailures => &self.infrastructure_failures,
+            Count::OutOfOrder => &self.out_of_order,
+            Count::DeadLettered => &self.dead_lettered,
+        };
+        counter.inc();
+    }
+
+    pub(crate) fn observe_handler(&self, seconds: f64) {
+        self.handler_seconds.observe(seconds);
     }
 }
 
@@ -173,9 +211,10 @@ mod tests {
     #[test]
     fn counts_per_consumer_and_exports_them() {
         let metrics = ConsumerMetrics::new();
-        metrics.add("billing", Count::Handled);
-        metrics.add("billing", Count::Handled);
-        metrics.add("shipping", Count::DeadLettered);
+        let billing = metrics.of("billing");
+        billing.add(Count::Handled);
+        billing.add(Count::Handled);
+        metrics.of("shipping").add(Count::DeadLettered);
         assert_eq!(metrics.count("billing", Count::Handled), 2);
         assert_eq!(metrics.count("shipping", Count::Handled), 0);
         assert_eq!(metrics.count("shipping", Count::DeadLettered), 1);

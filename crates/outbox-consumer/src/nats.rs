@@ -11,11 +11,10 @@ use async_nats::{
     jetstream::{self, consumer::pull, stream, AckKind},
     HeaderMap,
 };
-use futures::{stream::FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    lanes::{Lane, Lanes},
+    lanes::{self, Lane},
     outage, ConsumerConfig, Count, Envelope, Error, Processor,
 };
 
@@ -119,50 +118,24 @@ impl NatsConsumer {
     /// aggregate's strictly one after another in the order received (a message waiting for
     /// its aggregate does not hold up others). The messages in hand are finished first.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
-        let Self {
-            mut messages,
-            worker,
-        } = self;
-        let mut lanes = Lanes::new(worker.config.concurrency);
-        let mut in_flight = FuturesUnordered::new();
-        let ended = loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break None,
-                Some(lane) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Some(message) = lanes.finished(&lane) {
-                        in_flight.push(worker.handle_in(lane, message, &shutdown));
-                    }
-                }
-                next = messages.next(), if lanes.has_room() => match next {
-                    None => break Some(Error::Broker("nats: consumer stream ended".into())),
-                    Some(Err(e)) => tracing::warn!(error = %e, "nats: receiving failed; retrying"),
-                    Some(Ok(message)) => {
-                        let lane = lane_of(&message);
-                        if let Some(message) = lanes.start(lane.clone(), message) {
-                            in_flight.push(worker.handle_in(lane, message, &shutdown));
-                        }
-                    }
-                },
-            }
-        };
-        // Finish what is in hand (a message queued behind its aggregate is left unacked: the
-        // server redelivers it).
-        while in_flight.next().await.is_some() {}
-        ended.map_or(Ok(()), Err)
+        let Self { messages, worker } = self;
+        lanes::drive(
+            messages,
+            worker.config.concurrency,
+            &shutdown,
+            lane_of,
+            |e| {
+                tracing::warn!(error = %e, "nats: receiving failed; retrying");
+                None
+            },
+            || Error::Broker("nats: consumer stream ended".into()),
+            |message| worker.handle(message, &shutdown),
+        )
+        .await
     }
 }
 
 impl Worker {
-    async fn handle_in(
-        &self,
-        lane: Lane,
-        message: jetstream::Message,
-        shutdown: &CancellationToken,
-    ) -> Lane {
-        self.handle(message, shutdown).await;
-        lane
-    }
-
     async fn handle(&self, message: jetstream::Message, shutdown: &CancellationToken) {
         let delivered = message.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
         let headers = message.headers.as_ref().map(headers_of).unwrap_or_default();
@@ -203,9 +176,7 @@ impl Worker {
                 tracing::error!(%error, delivered, subject = %message.subject,
                     consumer = self.processor.name(), "dead-lettering message");
                 if self.dead_letter(&message, &error, delivered).await {
-                    self.processor
-                        .metrics()
-                        .add(self.processor.name(), Count::DeadLettered);
+                    self.processor.count(Count::DeadLettered);
                     let _ = message.ack_with(AckKind::Term).await;
                 } else {
                     let _ = message

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 
 use crate::{
     gate::Verdict,
-    metrics::{ConsumerMetrics, Count},
+    metrics::{ConsumerMetrics, Count, Counts},
     Envelope, Handler, HandlerError, UpcastError, Upcasters, VersionGate,
 };
 
@@ -30,6 +30,7 @@ pub struct Processor {
     handler: Arc<dyn Handler>,
     upcasters: Upcasters,
     metrics: ConsumerMetrics,
+    counts: Counts,
     gate: Option<Arc<VersionGate>>,
 }
 
@@ -41,13 +42,16 @@ impl Processor {
         name: impl Into<String>,
         handler: Arc<dyn Handler>,
     ) -> Self {
+        let name = name.into();
+        let metrics = ConsumerMetrics::new();
         Self {
             pool,
             inbox: PgInbox::new(tables),
-            name: name.into(),
+            counts: metrics.of(&name),
+            name,
             handler,
             upcasters: Upcasters::new(),
-            metrics: ConsumerMetrics::new(),
+            metrics,
             gate: None,
         }
     }
@@ -62,7 +66,11 @@ impl Processor {
     /// registered for export by the application). Each processor has counters of its own
     /// otherwise.
     pub fn with_metrics(self, metrics: ConsumerMetrics) -> Self {
-        Self { metrics, ..self }
+        Self {
+            counts: metrics.of(&self.name),
+            metrics,
+            ..self
+        }
     }
 
     /// The same processor, applying each aggregate's events in `aggregate_version` order
@@ -88,9 +96,14 @@ impl Processor {
     pub fn upcast(&self, event: Envelope) -> Result<Envelope, UpcastError> {
         let result = self.upcasters.upcast_envelope(event);
         if matches!(&result, Err(UpcastError::Panicked { .. })) {
-            self.metrics.add(&self.name, Count::Panics);
+            self.counts.add(Count::Panics);
         }
         result
+    }
+
+    /// Counts one `count` for this consumer (the runners' dead letters).
+    pub(crate) fn count(&self, count: Count) {
+        self.counts.add(count);
     }
 
     /// The consumer name.
@@ -106,8 +119,7 @@ impl Processor {
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
         let started = Instant::now();
         let result = self.attempt(event).await;
-        self.metrics
-            .observe_handler(&self.name, started.elapsed().as_secs_f64());
+        self.counts.observe_handler(started.elapsed().as_secs_f64());
         let count = match &result {
             Ok(Outcome::Applied) => Count::Handled,
             Ok(Outcome::Duplicate) => Count::Duplicates,
@@ -115,7 +127,7 @@ impl Processor {
             Err(e) if e.is_out_of_order() => Count::OutOfOrder,
             Err(_) => Count::Failures,
         };
-        self.metrics.add(&self.name, count);
+        self.counts.add(count);
         result
     }
 
@@ -177,7 +189,7 @@ impl Processor {
         {
             Ok(result) => result?,
             Err(panic) => {
-                self.metrics.add(&self.name, Count::Panics);
+                self.counts.add(Count::Panics);
                 return Err(HandlerError::new(format!(
                     "handler {}",
                     crate::panic::message(panic)

@@ -12,7 +12,6 @@ use std::{
     time::Duration,
 };
 
-use futures::{stream::FuturesUnordered, StreamExt};
 use lapin::{
     message::Delivery,
     options::{
@@ -25,7 +24,7 @@ use lapin::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    lanes::{Lane, Lanes},
+    lanes::{self, Lane},
     outage, ConsumerConfig, Count, Envelope, Error, Processor,
 };
 
@@ -131,51 +130,26 @@ impl RabbitMqConsumer {
     /// (within the prefetch window), each aggregate's one after another in the order
     /// received. The deliveries in hand are finished first.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        // The connection stays open until the deliveries in hand are finished.
         let Self {
             _connection,
-            mut consumer,
+            consumer,
             worker,
         } = self;
-        let mut lanes = Lanes::new(worker.config.concurrency);
-        let mut in_flight = FuturesUnordered::new();
-        let ended = loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break None,
-                Some(lane) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Some(delivery) = lanes.finished(&lane) {
-                        in_flight.push(worker.handle_in(lane, delivery, &shutdown));
-                    }
-                }
-                next = consumer.next(), if lanes.has_room() => match next {
-                    None => break Some(Error::Broker("rabbitmq: consumer cancelled".into())),
-                    Some(Err(e)) => break Some(Error::Broker(format!("rabbitmq: {e}"))),
-                    Some(Ok(delivery)) => {
-                        let lane = lane_of(&delivery);
-                        if let Some(delivery) = lanes.start(lane.clone(), delivery) {
-                            in_flight.push(worker.handle_in(lane, delivery, &shutdown));
-                        }
-                    }
-                },
-            }
-        };
-        // Finish what is in hand (a delivery queued behind its aggregate is left unacked: the
-        // broker requeues it when the channel closes).
-        while in_flight.next().await.is_some() {}
-        ended.map_or(Ok(()), Err)
+        lanes::drive(
+            consumer,
+            worker.config.concurrency,
+            &shutdown,
+            lane_of,
+            |e| Some(Error::Broker(format!("rabbitmq: {e}"))),
+            || Error::Broker("rabbitmq: consumer cancelled".into()),
+            |delivery| worker.handle(delivery, &shutdown),
+        )
+        .await
     }
 }
 
 impl Worker {
-    async fn handle_in(
-        &self,
-        lane: Lane,
-        delivery: Delivery,
-        shutdown: &CancellationToken,
-    ) -> Lane {
-        self.handle(delivery, shutdown).await;
-        lane
-    }
-
     async fn handle(&self, delivery: Delivery, shutdown: &CancellationToken) {
         let headers = headers_of(&delivery);
         let envelope = Envelope::decode(
@@ -221,9 +195,7 @@ impl Worker {
                     "dead-lettering message");
                 if self.dead_letter(&delivery, &error, attempts).await {
                     self.attempts.lock().expect("not poisoned").remove(&key);
-                    self.processor
-                        .metrics()
-                        .add(self.processor.name(), Count::DeadLettered);
+                    self.processor.count(Count::DeadLettered);
                     let _ = delivery.ack(BasicAckOptions::default()).await;
                 } else {
                     let _ = delivery
