@@ -98,6 +98,12 @@ impl<M> Lanes<M> {
         self.running.len() < self.concurrency
     }
 
+    /// Whether `lane` has a message running.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub(crate) fn is_running(&self, lane: &Lane) -> bool {
+        self.running.contains_key(lane)
+    }
+
     /// The message to run now, or `None` when its lane is busy (it is queued behind).
     pub(crate) fn start(&mut self, lane: Lane, message: M) -> Option<M> {
         match self.running.get_mut(&lane) {

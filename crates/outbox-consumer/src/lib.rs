@@ -27,6 +27,8 @@ mod envelope;
 mod error;
 mod gate;
 mod handler;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod lanes;
 mod metrics;
 #[cfg(feature = "nats")]

@@ -1,6 +1,7 @@
 //! `outbox consumer-dead-letters list | replay`: the dead letters of an `outbox-consumer`
 //! runner, on the broker where it put them (NATS stream `{stream}_DEAD_{consumer}`, RabbitMQ
-//! queue `{queue}.dead`). Replays are recorded in the outbox's audit table.
+//! queue `{queue}.dead`, Kafka topic `{consumer}.dead`). Replays are recorded in the outbox's
+//! audit table.
 
 use outbox_consumer::dead_letters::{DeadLetter, Replayed, Selection};
 
@@ -53,12 +54,16 @@ enum Action {
 /// Where the dead letters are.
 #[derive(clap::Args, Debug)]
 struct Source {
-    /// nats://… or amqp://… (not printed: it may hold a password).
+    /// nats://…, amqp://… or kafka://host:port[,host:port…] (not printed: it may hold a
+    /// password).
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: String,
-    /// NATS: the consumer's name.
+    /// NATS, Kafka: the consumer's name.
     #[arg(long)]
     consumer: Option<String>,
+    /// Kafka: the dead-letter topic, when not `{consumer}.dead`.
+    #[arg(long)]
+    topic: Option<String>,
     /// NATS: the stream the consumer reads.
     #[arg(long, default_value = "OUTBOX")]
     stream: String,
@@ -97,6 +102,8 @@ enum Letters {
     Nats(Box<outbox_consumer::dead_letters::nats::NatsDeadLetters>),
     #[cfg(feature = "rabbitmq")]
     RabbitMq(Box<outbox_consumer::dead_letters::rabbitmq::RabbitMqDeadLetters>),
+    #[cfg(feature = "kafka")]
+    Kafka(Box<outbox_consumer::dead_letters::kafka::KafkaDeadLetters>),
 }
 
 impl Letters {
@@ -140,7 +147,32 @@ impl Letters {
                     .into(),
             );
         }
-        Err("--broker-url must be nats://… or amqp://…".into())
+        if let Some(brokers) = url.strip_prefix("kafka://") {
+            #[cfg(feature = "kafka")]
+            {
+                let consumer = source
+                    .consumer
+                    .as_deref()
+                    .ok_or("--consumer is required with kafka:// (the consumer's name)")?;
+                let topic = source
+                    .topic
+                    .clone()
+                    .unwrap_or_else(|| format!("{consumer}.dead"));
+                let letters =
+                    outbox_consumer::dead_letters::kafka::KafkaDeadLetters::open(brokers, &topic)
+                        .await?;
+                return Ok((Self::Kafka(Box::new(letters)), consumer.to_owned()));
+            }
+            #[cfg(not(feature = "kafka"))]
+            {
+                let _ = brokers;
+                return Err(
+                    "this build of outbox has no Kafka: build it with the cargo feature `kafka`"
+                        .into(),
+                );
+            }
+        }
+        Err("--broker-url must be nats://…, amqp://… or kafka://…".into())
     }
 
     fn source(&self) -> String {
@@ -149,6 +181,8 @@ impl Letters {
             Self::Nats(l) => l.source(),
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(l) => l.source(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(l) => l.source(),
         }
     }
 
@@ -161,6 +195,8 @@ impl Letters {
             Self::Nats(l) => l.list(selection).await?,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(l) => l.list(selection).await?,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(l) => l.list(selection).await?,
         })
     }
 
@@ -170,6 +206,8 @@ impl Letters {
             Self::Nats(l) => l.replay(selection).await?,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(l) => l.replay(selection).await?,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(l) => l.replay(selection).await?,
         })
     }
 }

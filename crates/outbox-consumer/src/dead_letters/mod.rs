@@ -1,13 +1,17 @@
 //! A consumer's dead letters, read and replayed where the runners put them: the NATS stream
-//! `{stream}_DEAD_{consumer}` or the RabbitMQ queue `{queue}.dead`.
+//! `{stream}_DEAD_{consumer}`, the RabbitMQ queue `{queue}.dead` or the Kafka topic
+//! `{consumer}.dead`.
 //!
-//! Replay publishes each chosen dead letter back where it came from (its original subject, or
-//! the consumer's queue) with its original headers, waits for the broker's confirmation, and
-//! only then removes it from the dead letters. A crash in between replays it twice, which the
-//! inbox turns into one application; other consumers of a NATS subject see the replayed copy
-//! as a duplicate of an event they already applied, and skip it the same way. Every replay is
+//! Replay publishes each chosen dead letter back where it came from (its original subject or
+//! topic, or the consumer's queue) with its original headers, waits for the broker's
+//! confirmation, and only then removes it from the dead letters (Kafka: marks it replayed). A
+//! crash in between replays it twice, which the inbox turns into one application; other
+//! consumers of a NATS subject or Kafka topic see the replayed copy as a duplicate of an event
+//! they already applied, and skip it the same way. Every replay is
 //! recorded in the outbox's `audit` table ([`record_replay`]).
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -19,11 +23,14 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 /// Headers a runner adds to a dead letter; replay removes them.
-pub(crate) const DEAD_LETTER_HEADERS: [&str; 5] = [
+pub(crate) const DEAD_LETTER_HEADERS: [&str; 8] = [
     "dead-letter-reason",
     "dead-letter-attempts",
     "dead-letter-subject",
     "dead-letter-routing-key",
+    "dead-letter-topic",
+    "dead-letter-partition",
+    "dead-letter-offset",
     "dead-letter-consumer",
 ];
 
@@ -34,7 +41,7 @@ pub struct DeadLetter {
     pub event_id: Option<String>,
     /// Its event type, when it has one.
     pub event_type: Option<String>,
-    /// Where it was consumed from: the subject (NATS) or routing key (RabbitMQ).
+    /// Where it was consumed from: the subject (NATS), routing key (RabbitMQ) or topic (Kafka).
     pub origin: String,
     /// Why it was dead-lettered.
     pub reason: String,

@@ -233,6 +233,11 @@ impl Ledger {
                  aggregate_id text NOT NULL, version bigint NOT NULL)",
         )
         .await;
+        Self::on(db)
+    }
+
+    /// The handler on a ledger installed already (a second runner's).
+    pub fn on(db: &TestDb) -> Self {
         Self {
             record_sql: db
                 .tables

@@ -1,0 +1,269 @@
+//! The dead letters of a Kafka consumer: topic `{consumer}.dead` (or the one it was given),
+//! each record with its origin in `dead-letter-topic`, `-partition` and `-offset`.
+//!
+//! Kafka cannot delete one record, so a replay appends a marker to the dead-letter topic:
+//! an empty record with the header `dead-letter-replayed: {partition}:{offset}`. Listing reads
+//! the topic from its start and leaves out the letters that have a marker (and the markers).
+//! Replay produces the letter to its original topic with its key, so it lands in its
+//! aggregate's partition after the events already there; other consumer groups of that topic
+//! skip it as a duplicate through their inbox.
+
+use std::{collections::HashSet, time::Duration};
+
+use rdkafka::{
+    consumer::{BaseConsumer, Consumer},
+    message::{Header, Headers, Message as _, OwnedHeaders},
+    producer::{FutureProducer, FutureRecord},
+    util::Timeout,
+    ClientConfig, Offset, TopicPartitionList,
+};
+
+use super::{DeadLetter, Error, Replayed, Selection, DEAD_LETTER_HEADERS};
+
+/// The marker a replay appends to the dead-letter topic.
+const REPLAYED: &str = "dead-letter-replayed";
+/// How long reading the topic or a delivery may take.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The dead letters of one Kafka consumer.
+pub struct KafkaDeadLetters {
+    config: ClientConfig,
+    topic: String,
+    producer: FutureProducer,
+}
+
+/// A dead letter as stored.
+struct Stored {
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    payload: Vec<u8>,
+    letter: DeadLetter,
+}
+
+impl KafkaDeadLetters {
+    /// Opens the dead-letter topic `topic` on `brokers` (comma-separated).
+    pub async fn open(brokers: &str, topic: &str) -> Result<Self, Error> {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", brokers);
+        let producer: FutureProducer = config
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()
+            .map_err(|e| Error::Broker(format!("kafka: cannot create a producer: {e}")))?;
+        let letters = Self {
+            config,
+            topic: topic.to_owned(),
+            producer,
+        };
+        // Fails early, naming the topic, when it does not exist.
+        letters.partitions().await?;
+        Ok(letters)
+    }
+
+    /// Where the dead letters are, for messages and the audit record.
+    pub fn source(&self) -> String {
+        format!("kafka topic {}", self.topic)
+    }
+
+    /// The dead letters matching `selection`, oldest first (per partition).
+    pub async fn list(&self, selection: &Selection) -> Result<Vec<DeadLetter>, Error> {
+        Ok(self
+            .read(selection)
+            .await?
+            .into_iter()
+            .map(|s| s.letter)
+            .collect())
+    }
+
+    /// Produces each dead letter matching `selection` back to its original topic (delivery
+    /// confirmed), then marks it replayed. Stops at the first failure.
+    pub async fn replay(&self, selection: &Selection) -> Result<Replayed, Error> {
+        let mut replayed = Replayed::default();
+        for stored in self.read(selection).await? {
+            if let Err(e) = self.replay_one(&stored).await {
+                replayed.failure = Some(e);
+                break;
+            }
+            replayed.letters.push(stored.letter);
+        }
+        Ok(replayed)
+    }
+
+    async fn replay_one(&self, stored: &Stored) -> Result<(), Error> {
+        let origin = &stored.letter.origin;
+        let place = format!("{}:{}", stored.partition, stored.offset);
+        let failed = |e: &dyn std::fmt::Display| {
+            Error::Broker(format!(
+                "kafka: replaying dead letter {place} of {} to {origin}: {e}",
+                self.topic
+            ))
+        };
+        if origin.is_empty() {
+            return Err(failed(&"it has no dead-letter-topic header"));
+        }
+        let mut headers = OwnedHeaders::new_with_capacity(stored.headers.len());
+        for (key, value) in &stored.headers {
+            if !DEAD_LETTER_HEADERS.contains(&key.as_str()) {
+                headers = headers.insert(Header {
+                    key,
+                    value: value.as_ref(),
+                });
+            }
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(origin)
+            .payload(&stored.payload[..])
+            .headers(headers);
+        if let Some(key) = &stored.key {
+            record = record.key(&key[..]);
+        }
+        self.producer
+            .send(record, Timeout::After(TIMEOUT))
+            .await
+            .map_err(|(e, _)| failed(&e))?;
+        let marker = OwnedHeaders::new().insert(Header {
+            key: REPLAYED,
+            value: Some(&place),
+        });
+        self.producer
+            .send(
+                FutureRecord::<[u8], [u8]>::to(&self.topic)
+                    .payload(&[][..])
+                    .headers(marker),
+                Timeout::After(TIMEOUT),
+            )
+            .await
+            .map_err(|(e, _)| failed(&format!("marking it replayed: {e}")))?;
+        Ok(())
+    }
+
+    /// The topic's partitions.
+    async fn partitions(&self) -> Result<Vec<i32>, Error> {
+        let consumer = self.reader()?;
+        let topic = self.topic.clone();
+        tokio::task::spawn_blocking(move || {
+            let metadata = consumer
+                .fetch_metadata(Some(&topic), TIMEOUT)
+                .map_err(|e| Error::Broker(format!("kafka: reading topic {topic}: {e}")))?;
+            let found = metadata.topics().iter().find(|t| t.name() == topic);
+            match found {
+                Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                    Ok(t.partitions().iter().map(|p| p.id()).collect())
+                }
+                _ => Err(Error::Broker(format!(
+                    "kafka: no dead-letter topic {topic} (has the consumer run?)"
+                ))),
+            }
+        })
+        .await
+        .map_err(|e| Error::Broker(format!("kafka: reading {}: {e}", self.topic)))?
+    }
+
+    fn reader(&self) -> Result<BaseConsumer, Error> {
+        self.config
+            .clone()
+            .set("group.id", "outbox-dead-letter-reader")
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .create()
+            .map_err(|e| Error::Broker(format!("kafka: cannot create a reader: {e}")))
+    }
+
+    /// Every dead letter not replayed yet that matches `selection`, up to its limit.
+    async fn read(&self, selection: &Selection) -> Result<Vec<Stored>, Error> {
+        let partitions = self.partitions().await?;
+        let consumer = self.reader()?;
+        let topic = self.topic.clone();
+        let selection = selection.clone();
+        tokio::task::spawn_blocking(move || read_all(&consumer, &topic, &partitions, &selection))
+            .await
+            .map_err(|e| Error::Broker(format!("kafka: reading {}: {e}", self.topic)))?
+    }
+}
+
+/// Reads `partitions` of `topic` from the start to their current end.
+fn read_all(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partitions: &[i32],
+    selection: &Selection,
+) -> Result<Vec<Stored>, Error> {
+    let broker = |e: &dyn std::fmt::Display| Error::Broker(format!("kafka: reading {topic}: {e}"));
+    let mut ends = Vec::new();
+    let mut assignment = TopicPartitionList::new();
+    for &partition in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, TIMEOUT)
+            .map_err(|e| broker(&e))?;
+        if high > low {
+            ends.push((partition, high));
+            assignment
+                .add_partition_offset(topic, partition, Offset::Offset(low))
+                .map_err(|e| broker(&e))?;
+        }
+    }
+    consumer.assign(&assignment).map_err(|e| broker(&e))?;
+    let mut letters = Vec::new();
+    let mut replayed = HashSet::new();
+    let mut left: Vec<(i32, i64)> = ends;
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !left.is_empty() {
+        if std::time::Instant::now() > deadline {
+            return Err(broker(&"timed out before reaching the end of the topic"));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.map_err(|e| broker(&e))?;
+        let (partition, offset) = (message.partition(), message.offset());
+        left.retain(|(p, end)| *p != partition || offset + 1 < *end);
+        let headers: Vec<(String, Option<Vec<u8>>)> = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let text = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.as_deref())
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        if let Some(place) = text(REPLAYED) {
+            replayed.insert(place);
+            continue;
+        }
+        let mut map = std::collections::BTreeMap::new();
+        for (k, v) in &headers {
+            if let Some(v) = v {
+                map.entry(k.clone())
+                    .or_insert_with(|| String::from_utf8_lossy(v).into_owned());
+            }
+        }
+        let payload = message.payload().unwrap_or_default().to_vec();
+        let letter = DeadLetter::from_headers(
+            &map,
+            text("dead-letter-topic").unwrap_or_default(),
+            payload.len(),
+        );
+        letters.push(Stored {
+            partition,
+            offset,
+            key: message.key().map(<[u8]>::to_vec),
+            headers,
+            payload,
+            letter,
+        });
+    }
+    Ok(letters
+        .into_iter()
+        .filter(|s| !replayed.contains(&format!("{}:{}", s.partition, s.offset)))
+        .filter(|s| selection.matches(&s.letter))
+        .take(selection.limit)
+        .collect())
+}
