@@ -160,15 +160,21 @@ impl Relay {
         config.validate()?;
         let relay_id = config.relay_id.clone().unwrap_or_else(default_relay_id);
         let health = Arc::new(Health::new(config.stall_timeout));
+        let metrics = Arc::new(Metrics::new());
         Ok(Self {
             shared: Arc::new(Shared {
                 store,
                 admin: None,
-                publisher: Outgoing::wrap(publisher.clone(), &config, Downcasts::new()),
+                publisher: Outgoing::wrap(
+                    publisher.clone(),
+                    &config,
+                    Downcasts::new(),
+                    metrics.clone(),
+                ),
                 broker: publisher,
                 config,
                 relay_id,
-                metrics: Arc::new(Metrics::new()),
+                metrics,
                 health,
                 leases: Arc::new(Leases::default()),
                 pool: None,
@@ -181,7 +187,12 @@ impl Relay {
     /// (instead of the copies' `keep_fields` / `drop_fields`). See [`crate::fanout`].
     pub fn with_downcasts(mut self, downcasts: Downcasts) -> Self {
         let shared = Arc::get_mut(&mut self.shared).expect("not running yet");
-        shared.publisher = Outgoing::wrap(shared.broker.clone(), &shared.config, downcasts);
+        shared.publisher = Outgoing::wrap(
+            shared.broker.clone(),
+            &shared.config,
+            downcasts,
+            shared.metrics.clone(),
+        );
         self
     }
 

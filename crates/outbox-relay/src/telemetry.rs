@@ -83,6 +83,9 @@ pub struct Metrics {
     pub failed: Family<FailureLabels, Counter>,
     /// Dead-lettered events by destination.
     pub dead_lettered: Family<DestinationLabel, Counter>,
+    /// Fan-out copies the broker refused for good after their event was delivered, by the
+    /// copy's destination.
+    pub fanout_copies_dropped: Family<DestinationLabel, Counter>,
     /// Commit-to-ack latency.
     pub latency: Histogram,
     /// Claimed batch sizes.
@@ -132,6 +135,7 @@ impl Metrics {
         let published = Family::default();
         let failed = Family::default();
         let dead_lettered = Family::default();
+        let fanout_copies_dropped = Family::default();
         let latency = Histogram::new([
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
             60.0, 300.0,
@@ -225,6 +229,11 @@ impl Metrics {
             dead_lettered.clone(),
         );
         r.register(
+            "outbox_fanout_copies_dropped",
+            "Fan-out copies refused for good by the broker after their event was delivered",
+            fanout_copies_dropped.clone(),
+        );
+        r.register(
             "outbox_delivery_latency_seconds",
             "Time from occurred_at to the broker's acknowledgement",
             latency.clone(),
@@ -262,6 +271,7 @@ impl Metrics {
             published,
             failed,
             dead_lettered,
+            fanout_copies_dropped,
             latency,
             batch_size,
             partitions_owned,

@@ -216,3 +216,63 @@ async fn a_failed_copy_retries_the_event_and_the_broker_keeps_one_of_each() {
     assert_eq!(on(&got, &v1).len(), 1, "{got:?}");
     reader.cleanup().await;
 }
+
+/// Before: no stream took the copy's subject, so every event of the type was dead-lettered
+/// (and its aggregate parked behind it) although its V2 message had been stored each time.
+#[tokio::test]
+async fn a_copy_no_stream_takes_is_dropped_and_every_event_still_flows_in_order() {
+    let db = TestDb::new(4).await;
+    let prefix = unique("f");
+    let nowhere = unique("nowhere");
+    let reader = NatsReader::start(NATS_URL, &unique("F"), &prefix).await;
+    let mut config = migration_config(&db, &prefix);
+    config.routing.rules[0].fan_out[0].destination =
+        format!("{nowhere}.orders.v{{schema_version}}");
+    let publisher: Arc<dyn Publisher> = Arc::new(
+        outbox_relay::publishers::nats::NatsPublisher::connect(
+            outbox_relay::publishers::nats::NatsConfig {
+                url: NATS_URL.into(),
+                stream: reader.stream.clone(),
+                create_stream: false,
+                ack_timeout: Duration::from_secs(2),
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let mut ids = Vec::new();
+    for version in 1..=3 {
+        for aggregate in ["o-1", "o-2"] {
+            ids.push(enqueue(&db, aggregate, version, 2, json!({"total": version})).await);
+        }
+    }
+    let relay = outbox_relay::Relay::new(db.pool.clone(), publisher, config)
+        .await
+        .unwrap();
+    let metrics = relay.metrics();
+    let relay = relay.spawn();
+    common::drained(&db, WAIT).await;
+    relay.shutdown().await.unwrap();
+    assert_eq!(db.count("dead").await, 0, "nothing dead-lettered");
+    assert_eq!(db.count("published").await, 6);
+    assert_eq!(metrics.sum("outbox_fanout_copies_dropped_total"), 6.0);
+    let got = reader.wait_for(6, WAIT).await;
+    let v2 = on(&got, &format!("{prefix}.orders.v2"));
+    let order: Vec<String> = v2.iter().map(|d| d.event_id.clone()).collect();
+    assert_eq!(order.len(), 6, "{got:?}");
+    for aggregate in ["o-1", "o-2"] {
+        let theirs: Vec<String> = ids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| (i % 2 == 0) == (aggregate == "o-1"))
+            .map(|(_, id)| id.to_string())
+            .collect();
+        let seen: Vec<String> = order
+            .iter()
+            .filter(|id| theirs.contains(id))
+            .cloned()
+            .collect();
+        assert_eq!(seen, theirs, "{aggregate} in order");
+    }
+    reader.cleanup().await;
+}

@@ -4,10 +4,16 @@
 //! [`Outgoing`] wraps the broker's publisher; the relay puts it in front of the publisher when
 //! the configuration asks for either. Its `publish` returns `Ok` only after the broker
 //! acknowledged **every** message of the event (the event first, then its copies in the
-//! rule's order), so that the relay marks the row published only then (G3). The first failure
-//! ends the attempt with that failure's class; the next attempt sends everything again, and
-//! the broker's dedupe (each message has its own id) or the consumers' inbox absorbs what had
-//! been acknowledged before.
+//! rule's order), so that the relay marks the row published only then (G3). The first
+//! transient failure ends the attempt; the next attempt sends everything again, and the
+//! broker's dedupe (each message has its own id) or the consumers' inbox absorbs what had
+//! been acknowledged before. A failure of the event's own message ends it with its class.
+//!
+//! A copy the broker refuses for good (no stream, queue or topic takes its destination, or it
+//! rejects it) after the event itself was acknowledged is dropped: logged with the reason and
+//! counted in `outbox_fanout_copies_dropped_total`, and the event is published. Failing the
+//! event instead would dead-letter every event of its type, and park their aggregates, over a
+//! destination nobody can read from, although each was delivered where it belongs.
 
 use std::sync::Arc;
 
@@ -17,6 +23,7 @@ use crate::{
     cloudevents::{self, Binding, Envelope},
     fanout::{self, Downcasts},
     routing::{render, RoutingConfig},
+    telemetry::{DestinationLabel, Metrics},
     Message, PublishError, Publisher, RelayConfig,
 };
 
@@ -28,14 +35,17 @@ pub struct Outgoing {
     envelope: Envelope,
     binding: Binding,
     source: String,
+    metrics: Arc<Metrics>,
 }
 
 impl Outgoing {
     /// `inner` as is when `config` neither fans out nor changes the envelope; else wrapped.
+    /// Dropped copies are counted in `metrics`.
     pub fn wrap(
         inner: Arc<dyn Publisher>,
         config: &RelayConfig,
         downcasts: Downcasts,
+        metrics: Arc<Metrics>,
     ) -> Arc<dyn Publisher> {
         if !config.routing.has_fan_out() && config.envelope == Envelope::Outbox {
             return inner;
@@ -47,6 +57,7 @@ impl Outgoing {
             downcasts,
             envelope: config.envelope,
             source: config.cloudevents_source.clone(),
+            metrics,
         })
     }
 
@@ -72,6 +83,21 @@ impl Outgoing {
     }
 }
 
+impl Outgoing {
+    /// Records a copy refused for good after its event was delivered.
+    fn dropped(&self, event: &Message, copy: &Message, error: &PublishError) {
+        tracing::error!(event_id = %event.event_id, event_type = %event.event_type,
+            copy_destination = %copy.destination, copy_schema_version = copy.schema_version,
+            error = %error.message,
+            "fan-out copy refused for good: dropped; the event itself was delivered");
+        let destination = self.metrics.destination_label(&copy.destination);
+        self.metrics
+            .fanout_copies_dropped
+            .get_or_create(&DestinationLabel { destination })
+            .inc();
+    }
+}
+
 impl Publisher for Outgoing {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
@@ -82,8 +108,14 @@ impl Publisher for Outgoing {
                 self.inner.check_destination(&m.destination)?;
                 crate::check_payload_size(m, self.inner.max_payload_bytes())?;
             }
-            for m in &messages {
-                self.inner.publish(m).await?;
+            let (event, copies) = messages.split_first().expect("the event comes first");
+            self.inner.publish(event).await?;
+            for copy in copies {
+                match self.inner.publish(copy).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_transient() => return Err(e),
+                    Err(e) => self.dropped(message, copy, &e),
+                }
             }
             Ok(())
         })
@@ -111,16 +143,21 @@ mod tests {
     use super::*;
     use crate::{fanout::FanOutCopy, routing::RouteRule};
 
-    /// Records what was published; fails messages to the listed destinations.
+    /// Records what was published; fails messages to the listed destinations (transiently,
+    /// or for good when `refuse` is set).
     struct Recorder {
         sent: Mutex<Vec<Message>>,
         fail: Vec<&'static str>,
+        refuse: bool,
     }
 
     impl Publisher for Recorder {
         fn publish<'a>(&'a self, m: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
             Box::pin(async move {
                 if self.fail.contains(&m.destination.as_str()) {
+                    if self.refuse {
+                        return Err(PublishError::permanent("no stream captures it"));
+                    }
                     return Err(PublishError::transient("broker down"));
                 }
                 self.sent.lock().unwrap().push(m.clone());
@@ -168,20 +205,25 @@ mod tests {
         Arc::new(Recorder {
             sent: Mutex::new(Vec::new()),
             fail,
+            refuse: false,
         })
+    }
+
+    fn wrap(inner: Arc<Recorder>, config: &RelayConfig) -> Arc<dyn Publisher> {
+        Outgoing::wrap(inner, config, Downcasts::new(), Arc::new(Metrics::new()))
     }
 
     #[tokio::test]
     async fn sends_the_event_then_its_copies_and_succeeds_only_when_all_are_acked() {
         let inner = recorder(vec![]);
-        let outgoing = Outgoing::wrap(inner.clone(), &config(Envelope::Outbox), Downcasts::new());
+        let outgoing = wrap(inner.clone(), &config(Envelope::Outbox));
         outgoing.publish(&v2()).await.unwrap();
         let sent = inner.sent.lock().unwrap().clone();
         let destinations: Vec<_> = sent.iter().map(|m| m.destination.as_str()).collect();
         assert_eq!(destinations, ["orders.v2", "orders.v1"]);
 
         let failing = recorder(vec!["orders.v1"]);
-        let outgoing = Outgoing::wrap(failing.clone(), &config(Envelope::Outbox), Downcasts::new());
+        let outgoing = wrap(failing.clone(), &config(Envelope::Outbox));
         let err = outgoing.publish(&v2()).await.unwrap_err();
         assert!(err.is_transient());
     }
@@ -190,7 +232,7 @@ mod tests {
     async fn copies_go_out_in_the_envelope_too() {
         let inner = recorder(vec![]);
         let config = config(Envelope::CloudeventsBinary);
-        let outgoing = Outgoing::wrap(inner.clone(), &config, Downcasts::new());
+        let outgoing = wrap(inner.clone(), &config);
         outgoing.publish(&v2()).await.unwrap();
         let sent = inner.sent.lock().unwrap().clone();
         let versions: Vec<_> = sent
@@ -212,7 +254,52 @@ mod tests {
     #[tokio::test]
     async fn nothing_configured_means_the_publisher_itself() {
         let inner: Arc<dyn Publisher> = recorder(vec![]);
-        let wrapped = Outgoing::wrap(inner.clone(), &RelayConfig::default(), Downcasts::new());
+        let wrapped = Outgoing::wrap(
+            inner.clone(),
+            &RelayConfig::default(),
+            Downcasts::new(),
+            Arc::new(Metrics::new()),
+        );
         assert!(Arc::ptr_eq(&inner, &wrapped));
+    }
+
+    /// Before: the refused copy failed the event for good, so it was dead-lettered (and its
+    /// aggregate parked) although its own message had been delivered.
+    #[tokio::test]
+    async fn a_copy_refused_for_good_is_dropped_and_counted_and_the_event_delivered() {
+        let refusing = Arc::new(Recorder {
+            sent: Mutex::new(Vec::new()),
+            fail: vec!["orders.v1"],
+            refuse: true,
+        });
+        let metrics = Arc::new(Metrics::new());
+        let outgoing = Outgoing::wrap(
+            refusing.clone(),
+            &config(Envelope::Outbox),
+            Downcasts::new(),
+            metrics.clone(),
+        );
+        outgoing.publish(&v2()).await.unwrap();
+        outgoing.publish(&v2()).await.unwrap();
+        let sent = refusing.sent.lock().unwrap().clone();
+        let destinations: Vec<_> = sent.iter().map(|m| m.destination.as_str()).collect();
+        assert_eq!(destinations, ["orders.v2", "orders.v2"]);
+        assert_eq!(metrics.sum("outbox_fanout_copies_dropped_total"), 2.0);
+
+        // The event's own message refused for good still fails the event.
+        let refusing = Arc::new(Recorder {
+            sent: Mutex::new(Vec::new()),
+            fail: vec!["orders.v2"],
+            refuse: true,
+        });
+        let err = wrap(refusing.clone(), &config(Envelope::Outbox))
+            .publish(&v2())
+            .await
+            .unwrap_err();
+        assert!(!err.is_transient());
+        assert!(
+            refusing.sent.lock().unwrap().is_empty(),
+            "no copy without its event"
+        );
     }
 }
