@@ -25,6 +25,9 @@ pub struct Envelope {
     pub aggregate_version: Option<i64>,
     /// When the event happened, if sent.
     pub occurred_at: Option<DateTime<Utc>>,
+    /// On a fan-out copy: the schema version of the stored event it was made from (the event
+    /// itself went to its own destination). `None` on the event's own message.
+    pub copy_of_schema_version: Option<i32>,
     /// Subject or routing key it arrived on.
     pub destination: String,
     /// Every header as received.
@@ -63,6 +66,7 @@ impl Envelope {
             aggregate_id: fields.aggregate_id,
             aggregate_version: fields.aggregate_version,
             occurred_at: fields.occurred_at,
+            copy_of_schema_version: copy_marker(&headers)?,
             destination: destination.into(),
             headers,
             payload,
@@ -73,6 +77,28 @@ impl Envelope {
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         serde_json::from_slice(&self.payload)
     }
+}
+
+/// The fan-out copy marker, read from the headers as received (it travels beside CloudEvents
+/// attributes too).
+fn copy_marker(headers: &BTreeMap<String, String>) -> Result<Option<i32>, DecodeError> {
+    let Some((_, value)) = headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(header::COPY_OF_SCHEMA_VERSION))
+    else {
+        return Ok(None);
+    };
+    value
+        .parse()
+        .ok()
+        .filter(|v: &i32| *v >= 1)
+        .map(Some)
+        .ok_or_else(|| {
+            DecodeError(format!(
+                "{} {value:?} is not a positive integer",
+                header::COPY_OF_SCHEMA_VERSION
+            ))
+        })
 }
 
 /// The standard fields, parsed from native header names.

@@ -12,6 +12,7 @@
 //! | `outbox_consumer_infrastructure_failures_total{consumer}` | counter | attempts that met a database outage (waited out, no attempt spent) |
 //! | `outbox_consumer_out_of_order_total{consumer}` | counter | deliveries held by the version gate: an earlier version of the aggregate not applied yet |
 //! | `outbox_consumer_dead_lettered_total{consumer}` | counter | messages sent to the consumer's dead letters |
+//! | `outbox_consumer_copies_skipped_total{consumer}` | counter | fan-out copies skipped ([`Processor::skip_fan_out_copies`](crate::Processor::skip_fan_out_copies)) |
 //! | `outbox_consumer_handler_seconds{consumer}` | histogram | one attempt, inbox check to commit |
 
 use prometheus_client::{
@@ -38,6 +39,7 @@ pub struct ConsumerMetrics {
     infrastructure_failures: Counters,
     out_of_order: Counters,
     dead_lettered: Counters,
+    copies_skipped: Counters,
     handler_seconds: Latencies,
 }
 
@@ -51,6 +53,7 @@ impl Default for ConsumerMetrics {
             infrastructure_failures: Counters::default(),
             out_of_order: Counters::default(),
             dead_lettered: Counters::default(),
+            copies_skipped: Counters::default(),
             handler_seconds: Latencies::new_with_constructor(|| {
                 Histogram::new([
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -79,6 +82,8 @@ pub enum Count {
     OutOfOrder,
     /// Messages dead-lettered.
     DeadLettered,
+    /// Fan-out copies skipped.
+    CopiesSkipped,
 }
 
 impl ConsumerMetrics {
@@ -126,6 +131,11 @@ impl ConsumerMetrics {
             self.dead_lettered.clone(),
         );
         r.register(
+            "outbox_consumer_copies_skipped",
+            "Fan-out copies skipped: the consumer applies the event from its own destination",
+            self.copies_skipped.clone(),
+        );
+        r.register(
             "outbox_consumer_handler_seconds",
             "One attempt of a message, inbox check to commit",
             self.handler_seconds.clone(),
@@ -149,6 +159,7 @@ impl ConsumerMetrics {
             infrastructure_failures: counter(Count::InfrastructureFailures),
             out_of_order: counter(Count::OutOfOrder),
             dead_lettered: counter(Count::DeadLettered),
+            copies_skipped: counter(Count::CopiesSkipped),
             handler_seconds: self.handler_seconds.get_or_create(&label).clone(),
         }
     }
@@ -162,6 +173,7 @@ impl ConsumerMetrics {
             Count::InfrastructureFailures => &self.infrastructure_failures,
             Count::OutOfOrder => &self.out_of_order,
             Count::DeadLettered => &self.dead_lettered,
+            Count::CopiesSkipped => &self.copies_skipped,
         }
     }
 }
@@ -176,6 +188,7 @@ pub(crate) struct Counts {
     infrastructure_failures: Counter,
     out_of_order: Counter,
     dead_lettered: Counter,
+    copies_skipped: Counter,
     handler_seconds: Histogram,
 }
 
@@ -189,6 +202,7 @@ impl Counts {
             Count::InfrastructureFailures => &self.infrastructure_failures,
             Count::OutOfOrder => &self.out_of_order,
             Count::DeadLettered => &self.dead_lettered,
+            Count::CopiesSkipped => &self.copies_skipped,
         };
         counter.inc();
     }

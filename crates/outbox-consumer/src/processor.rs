@@ -18,6 +18,9 @@ pub enum Outcome {
     /// The inbox already had the event, or the version gate had applied its version:
     /// nothing ran; safe to ack.
     Duplicate,
+    /// A fan-out copy, and this processor skips copies ([`Processor::skip_fan_out_copies`]):
+    /// nothing ran; safe to ack.
+    CopySkipped,
 }
 
 /// Runs a handler through the inbox, broker-agnostic. Runners call [`Processor::apply`] for
@@ -32,6 +35,7 @@ pub struct Processor {
     metrics: ConsumerMetrics,
     counts: Counts,
     gate: Option<Arc<VersionGate>>,
+    skip_copies: bool,
 }
 
 impl Processor {
@@ -53,6 +57,7 @@ impl Processor {
             upcasters: Upcasters::new(),
             metrics,
             gate: None,
+            skip_copies: false,
         }
     }
 
@@ -82,6 +87,21 @@ impl Processor {
     pub fn with_version_gate(self, gate: VersionGate) -> Self {
         Self {
             gate: Some(Arc::new(gate)),
+            ..self
+        }
+    }
+
+    /// The same processor, skipping fan-out copies (messages with `copy-of-schema-version`).
+    ///
+    /// For a consumer that reads the event's own destination as well as a copy's (during a
+    /// migration, `orders.v1` and `orders.v2` to receive old writers' V1 events too): it would
+    /// otherwise apply whichever of the event and its copy it handles first, and after a failed
+    /// attempt of the event that is the downcast copy (its later version then skipped as a
+    /// duplicate). With this, the event applies from its own message only. Leave it off for a
+    /// consumer that reads only copies' destinations: it would skip every copied event.
+    pub fn skip_fan_out_copies(self) -> Self {
+        Self {
+            skip_copies: true,
             ..self
         }
     }
@@ -117,12 +137,17 @@ impl Processor {
     /// panics fails this message like an `Err` (its transaction is rolled back); a database
     /// outage comes back as an error with [`HandlerError::is_infrastructure`] set.
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+        if self.skip_copies && event.copy_of_schema_version.is_some() {
+            self.counts.add(Count::CopiesSkipped);
+            return Ok(Outcome::CopySkipped);
+        }
         let started = Instant::now();
         let result = self.attempt(event).await;
         self.counts.observe_handler(started.elapsed().as_secs_f64());
         let count = match &result {
             Ok(Outcome::Applied) => Count::Handled,
             Ok(Outcome::Duplicate) => Count::Duplicates,
+            Ok(Outcome::CopySkipped) => Count::CopiesSkipped,
             Err(e) if e.is_infrastructure() => Count::InfrastructureFailures,
             Err(e) if e.is_out_of_order() => Count::OutOfOrder,
             Err(_) => Count::Failures,
@@ -148,9 +173,9 @@ impl Processor {
                 tx.commit().await?;
                 Ok(Outcome::Applied)
             }
-            Ok(Outcome::Duplicate) => {
+            Ok(skipped) => {
                 tx.rollback().await?;
-                Ok(Outcome::Duplicate)
+                Ok(skipped)
             }
             Err(e) => {
                 // Rolled back now, not when the pooled connection is next used: until then

@@ -264,6 +264,7 @@ mod tests {
             aggregate_id: None,
             aggregate_version: None,
             occurred_at: None,
+            copy_of_schema_version: None,
             destination: "order.OrderPlaced".into(),
             headers: BTreeMap::new(),
             payload: Bytes::copy_from_slice(payload),

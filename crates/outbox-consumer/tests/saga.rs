@@ -119,6 +119,7 @@ fn envelope(order: Option<&str>, event_type: &str) -> Envelope {
         aggregate_id: order.map(str::to_owned),
         aggregate_version: None,
         occurred_at: None,
+        copy_of_schema_version: None,
         destination: format!("order.{event_type}"),
         headers: BTreeMap::new(),
         payload: Bytes::from_static(b"{}"),

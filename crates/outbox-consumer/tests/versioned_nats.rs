@@ -16,9 +16,10 @@ use outbox_consumer::{
 };
 use outbox_relay::{
     cloudevents,
+    fanout::FanOutCopy,
     publishers::nats::{NatsConfig, NatsPublisher},
     retry::RetryPolicy,
-    routing::RoutingConfig,
+    routing::{RouteRule, RoutingConfig},
     Relay, RelayConfig, RelayHandle,
 };
 use outbox_testkit::{unique, wait_until, TestDb, NATS_URL};
@@ -105,6 +106,15 @@ impl Setup {
     }
 
     async fn relay(&self, envelope: cloudevents::Envelope) -> RelayHandle {
+        self.relay_with(envelope, vec![]).await
+    }
+
+    /// A relay routing by `rules` (the default route for the rest).
+    async fn relay_with(
+        &self,
+        envelope: cloudevents::Envelope,
+        rules: Vec<RouteRule>,
+    ) -> RelayHandle {
         let publisher = NatsPublisher::connect(NatsConfig {
             url: NATS_URL.into(),
             stream: self.stream.clone(),
@@ -126,7 +136,7 @@ impl Setup {
             },
             routing: RoutingConfig {
                 default: format!("{}.{{aggregate_type}}.{{event_type}}", self.prefix),
-                rules: vec![],
+                rules,
             },
             envelope,
             ..Default::default()
@@ -166,7 +176,7 @@ impl Setup {
         (stop, task)
     }
 
-    fn processor(&self, name: &str, handler: Arc<Recorder>) -> Processor {
+    fn processor(&self, name: &str, handler: Arc<dyn Handler>) -> Processor {
         Processor::new(self.db.pool.clone(), &self.db.tables, name, handler)
     }
 
@@ -335,4 +345,100 @@ async fn cloudevents_binary_and_structured_round_trip_through_the_consumer() {
         assert!(!wire.contains_key("event-id"));
         s.cleanup(&[]).await;
     }
+}
+
+/// Fails the first attempt of every event's own message (not of a copy), then records.
+#[derive(Default)]
+struct FailsOwnMessageOnce {
+    failed: Mutex<Vec<Uuid>>,
+    applied: Recorder,
+}
+
+impl Handler for FailsOwnMessageOnce {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        event: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if event.copy_of_schema_version.is_none() {
+                let mut failed = self.failed.lock().unwrap();
+                if !failed.contains(&event.event_id) {
+                    failed.push(event.event_id);
+                    return Err(HandlerError::new("first attempt fails"));
+                }
+            }
+            self.applied.handle(tx, event).await
+        })
+    }
+}
+
+/// Versioning item 5. A V2 consumer reads both destinations during a migration (old writers'
+/// V1 events go to `orders.v1` only). Before: the event's V2 message failed once, its V1 copy
+/// behind it was applied (upcast, `region` "unknown"), and the V2 redelivery was skipped as a
+/// duplicate. With copies skipped, every event applies once from its own message.
+#[tokio::test]
+async fn a_consumer_of_both_destinations_applies_the_stored_version_never_a_copy() {
+    let s = Setup::new().await;
+    let old = s
+        .enqueue("o-0", 1, json!({"order_id": "o-0", "total": 1}))
+        .await;
+    let mut new = Vec::new();
+    for i in 1..=5 {
+        let body = json!({"order_id": format!("o-{i}"), "total": i, "region": "eu"});
+        new.push(s.enqueue(&format!("o-{i}"), 2, body).await);
+    }
+    let destination = format!("{}.orders.v{{schema_version}}", s.prefix);
+    let rule = RouteRule {
+        event_type: Some("OrderPlaced".into()),
+        aggregate_type: None,
+        destination: destination.clone(),
+        fan_out: vec![FanOutCopy {
+            destination,
+            schema_version: 1,
+            keep_fields: None,
+            drop_fields: vec!["region".into()],
+        }],
+    };
+    let relay = s
+        .relay_with(cloudevents::Envelope::Outbox, vec![rule])
+        .await;
+    s.drained().await;
+    relay.shutdown().await.unwrap();
+
+    let handler = Arc::new(FailsOwnMessageOnce::default());
+    let processor = s
+        .processor("billing", handler.clone())
+        .with_upcasters(order_upcasters())
+        .skip_fan_out_copies();
+    let metrics = processor.metrics().clone();
+    let (stop, task) = s.consume("billing", processor).await;
+    wait_until("six events applied", WAIT, || async {
+        handler.applied.seen().len() == 6
+    })
+    .await;
+    wait_until("five copies skipped", WAIT, || async {
+        metrics.count("billing", outbox_consumer::Count::CopiesSkipped) == 5
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    let seen = handler.applied.seen();
+    let mut ids: Vec<Uuid> = seen.iter().map(|e| e.event_id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 6, "each event once");
+    for e in &seen {
+        let body: Value = e.json().unwrap();
+        let region = if e.event_id == old { "unknown" } else { "eu" };
+        assert_eq!(body["region"], region, "{body}");
+        assert_eq!(e.copy_of_schema_version, None, "never a copy");
+    }
+    assert_eq!(
+        handler.failed.lock().unwrap().len(),
+        6,
+        "each failed once first"
+    );
+    assert!(new.iter().all(|id| seen.iter().any(|e| e.event_id == *id)));
+    s.cleanup(&["billing"]).await;
 }

@@ -21,7 +21,13 @@ pub mod header {
     /// The payload's content type.
     pub const CONTENT_TYPE: &str = "content-type";
 
-    /// Every header above: a writer's header of one of these names never travels as written.
+    /// On a fan-out copy only: the schema version of the stored event it was made from. A
+    /// consumer that also reads the event's own destination skips the copies by it. The relay
+    /// drops a writer's header of this name from every message that is not a copy.
+    pub const COPY_OF_SCHEMA_VERSION: &str = "copy-of-schema-version";
+
+    /// Every header above but [`COPY_OF_SCHEMA_VERSION`]: a writer's header of one of these
+    /// names never travels as written.
     pub const ALL: [&str; 8] = [
         EVENT_ID,
         EVENT_TYPE,

@@ -138,6 +138,7 @@ fn writer_headers(message: &Message) -> BTreeMap<String, String> {
             let lower = name.to_ascii_lowercase();
             !header::ALL.contains(&lower.as_str())
                 && !BINARY_PREFIXES.iter().any(|p| lower.starts_with(p))
+                && message.may_carry(name)
         })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()

@@ -20,7 +20,10 @@
 //! register a Rust function instead ([`Downcasts`]). The copy carries `schema-version` = its
 //! own version; the `event-id` header stays the stored event's (the inboxes dedupe on it), but
 //! the broker message id is the copy's own ([`copy_message_id`]), so that brokers deduping on it
-//! (JetStream `Nats-Msg-Id`) keep both.
+//! (JetStream `Nats-Msg-Id`) keep both. It also carries `copy-of-schema-version` = the stored
+//! version S: a consumer that reads the event's own destination as well skips copies by it
+//! (`Processor::skip_fan_out_copies`), so it applies the stored version, never a copy that got
+//! ahead of it.
 //!
 //! Which copies are sent, for a stored event of version S:
 //!
@@ -40,7 +43,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use crate::routing::FanOutCopy;
-use crate::{Message, PublishError};
+use crate::{message::header, Message, PublishError};
 
 impl FanOutCopy {
     /// Whether a payload change is configured.
@@ -133,11 +136,20 @@ pub(crate) fn copies(
         } else {
             downcast(message, copy, downcasts)?
         };
+        // Marks the copy, with the version it was made from, for consumers that read the
+        // event's own destination too.
+        let mut headers = message.headers.clone();
+        headers.retain(|name, _| !name.eq_ignore_ascii_case(header::COPY_OF_SCHEMA_VERSION));
+        headers.insert(
+            header::COPY_OF_SCHEMA_VERSION.into(),
+            message.schema_version.to_string(),
+        );
         out.push(Message {
             message_id: copy_message_id(message.event_id, copy.schema_version, &destination),
             schema_version: copy.schema_version,
             destination,
             payload,
+            headers,
             ..message.clone()
         });
     }

@@ -59,7 +59,7 @@ impl Message {
             return;
         }
         for (name, value) in &self.headers {
-            if !header::ALL.contains(&name.as_str()) {
+            if !header::ALL.contains(&name.as_str()) && self.may_carry(name) {
                 f(name, value);
             }
         }
@@ -81,6 +81,18 @@ impl Message {
         f(header::CONTENT_TYPE, &self.content_type);
     }
 
+    /// Whether this message is a fan-out copy (its broker message id is its own, not the
+    /// event's).
+    pub fn is_copy(&self) -> bool {
+        self.message_id != self.event_id
+    }
+
+    /// Whether the writer's header `name` may travel on this message: the copy marker only on
+    /// a copy (a writer cannot make its event look like one).
+    pub(crate) fn may_carry(&self, name: &str) -> bool {
+        self.is_copy() || !name.eq_ignore_ascii_case(header::COPY_OF_SCHEMA_VERSION)
+    }
+
     /// All headers to put on the broker message: the writer's, then the relay's standard ones
     /// (which win on a name clash).
     pub fn broker_headers(&self) -> Vec<(String, String)> {
@@ -88,6 +100,7 @@ impl Message {
             return self.headers.clone().into_iter().collect();
         }
         let mut out: BTreeMap<String, String> = self.headers.clone();
+        out.retain(|name, _| self.may_carry(name));
         out.insert(header::EVENT_ID.into(), self.event_id.to_string());
         out.insert(header::EVENT_TYPE.into(), self.event_type.clone());
         out.insert(

@@ -302,4 +302,38 @@ mod tests {
             "no copy without its event"
         );
     }
+
+    /// A copy says which stored version it was made from; the event's own message never
+    /// carries the marker, even when the writer set it.
+    #[tokio::test]
+    async fn copies_carry_the_version_they_were_made_from_and_events_never_do() {
+        for envelope in [Envelope::Outbox, Envelope::CloudeventsBinary] {
+            let inner = recorder(vec![]);
+            let outgoing = wrap(inner.clone(), &config(envelope));
+            let mut forged = v2();
+            forged
+                .headers
+                .insert("Copy-Of-Schema-Version".into(), "9".into());
+            outgoing.publish(&forged).await.unwrap();
+            let sent = inner.sent.lock().unwrap().clone();
+            let marker = |m: &Message| {
+                let mut found = Vec::new();
+                m.visit_headers(|name, value| {
+                    if name.eq_ignore_ascii_case("copy-of-schema-version") {
+                        found.push(value.to_owned());
+                    }
+                });
+                let in_map: Vec<String> = m
+                    .broker_headers()
+                    .into_iter()
+                    .filter(|(name, _)| name.eq_ignore_ascii_case("copy-of-schema-version"))
+                    .map(|(_, value)| value)
+                    .collect();
+                assert_eq!(found, in_map, "both views agree");
+                found
+            };
+            assert_eq!(marker(&sent[0]), Vec::<String>::new(), "{envelope:?}");
+            assert_eq!(marker(&sent[1]), vec!["2".to_owned()], "{envelope:?}");
+        }
+    }
 }
