@@ -1,12 +1,13 @@
 //! The order saga end to end on PostgreSQL and a real broker, orchestrated and choreographed,
 //! with crashes injected: relays and consumers killed abruptly, steps failing after their
-//! writes. Every order must end completed or cancelled, no stock left reserved for a cancelled
-//! order, no step applied twice.
+//! writes, the saga's timeout steps failing once each, and (on a PostgreSQL of its own) the
+//! database restarted mid-flow. Every order must end completed or cancelled, no stock left
+//! reserved for a cancelled order, no step applied twice.
 
-use std::io::Write;
+use std::{io::Write, sync::Arc};
 
-use outbox_example_orders::fulfilment::{run, Mode, Report, Scenario};
-use outbox_testkit::{database_url, NATS_URL, RABBITMQ_URL};
+use outbox_example_orders::fulfilment::{run, DatabaseRestart, Mode, Report, Scenario};
+use outbox_testkit::{database_url, PrivatePostgres, NATS_URL, RABBITMQ_URL};
 
 const ORDERS: u32 = 120;
 
@@ -16,9 +17,20 @@ fn ending_in(digit: u32) -> i64 {
 }
 
 async fn fulfil(broker_url: &str, mode: Mode, seed: u64) -> Report {
+    fulfil_on(&database_url(), None, broker_url, mode, seed).await
+}
+
+async fn fulfil_on(
+    database_url: &str,
+    restart_database: Option<DatabaseRestart>,
+    broker_url: &str,
+    mode: Mode,
+    seed: u64,
+) -> Report {
     let scenario = Scenario {
         seed,
-        ..Scenario::new(&database_url(), broker_url, mode, ORDERS)
+        restart_database,
+        ..Scenario::new(database_url, broker_url, mode, ORDERS)
     };
     let report = run(&scenario).await.expect("the run completes");
     // Straight to stderr, past the test harness's capture: CI logs show the counts.
@@ -42,6 +54,14 @@ async fn fulfil(broker_url: &str, mode: Mode, seed: u64) -> Report {
         report.relay_kills >= 1 && report.consumer_kills >= 1 && report.failed_steps >= 1,
         "crashes were injected: {report}"
     );
+    if mode == Mode::Orchestrated {
+        // Each back-order's first timeout step failed, and was retried to its cancellation.
+        assert_eq!(
+            report.timeout_step_failures as i64,
+            ending_in(7),
+            "{report}"
+        );
+    }
     report
 }
 
@@ -59,4 +79,27 @@ async fn choreographed_orders_survive_crashes_through_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orchestrated_order_saga_survives_crashes_through_rabbitmq() {
     fulfil(RABBITMQ_URL, Mode::Orchestrated, 13).await;
+}
+
+/// The same run on a PostgreSQL of its own, restarted (crashed, then started again) a third of
+/// the way through the orders: relays, consumers, the saga's timeouts and the writer wait it
+/// out, and the end state is the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orchestrated_order_saga_survives_a_database_restart_through_nats() {
+    let server = Arc::new(tokio::sync::Mutex::new(PrivatePostgres::start().await));
+    let url = server.lock().await.url();
+    let restart = {
+        let server = server.clone();
+        DatabaseRestart(Arc::new(move || {
+            let server = server.clone();
+            Box::pin(async move {
+                let mut server = server.lock().await;
+                server.crash();
+                server.start_again().await;
+            })
+        }))
+    };
+    let report = fulfil_on(&url, Some(restart), NATS_URL, Mode::Orchestrated, 14).await;
+    assert_eq!(report.database_restarts, 1, "{report}");
+    assert_eq!(report.saga_mismatches, 0);
 }

@@ -9,14 +9,17 @@
 //!   emit through the outbox; the order service's sweeper gives up on overdue orders.
 //!
 //! [`run`] places orders, injects crashes (relays and consumers killed abruptly, steps failing
-//! after their writes) and checks the end state from the services' own tables.
+//! after their writes, the saga's timeout steps failing once, the database restarted when the
+//! caller owns it) and checks the end state from the services' own tables.
 
+mod faults;
 mod report;
 mod run;
 mod saga;
 mod services;
 mod ticket;
 
+pub use faults::DatabaseRestart;
 pub use report::Report;
 pub use run::{run, Scenario};
 pub use saga::{OrderSaga, OrderState};

@@ -51,6 +51,10 @@ pub struct Report {
     pub consumer_kills: u32,
     /// Steps that failed after doing their writes, before commit (rolled back, retried).
     pub failed_steps: u64,
+    /// Saga timeout steps that failed (put off by the scheduler, retried).
+    pub timeout_step_failures: u64,
+    /// Times the database was restarted.
+    pub database_restarts: u32,
     /// Events the relay published.
     pub published: i64,
     /// Wall time.
@@ -229,8 +233,13 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  crashes injected: relay killed {}, consumers killed {}, steps failed before commit {}",
-            self.relay_kills, self.consumer_kills, self.failed_steps
+            "  crashes injected: relay killed {}, consumers killed {}, steps failed before commit {}, \
+             timeout steps failed {}, database restarted {}",
+            self.relay_kills,
+            self.consumer_kills,
+            self.failed_steps,
+            self.timeout_step_failures,
+            self.database_restarts
         )?;
         writeln!(
             f,

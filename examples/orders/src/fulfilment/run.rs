@@ -8,21 +8,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::future::BoxFuture;
 use outbox::{
     postgres::{MigrateOptions, PgOutbox},
     Tables,
 };
-use outbox_consumer::{
-    saga::SagaHandler, ConsumerConfig, Envelope, Handler, HandlerError, Processor,
-};
+use outbox_consumer::{saga::SagaHandler, ConsumerConfig, Handler, Processor};
 use outbox_relay::{Relay, RelayHandle};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use sqlx::{postgres::PgPoolOptions, PgConnection, PgPool};
+use sqlx::{postgres::PgPoolOptions, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    faults::{DatabaseRestart, FailingSteps, FlakyTimeouts},
     report::Report,
     saga::OrderSaga,
     services::{cancel_overdue, Service, ServiceHandler},
@@ -49,6 +47,11 @@ pub struct Scenario {
     pub seed: u64,
     /// Give up waiting for the orders to settle after this long.
     pub patience: Duration,
+    /// Orchestrated, with crashes on: the first timeout step of each order fails (and is
+    /// retried after the scheduler's backoff).
+    pub failing_timeouts: bool,
+    /// Restart the database once, a third of the way through the orders.
+    pub restart_database: Option<DatabaseRestart>,
 }
 
 impl Scenario {
@@ -63,37 +66,9 @@ impl Scenario {
             inventory_timeout: Duration::from_secs(10),
             seed: 1,
             patience: Duration::from_secs(180),
+            failing_timeouts: true,
+            restart_database: None,
         }
-    }
-}
-
-/// Fails a step after the inner handler did all its writes, before the commit, with
-/// probability `rate`: the whole transaction rolls back, as if the process died there.
-struct FailingSteps {
-    inner: Arc<dyn Handler>,
-    rate: f64,
-    seed: u64,
-    calls: AtomicU64,
-    failed: Arc<AtomicU64>,
-}
-
-impl Handler for FailingSteps {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        event: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            self.inner.handle(tx, event).await?;
-            let call = self.calls.fetch_add(1, Ordering::Relaxed);
-            let roll = StdRng::seed_from_u64(self.seed ^ call.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-                .random::<f64>();
-            if roll < self.rate {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-                return Err(HandlerError::new("injected crash after the step's writes"));
-            }
-            Ok(())
-        })
     }
 }
 
@@ -140,9 +115,15 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
             failed: failed_steps.clone(),
         })
     };
+    let timeout_failures = Arc::new(AtomicU64::new(0));
     let saga = Arc::new(SagaHandler::new(
-        OrderSaga {
-            inventory_timeout: s.inventory_timeout,
+        FlakyTimeouts {
+            saga: OrderSaga {
+                inventory_timeout: s.inventory_timeout,
+            },
+            enabled: s.crashes && s.failing_timeouts,
+            failed_once: Default::default(),
+            failures: timeout_failures.clone(),
         },
         tables,
     ));
@@ -223,7 +204,20 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
         };
         let (pool, publisher) = (pool.clone(), broker.publisher());
         async move {
-            Ok::<RelayHandle, BoxError>(Relay::new(pool, publisher.await?, config).await?.spawn())
+            let publisher = publisher.await?;
+            // Retried while the database restarts.
+            let mut tries = 0;
+            loop {
+                match Relay::new(pool.clone(), publisher.clone(), config.clone()).await {
+                    Ok(relay) => return Ok::<RelayHandle, BoxError>(relay.spawn()),
+                    Err(e) if tries < 100 => {
+                        tries += 1;
+                        eprintln!("relay start failed (retrying): {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
     };
 
@@ -235,7 +229,15 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
         tokio::spawn(async move {
             // Customers arrive over a few seconds, so the crashes land mid-flow.
             for n in 0..orders {
-                place_order(&pool, &outbox, n, timeout).await?;
+                // A customer tries again while the database restarts.
+                let mut tries = 0;
+                while let Err(e) = place_order(&pool, &outbox, n, timeout).await {
+                    tries += 1;
+                    if tries > 200 {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 tokio::time::sleep(Duration::from_millis(40)).await;
             }
             Ok::<(), BoxError>(())
@@ -249,9 +251,25 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
     let mut next_consumer_kill =
         Instant::now() + Duration::from_millis(rng.random_range(500..1_500));
     let deadline = Instant::now() + s.patience;
+    let mut database_restarts = 0u32;
+    let restart_after = i64::from(s.orders / 3);
     loop {
-        if writer.is_finished() && settled(pool, tables, s.mode, consumers.len() as i64).await? {
+        let done = writer.is_finished()
+            && settled(pool, tables, s.mode, consumers.len() as i64)
+                .await
+                .unwrap_or(false);
+        if done {
             break;
+        }
+        if let Some(restart) = s
+            .restart_database
+            .as_ref()
+            .filter(|_| database_restarts == 0)
+        {
+            if placed(pool, tables).await.unwrap_or(0) >= restart_after {
+                (restart.0)().await;
+                database_restarts += 1;
+            }
         }
         if Instant::now() > deadline {
             eprintln!("order fulfilment: gave up waiting after {:?}", s.patience);
@@ -298,9 +316,18 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
     report.relay_kills = relay_kills;
     report.consumer_kills = consumer_kills;
     report.failed_steps = failed_steps.load(Ordering::Relaxed);
+    report.timeout_step_failures = timeout_failures.load(Ordering::Relaxed);
+    report.database_restarts = database_restarts;
     report.elapsed = elapsed;
     broker.clean_up().await;
     Ok(report)
+}
+
+/// Orders placed so far.
+async fn placed(pool: &PgPool, tables: &Tables) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(&tables.render("SELECT count(*) FROM {schema}.orders"))
+        .fetch_one(pool)
+        .await
 }
 
 /// Every order completed or cancelled (and, orchestrated, every saga finished), every event
