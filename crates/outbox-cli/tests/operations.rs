@@ -258,7 +258,7 @@ async fn purge_can_archive_instead_and_purge_the_inbox_too() {
     db.exec(
         "UPDATE {schema}.{events} SET status = 'published', published_at = now() - interval '3 days';
          INSERT INTO {schema}.inbox (consumer, event_id, processed_at)
-         SELECT 'billing', event_id, now() - interval '40 days' FROM {schema}.{events};",
+         SELECT 'billing', event_id::text, now() - interval '40 days' FROM {schema}.{events};",
     )
     .await;
     let url = database_url();

@@ -11,8 +11,12 @@ use crate::cloudevents;
 /// attributes), decoded.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Envelope {
-    /// The event id (the inbox key).
+    /// The event id. For a producer whose ids are not UUIDs (a CloudEvents `id` such as
+    /// `"A234-1234-1234"`), a UUIDv5 of that id: stable, so its redeliveries share it.
     pub event_id: Uuid,
+    /// The id the inbox records: the event id's lowercase hyphenated form, or a producer's
+    /// non-UUID id as sent (1 to 255 characters).
+    pub message_id: String,
     /// The event type.
     pub event_type: String,
     /// The payload's schema version (1 when absent).
@@ -60,6 +64,7 @@ impl Envelope {
         };
         Ok(Self {
             event_id: fields.event_id,
+            message_id: fields.message_id,
             event_type: fields.event_type,
             schema_version: fields.schema_version,
             aggregate_type: fields.aggregate_type,
@@ -101,9 +106,13 @@ fn copy_marker(headers: &BTreeMap<String, String>) -> Result<Option<i32>, Decode
         })
 }
 
+/// The namespace of the UUIDv5 event ids given to messages whose ids are not UUIDs.
+const MESSAGE_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_4d49_8000_6d65_7373_6167);
+
 /// The standard fields, parsed from native header names.
 struct Fields {
     event_id: Uuid,
+    message_id: String,
     event_type: String,
     schema_version: i32,
     aggregate_type: Option<String>,
@@ -115,10 +124,25 @@ struct Fields {
 impl Fields {
     fn parse(headers: &BTreeMap<String, String>) -> Result<Self, DecodeError> {
         let get = |name: &str| headers.get(name).map(String::as_str);
-        let event_id =
-            get(header::EVENT_ID).ok_or_else(|| DecodeError("no event-id header".into()))?;
-        let event_id = Uuid::parse_str(event_id)
-            .map_err(|e| DecodeError(format!("event-id {event_id:?} is not a UUID: {e}")))?;
+        let raw = get(header::EVENT_ID)
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| DecodeError("no event-id header".into()))?;
+        let (event_id, message_id) = match Uuid::parse_str(raw) {
+            Ok(id) => (id, id.to_string()),
+            Err(_) if raw.chars().count() > outbox::MAX_MESSAGE_ID_CHARS => {
+                return Err(DecodeError(format!(
+                    "event-id is longer than {} characters",
+                    outbox::MAX_MESSAGE_ID_CHARS
+                )))
+            }
+            Err(_) if raw.contains('\0') => {
+                return Err(DecodeError("event-id contains NUL".into()));
+            }
+            Err(_) => (
+                Uuid::new_v5(&MESSAGE_ID_NAMESPACE, raw.as_bytes()),
+                raw.to_owned(),
+            ),
+        };
         let event_type = get(header::EVENT_TYPE)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| DecodeError("no event-type header".into()))?
@@ -147,6 +171,7 @@ impl Fields {
             .map(|t| t.with_timezone(&Utc));
         Ok(Self {
             event_id,
+            message_id,
             event_type,
             schema_version,
             aggregate_type: get(header::AGGREGATE_TYPE).map(str::to_owned),
@@ -191,6 +216,27 @@ mod tests {
         assert_eq!(e.json::<serde_json::Value>().unwrap()["a"], 1);
     }
 
+    /// A producer's id that is not a UUID is the inbox key as sent, with a stable UUIDv5 as
+    /// the event id; a UUID in any case is recorded in one form.
+    #[test]
+    fn takes_any_text_id() {
+        let decode = |id: &str| {
+            Envelope::decode(
+                "s",
+                headers(&[("event-id", id), ("event-type", "T")]),
+                Bytes::new(),
+            )
+            .unwrap()
+        };
+        let a = decode("A234-1234-1234");
+        assert_eq!(a.message_id, "A234-1234-1234");
+        assert_eq!(a.event_id, decode("A234-1234-1234").event_id, "stable");
+        assert_ne!(a.event_id, decode("A234-1234-1235").event_id);
+        let id = Uuid::now_v7();
+        let upper = decode(&id.to_string().to_uppercase());
+        assert_eq!((upper.event_id, upper.message_id), (id, id.to_string()));
+    }
+
     /// What the property test found: an `occurred_at` after year 9999 (or before year 1)
     /// went out as `+10000-…`, which the strict RFC 3339 parser refused, and was dropped.
     #[test]
@@ -222,8 +268,12 @@ mod tests {
         let cases = [
             (headers(&[]), "no event-id header"),
             (
-                headers(&[("event-id", "x"), ("event-type", "T")]),
-                "is not a UUID",
+                headers(&[("event-id", &"x".repeat(256)), ("event-type", "T")]),
+                "event-id is longer than 255 characters",
+            ),
+            (
+                headers(&[("event-id", ""), ("event-type", "T")]),
+                "no event-id header",
             ),
             (
                 headers(&[("event-id", &Uuid::now_v7().to_string())]),

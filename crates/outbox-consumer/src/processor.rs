@@ -196,7 +196,12 @@ impl Processor {
     ) -> Result<Outcome, HandlerError> {
         let seen = self
             .inbox
-            .record(&mut *tx, &self.name, event.event_id)
+            .record_message(
+                &mut *tx,
+                &self.name,
+                &event.message_id,
+                Some(&event.event_type),
+            )
             .await?;
         if seen == Seen::Duplicate {
             return Ok(Outcome::Duplicate);

@@ -256,8 +256,10 @@ mod tests {
     }
 
     fn envelope(version: i32, payload: &[u8]) -> Envelope {
+        let event_id = Uuid::now_v7();
         Envelope {
-            event_id: Uuid::now_v7(),
+            event_id,
+            message_id: event_id.to_string(),
             event_type: "OrderPlaced".into(),
             schema_version: version,
             aggregate_type: None,

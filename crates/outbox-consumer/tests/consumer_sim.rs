@@ -235,8 +235,10 @@ async fn run_or_crash<F: Future>(f: F, polls: Option<u32>) -> Option<F::Output> 
 }
 
 fn envelope(target_type: &str, aggregate: &str, version: Option<i64>) -> Envelope {
+    let event_id = Uuid::now_v7();
     Envelope {
-        event_id: Uuid::now_v7(),
+        event_id,
+        message_id: event_id.to_string(),
         event_type: target_type.into(),
         schema_version: 1,
         aggregate_type: Some("order".into()),

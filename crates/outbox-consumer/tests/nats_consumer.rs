@@ -575,3 +575,62 @@ async fn aggregates_are_handled_at_once_each_in_order() {
     common::assert_in_order(&Ledger::applied(&db).await, &expected);
     fx.cleanup().await;
 }
+
+/// Item 1: a producer whose ids are not UUIDs (a CloudEvent with `id` "order-42-placed").
+/// Before: dead-lettered as "event-id … is not a UUID". Now: delivered twice, applied once,
+/// its inbox row keyed by the id as sent, with the event type.
+#[tokio::test]
+async fn a_cloudevent_with_a_text_id_is_applied_once() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let handler = Arc::new(ReserveStock::install(&db).await);
+    for _ in 0..2 {
+        let mut headers = HeaderMap::new();
+        for (k, v) in [
+            ("ce-specversion", "1.0"),
+            ("ce-id", "order-42-placed"),
+            ("ce-type", "OrderPlaced"),
+            ("ce-source", "/legacy-shop"),
+            ("content-type", "application/json"),
+        ] {
+            headers.insert(k, v);
+        }
+        fx.js
+            .publish_with_headers(
+                format!("{}.order.OrderPlaced", fx.prefix),
+                headers,
+                serde_json::to_vec(&serde_json::json!({"sku": "apple", "qty": 2}))
+                    .unwrap()
+                    .into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let processor = common::processor(&db, "inventory", handler.clone());
+    let metrics = processor.metrics().clone();
+    let consumer = NatsConsumer::connect(fx.source(), fx.config("inventory", 2), processor)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("applied once, the copy skipped", WAIT, || async {
+        metrics.count("inventory", Count::Handled) == 1
+            && metrics.count("inventory", Count::Duplicates) == 1
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(reserved(&db, "apple").await, 2);
+    assert_eq!(metrics.count("inventory", Count::DeadLettered), 0);
+    let row: (String, Option<String>) = sqlx::query_as(
+        &db.tables
+            .render("SELECT event_id, event_type FROM {schema}.inbox WHERE consumer = 'inventory'"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(row, ("order-42-placed".into(), Some("OrderPlaced".into())));
+    fx.cleanup().await;
+}

@@ -111,8 +111,10 @@ impl Saga for Checkout {
 }
 
 fn envelope(order: Option<&str>, event_type: &str) -> Envelope {
+    let event_id = Uuid::now_v7();
     Envelope {
-        event_id: Uuid::now_v7(),
+        event_id,
+        message_id: event_id.to_string(),
         event_type: event_type.into(),
         schema_version: 1,
         aggregate_type: Some("order".into()),
@@ -189,7 +191,7 @@ impl Fixture {
                 .tables
                 .render("SELECT count(*) FROM {schema}.inbox WHERE event_id = $1"),
         )
-        .bind(event_id)
+        .bind(event_id.to_string())
         .fetch_one(&self.db.pool)
         .await
         .unwrap()

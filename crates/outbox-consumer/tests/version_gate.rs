@@ -13,8 +13,10 @@ use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 use uuid::Uuid;
 
 fn event(aggregate: &str, version: i64) -> Envelope {
+    let event_id = Uuid::now_v7();
     Envelope {
-        event_id: Uuid::now_v7(),
+        event_id,
+        message_id: event_id.to_string(),
         event_type: "OrderChanged".into(),
         schema_version: 1,
         aggregate_type: Some("order".into()),

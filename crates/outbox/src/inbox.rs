@@ -24,6 +24,35 @@ pub(crate) fn check_consumer(consumer: &str) -> Result<(), crate::Error> {
     Ok(())
 }
 
+/// The longest message id or event type an inbox records, in characters (MySQL's key column).
+pub const MAX_MESSAGE_ID_CHARS: usize = 255;
+
+/// Rejects a message id that is empty, longer than [`MAX_MESSAGE_ID_CHARS`] or holds a NUL
+/// (no database column keeps it as given), and an event type that is empty or too long.
+pub(crate) fn check_message(
+    message_id: &str,
+    event_type: Option<&str>,
+) -> Result<(), crate::Error> {
+    let bad = |text: &str| {
+        if text.is_empty() {
+            Some("must not be empty")
+        } else if text.chars().count() > MAX_MESSAGE_ID_CHARS {
+            Some("must be at most 255 characters")
+        } else if text.contains('\0') {
+            Some("must not contain NUL")
+        } else {
+            None
+        }
+    };
+    if let Some(why) = bad(message_id) {
+        return Err(crate::Error::invalid("message_id", why));
+    }
+    if let Some(why) = event_type.and_then(bad) {
+        return Err(crate::Error::invalid("event_type", why));
+    }
+    Ok(())
+}
+
 /// `New` when the insert added the row, `Duplicate` when it was already there.
 pub(crate) fn seen(rows_affected: u64) -> Seen {
     if rows_affected == 1 {

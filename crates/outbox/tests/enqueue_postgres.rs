@@ -226,7 +226,7 @@ async fn the_inbox_sees_each_event_once_per_consumer_and_purges_by_age() {
     sqlx::query(&db.tables.render(
         "UPDATE {schema}.inbox SET processed_at = now() - interval '8 days' WHERE event_id <> $1",
     ))
-    .bind(id)
+    .bind(id.to_string())
     .execute(&db.pool)
     .await
     .unwrap();
@@ -247,4 +247,67 @@ async fn the_inbox_sees_each_event_once_per_consumer_and_purges_by_age() {
         .unwrap_err()
         .to_string();
     assert_eq!(err, "invalid event: consumer must not be empty");
+}
+
+#[tokio::test]
+async fn the_inbox_takes_any_text_id_and_records_the_event_type() {
+    use outbox::postgres::{PgInbox, Seen};
+    let db = TestDb::new(1).await;
+    let inbox = PgInbox::new(&db.tables);
+    let id = uuid::Uuid::now_v7();
+    let mut tx = db.pool.begin().await.unwrap();
+    let record = |id: &'static str| (id, Some("OrderPlaced"));
+    let (text, event_type) = record("A234-1234-1234");
+    assert_eq!(
+        inbox
+            .record_message(&mut tx, "billing", text, event_type)
+            .await
+            .unwrap(),
+        Seen::New
+    );
+    assert_eq!(
+        inbox
+            .record_message(&mut tx, "billing", text, event_type)
+            .await
+            .unwrap(),
+        Seen::Duplicate
+    );
+    assert!(inbox
+        .record_message(&mut tx, "billing", "a234-1234-1234", None)
+        .await
+        .unwrap()
+        .is_new());
+    // A UUID recorded either way is one key.
+    assert!(inbox.record(&mut tx, "billing", id).await.unwrap().is_new());
+    assert_eq!(
+        inbox
+            .record_message(&mut tx, "billing", &id.to_string(), None)
+            .await
+            .unwrap(),
+        Seen::Duplicate
+    );
+    let long = "x".repeat(256);
+    for (bad, expected) in [
+        ("", "message_id must not be empty"),
+        (long.as_str(), "message_id must be at most 255 characters"),
+        ("a\0b", "message_id must not contain NUL"),
+    ] {
+        let err = inbox
+            .record_message(&mut tx, "billing", bad, None)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.ends_with(expected), "{err}");
+    }
+    tx.commit().await.unwrap();
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as(&db.tables.render(
+            "SELECT event_id, event_type FROM {schema}.inbox ORDER BY processed_at, event_id",
+        ))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.contains(&("A234-1234-1234".into(), Some("OrderPlaced".into()))));
+    assert!(rows.contains(&(id.to_string(), None)));
 }

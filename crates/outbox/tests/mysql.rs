@@ -189,3 +189,48 @@ async fn writing_before_migrating_says_to_migrate() {
         outbox::Error::Schema(outbox::SchemaError::Missing).to_string()
     );
 }
+
+#[tokio::test]
+async fn the_inbox_takes_any_text_id_and_records_the_event_type() {
+    let db = MySqlDb::new(1).await;
+    let inbox = MySqlInbox::default();
+    let mut tx = db.pool.begin().await.unwrap();
+    let long = "é".repeat(255);
+    for id in ["A234-1234-1234", "a234-1234-1234", long.as_str()] {
+        assert_eq!(
+            inbox
+                .record_message(&mut tx, "billing", id, Some("OrderPlaced"))
+                .await
+                .unwrap(),
+            Seen::New,
+            "ids compare byte for byte, up to 255 characters"
+        );
+        assert_eq!(
+            inbox
+                .record_message(&mut tx, "billing", id, Some("OrderPlaced"))
+                .await
+                .unwrap(),
+            Seen::Duplicate
+        );
+    }
+    let err = inbox
+        .record_message(&mut tx, "billing", &"x".repeat(256), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with("message_id must be at most 255 characters"),
+        "{err}"
+    );
+    tx.commit().await.unwrap();
+    let stored: Vec<(String, Option<String>)> =
+        // A `_bin` collation reads back as binary in sqlx: converted to text here.
+        sqlx::query_as(
+            "SELECT CONVERT(event_id USING utf8mb4), event_type FROM outbox_inbox",
+        )
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(stored.len(), 3);
+    assert!(stored.contains(&(long.clone(), Some("OrderPlaced".into()))));
+}

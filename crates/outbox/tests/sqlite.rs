@@ -113,3 +113,41 @@ async fn the_inbox_records_once_and_purges_by_age() {
     assert_eq!(left, 1);
     let _ = std::fs::remove_file(path);
 }
+
+#[tokio::test]
+async fn the_inbox_takes_any_text_id_and_records_the_event_type() {
+    let (pool, path) = pool().await;
+    let inbox = SqliteInbox::default();
+    let mut tx = pool.begin().await.unwrap();
+    assert_eq!(
+        inbox
+            .record_message(&mut tx, "billing", "A234-1234-1234", Some("OrderPlaced"))
+            .await
+            .unwrap(),
+        Seen::New
+    );
+    assert_eq!(
+        inbox
+            .record_message(&mut tx, "billing", "A234-1234-1234", Some("OrderPlaced"))
+            .await
+            .unwrap(),
+        Seen::Duplicate
+    );
+    let err = inbox
+        .record_message(&mut tx, "billing", "", None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.ends_with("message_id must not be empty"), "{err}");
+    tx.commit().await.unwrap();
+    let stored: (String, Option<String>) =
+        sqlx::query_as("SELECT event_id, event_type FROM outbox_inbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored,
+        ("A234-1234-1234".into(), Some("OrderPlaced".into()))
+    );
+    let _ = std::fs::remove_file(path);
+}

@@ -14,11 +14,18 @@ use crate::{
 };
 
 /// The migrations this build ships for MySQL and MariaDB.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "create outbox and inbox",
-    include_str!("migrations/0001_create_outbox.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "create outbox and inbox",
+        include_str!("migrations/0001_create_outbox.sql"),
+    ),
+    (
+        2,
+        "inbox: text message ids and event types",
+        include_str!("migrations/0002_inbox_message_ids.sql"),
+    ),
+];
 
 /// Partition count of a new MySQL outbox when none is given (as PostgreSQL's).
 pub const DEFAULT_PARTITIONS: i32 = crate::postgres::DEFAULT_PARTITIONS;
@@ -264,10 +271,12 @@ impl MySqlInbox {
     /// The inbox of the outbox in `tables`.
     pub fn new(tables: &Tables) -> Self {
         Self {
-            // IGNORE turns only the duplicate key into "no row": the consumer name is checked
-            // first and an event id is 36 characters, so no other error can be ignored.
-            record_sql: tables
-                .render_mysql("INSERT IGNORE INTO {inbox} (consumer, event_id) VALUES (?, ?)"),
+            // IGNORE turns only the duplicate key into "no row": the consumer name, the
+            // message id and the event type are checked first (non-empty, at most 255
+            // characters), so no other error can be ignored.
+            record_sql: tables.render_mysql(
+                "INSERT IGNORE INTO {inbox} (consumer, event_id, event_type) VALUES (?, ?, ?)",
+            ),
             purge_sql: tables.render_mysql(
                 "DELETE FROM {inbox} \
                  WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
@@ -283,10 +292,25 @@ impl MySqlInbox {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<Seen, Error> {
+        self.record_message(conn, consumer, &event_id.to_string(), None)
+            .await
+    }
+
+    /// Records any text `message_id` (at most 255 characters) and the event type for
+    /// `consumer` (see [`crate::postgres::PgInbox::record_message`]).
+    pub async fn record_message(
+        &self,
+        conn: &mut MySqlConnection,
+        consumer: &str,
+        message_id: &str,
+        event_type: Option<&str>,
+    ) -> Result<Seen, Error> {
         crate::inbox::check_consumer(consumer)?;
+        crate::inbox::check_message(message_id, event_type)?;
         let done = sqlx::query(&self.record_sql)
             .bind(consumer)
-            .bind(event_id.hyphenated().to_string())
+            .bind(message_id)
+            .bind(event_type)
             .execute(conn)
             .await
             .map_err(Error::Database)?;

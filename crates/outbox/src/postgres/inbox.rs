@@ -44,7 +44,7 @@ impl PgInbox {
     pub fn new(tables: &Tables) -> Self {
         Self {
             record_sql: tables.render(
-                "INSERT INTO {schema}.inbox (consumer, event_id) VALUES ($1, $2) \
+                "INSERT INTO {schema}.inbox (consumer, event_id, event_type) VALUES ($1, $2, $3) \
                  ON CONFLICT (consumer, event_id) DO NOTHING",
             ),
             purge_sql: tables.render(
@@ -63,10 +63,27 @@ impl PgInbox {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<Seen, Error> {
+        self.record_message(conn, consumer, &event_id.to_string(), None)
+            .await
+    }
+
+    /// Records any text `message_id` for `consumer`, with the event type applied, inside the
+    /// caller's transaction. For ids of producers that are not UUIDs (a CloudEvents `id`);
+    /// a UUID is recorded as [`PgInbox::record`] does, in its lowercase hyphenated form, so
+    /// pass that form. The id and type must be 1 to 255 characters, without NUL.
+    pub async fn record_message(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        message_id: &str,
+        event_type: Option<&str>,
+    ) -> Result<Seen, Error> {
         crate::inbox::check_consumer(consumer)?;
+        crate::inbox::check_message(message_id, event_type)?;
         let done = sqlx::query(&self.record_sql)
             .bind(consumer)
-            .bind(event_id)
+            .bind(message_id)
+            .bind(event_type)
             .execute(conn)
             .await
             .map_err(Error::Database)?;

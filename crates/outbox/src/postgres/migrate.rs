@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "consumers' version gate",
         include_str!("migrations/0014_consumer_versions.sql"),
     ),
+    (
+        15,
+        "inbox: text message ids and event types",
+        include_str!("migrations/0015_inbox_message_ids.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

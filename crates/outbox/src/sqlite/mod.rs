@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "purge index, audit and archive",
         include_str!("migrations/0005_operations.sql"),
     ),
+    (
+        6,
+        "inbox: event types",
+        include_str!("migrations/0006_inbox_event_type.sql"),
+    ),
 ];
 
 /// Writes events into a SQLite outbox. Cheap to clone; holds no connection.
@@ -207,7 +212,7 @@ impl SqliteInbox {
     pub fn new(tables: &Tables) -> Self {
         Self {
             record_sql: tables.render_sqlite(
-                "INSERT INTO {inbox} (consumer, event_id) VALUES (?, ?) \
+                "INSERT INTO {inbox} (consumer, event_id, event_type) VALUES (?, ?, ?) \
                  ON CONFLICT (consumer, event_id) DO NOTHING",
             ),
             purge_sql: tables.render_sqlite(
@@ -224,10 +229,25 @@ impl SqliteInbox {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<Seen, Error> {
+        self.record_message(conn, consumer, &event_id.to_string(), None)
+            .await
+    }
+
+    /// Records any text `message_id` and the event type for `consumer` (see
+    /// [`crate::postgres::PgInbox::record_message`]).
+    pub async fn record_message(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        message_id: &str,
+        event_type: Option<&str>,
+    ) -> Result<Seen, Error> {
         crate::inbox::check_consumer(consumer)?;
+        crate::inbox::check_message(message_id, event_type)?;
         let done = sqlx::query(&self.record_sql)
             .bind(consumer)
-            .bind(event_id.to_string())
+            .bind(message_id)
+            .bind(event_type)
             .execute(conn)
             .await
             .map_err(Error::Database)?;
