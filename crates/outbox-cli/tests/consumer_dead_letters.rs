@@ -213,11 +213,26 @@ async fn names_what_is_missing_or_wrong() {
         "consumer-dead-letters",
         "list",
         "--broker-url",
-        "kafka://user:secret@127.0.0.1:9092",
+        "redis://user:secret@127.0.0.1:6379",
     ]);
     let (_, err) = text(&o);
     assert!(
-        err.contains("--broker-url must be nats://… or amqp://…"),
+        err.contains("--broker-url must be nats://…, amqp://… or kafka://…"),
+        "{err}"
+    );
+    assert!(!err.contains("secret"), "{err}");
+    let o = run(&[
+        "consumer-dead-letters",
+        "list",
+        "--broker-url",
+        "kafka://user:secret@127.0.0.1:9092",
+        "--consumer",
+        "inventory",
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("kafka:// takes host:port[,host:port…]"),
         "{err}"
     );
     assert!(!err.contains("secret"), "{err}");

@@ -404,3 +404,58 @@ async fn aggregates_are_handled_at_once_each_in_order() {
     common::assert_in_order(&Ledger::applied(&db).await, &expected);
     fx.cleanup().await;
 }
+
+/// A consumer killed mid-batch (its task aborted, its connection gone, while `slow` v1 keeps
+/// failing and other aggregates are applied): the broker requeues what it held, and the next
+/// consumer applies the rest. Every event once, each aggregate in order, counted from the
+/// database.
+#[tokio::test]
+async fn a_consumer_killed_mid_batch_leaves_every_event_applied_once_in_order() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let mut stuck = Ledger::install(&db).await;
+    stuck.flaky = vec!["slow".into()];
+    stuck.fail_first = u32::MAX;
+    let (messages, expected) = common::interleaved();
+    fx.publish_versioned(&messages).await;
+    let gated = |ledger: Ledger| {
+        Processor::new(db.pool.clone(), &db.tables, "inventory", Arc::new(ledger))
+            .with_version_gate(VersionGate::starting_at(&db.tables, 1))
+    };
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
+        fx.config(u32::MAX),
+        gated(stuck),
+    )
+    .await
+    .unwrap();
+    let task = tokio::spawn(consumer.run(CancellationToken::new()));
+    wait_until("the other aggregates applied", WAIT, || async {
+        Ledger::count(&db).await == messages.len() as i64 - 5
+    })
+    .await;
+    task.abort();
+    let _ = task.await;
+
+    let second = gated(Ledger::on(&db));
+    let metrics = second.metrics().clone();
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
+        fx.config(5),
+        second,
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("every event applied", WAIT, || async {
+        Ledger::count(&db).await == messages.len() as i64
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    common::assert_in_order(&Ledger::applied(&db).await, &expected);
+    assert_eq!(metrics.count("inventory", Count::Handled), 5, "slow's five");
+    assert_eq!(metrics.count("inventory", Count::DeadLettered), 0);
+    fx.cleanup().await;
+}

@@ -148,6 +148,12 @@ impl Letters {
             );
         }
         if let Some(brokers) = url.strip_prefix("kafka://") {
+            if brokers.contains('@') || brokers.contains('/') {
+                // Not repeated: it may hold a password.
+                return Err(
+                    "kafka:// takes host:port[,host:port…], without credentials or a path".into(),
+                );
+            }
             #[cfg(feature = "kafka")]
             {
                 let consumer = source

@@ -12,13 +12,14 @@ use std::{collections::HashSet, time::Duration};
 
 use rdkafka::{
     consumer::{BaseConsumer, Consumer},
-    message::{Header, Headers, Message as _, OwnedHeaders},
-    producer::{FutureProducer, FutureRecord},
+    message::Message as _,
+    producer::FutureProducer,
     util::Timeout,
     ClientConfig, Offset, TopicPartitionList,
 };
 
 use super::{DeadLetter, Error, Replayed, Selection, DEAD_LETTER_HEADERS};
+use crate::kafka::record::{self, RawHeaders};
 
 /// The marker a replay appends to the dead-letter topic.
 const REPLAYED: &str = "dead-letter-replayed";
@@ -37,7 +38,7 @@ struct Stored {
     partition: i32,
     offset: i64,
     key: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
+    headers: RawHeaders,
     payload: Vec<u8>,
     letter: DeadLetter,
 }
@@ -104,34 +105,20 @@ impl KafkaDeadLetters {
         if origin.is_empty() {
             return Err(failed(&"it has no dead-letter-topic header"));
         }
-        let mut headers = OwnedHeaders::new_with_capacity(stored.headers.len());
-        for (key, value) in &stored.headers {
-            if !DEAD_LETTER_HEADERS.contains(&key.as_str()) {
-                headers = headers.insert(Header {
-                    key,
-                    value: value.as_ref(),
-                });
-            }
-        }
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(origin)
-            .payload(&stored.payload[..])
-            .headers(headers);
-        if let Some(key) = &stored.key {
-            record = record.key(&key[..]);
-        }
+        let headers = record::owned_headers(
+            &stored.headers,
+            |key| !DEAD_LETTER_HEADERS.contains(&key),
+            &[],
+        );
+        let letter = record::record(origin, stored.key.as_deref(), &stored.payload, headers);
         self.producer
-            .send(record, Timeout::After(TIMEOUT))
+            .send(letter, Timeout::After(TIMEOUT))
             .await
             .map_err(|(e, _)| failed(&e))?;
-        let marker = OwnedHeaders::new().insert(Header {
-            key: REPLAYED,
-            value: Some(&place),
-        });
+        let marker = record::owned_headers(&Vec::new(), |_| false, &[(REPLAYED, &place)]);
         self.producer
             .send(
-                FutureRecord::<[u8], [u8]>::to(&self.topic)
-                    .payload(&[][..])
-                    .headers(marker),
+                record::record(&self.topic, None, &[], marker),
                 Timeout::After(TIMEOUT),
             )
             .await
@@ -219,36 +206,15 @@ fn read_all(
         let message = message.map_err(|e| broker(&e))?;
         let (partition, offset) = (message.partition(), message.offset());
         left.retain(|(p, end)| *p != partition || offset + 1 < *end);
-        let headers: Vec<(String, Option<Vec<u8>>)> = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let text = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .and_then(|(_, v)| v.as_deref())
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        };
-        if let Some(place) = text(REPLAYED) {
+        let headers = record::raw_headers(&message);
+        if let Some(place) = record::text(&headers, REPLAYED) {
             replayed.insert(place);
             continue;
         }
-        let mut map = std::collections::BTreeMap::new();
-        for (k, v) in &headers {
-            if let Some(v) = v {
-                map.entry(k.clone())
-                    .or_insert_with(|| String::from_utf8_lossy(v).into_owned());
-            }
-        }
         let payload = message.payload().unwrap_or_default().to_vec();
         let letter = DeadLetter::from_headers(
-            &map,
-            text("dead-letter-topic").unwrap_or_default(),
+            &record::text_headers(&headers),
+            record::text(&headers, "dead-letter-topic").unwrap_or_default(),
             payload.len(),
         );
         letters.push(Stored {

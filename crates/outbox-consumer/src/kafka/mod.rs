@@ -21,6 +21,7 @@
 
 mod context;
 mod offsets;
+pub(crate) mod record;
 mod worker;
 
 use std::{
@@ -35,7 +36,6 @@ use rdkafka::{
     client::DefaultClientContext,
     consumer::{CommitMode, Consumer, StreamConsumer},
     error::{KafkaError, RDKafkaErrorCode},
-    message::{BorrowedMessage, Headers, Message as _},
     producer::FutureProducer,
     ClientConfig,
 };
@@ -389,19 +389,6 @@ fn created(what: &str, e: KafkaError) -> Error {
         }
         other => Error::Broker(format!("kafka: cannot create the {what}: {other}")),
     }
-}
-
-/// A message's headers, raw, in order (Kafka allows repeated keys).
-fn raw_headers(message: &BorrowedMessage<'_>) -> Vec<(String, Option<Vec<u8>>)> {
-    message
-        .headers()
-        .map(|headers| {
-            headers
-                .iter()
-                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Convenience: connect and run until `shutdown`.

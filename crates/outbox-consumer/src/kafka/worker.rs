@@ -1,17 +1,20 @@
 //! One Kafka message: decoded, applied through the processor with retries in place, or
 //! produced to the dead-letter topic.
 
-use std::{collections::BTreeMap, sync::Mutex, time::Duration};
+use std::{sync::Mutex, time::Duration};
 
 use bytes::Bytes;
 use rdkafka::{
-    message::{BorrowedMessage, Header, Message as _, OwnedHeaders},
-    producer::{FutureProducer, FutureRecord},
+    message::{BorrowedMessage, Message as _},
+    producer::FutureProducer,
     util::Timeout,
 };
 use tokio_util::sync::CancellationToken;
 
-use super::offsets::{Offsets, Ticket};
+use super::{
+    offsets::{Offsets, Ticket},
+    record::{self, RawHeaders},
+};
 use crate::{lanes::Lane, outage, ConsumerConfig, Count, Envelope, Processor};
 
 /// How long a dead letter may take to be stored before it is tried again.
@@ -24,7 +27,7 @@ pub(crate) struct Received {
     pub(crate) ticket: Ticket,
     pub(crate) lane: Lane,
     key: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
+    headers: RawHeaders,
     payload: Bytes,
 }
 
@@ -40,14 +43,8 @@ impl Received {
             (message.topic().to_owned(), message.partition()),
             message.offset(),
         )?;
-        let headers = super::raw_headers(message);
-        let text = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .and_then(|(_, v)| v.as_deref())
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        };
+        let headers = record::raw_headers(message);
+        let text = |name: &str| record::text(&headers, name);
         let key = message.key().map(<[u8]>::to_vec);
         let lane = match (text("aggregate-type"), text("aggregate-id"), &key) {
             (Some(kind), Some(id), _) => Lane::Aggregate(kind, id),
@@ -81,19 +78,6 @@ impl Received {
             payload: Bytes::new(),
         }
     }
-
-    /// Headers as text, the first value of each name (a value that is not UTF-8 is read
-    /// lossily: the standard fields then fail to parse and say so).
-    fn text_headers(&self) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        for (key, value) in &self.headers {
-            if let Some(value) = value {
-                out.entry(key.clone())
-                    .or_insert_with(|| String::from_utf8_lossy(value).into_owned());
-            }
-        }
-        out
-    }
 }
 
 /// What handles one message: shared by the messages in flight.
@@ -117,7 +101,7 @@ impl Worker {
         let ours = || super::lock(offsets).is_current(&message.ticket);
         let decoded = Envelope::decode(
             message.ticket.partition.0.clone(),
-            message.text_headers(),
+            record::text_headers(&message.headers),
             message.payload.clone(),
         )
         .map_err(|e| e.to_string())
@@ -206,34 +190,27 @@ impl Worker {
         attempts: u32,
     ) -> Result<(), String> {
         let (topic, partition) = &message.ticket.partition;
-        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len() + 6);
-        for (key, value) in &message.headers {
-            headers = headers.insert(Header {
-                key,
-                value: value.as_ref(),
-            });
-        }
         let reason = reason.replace(['\r', '\n'], " ");
+        let (attempts, partition, offset) = (
+            attempts.to_string(),
+            partition.to_string(),
+            message.ticket.offset.to_string(),
+        );
         let extra = [
-            ("dead-letter-reason", reason),
-            ("dead-letter-attempts", attempts.to_string()),
-            ("dead-letter-topic", topic.clone()),
-            ("dead-letter-partition", partition.to_string()),
-            ("dead-letter-offset", message.ticket.offset.to_string()),
-            ("dead-letter-consumer", self.processor.name().to_owned()),
+            ("dead-letter-reason", reason.as_str()),
+            ("dead-letter-attempts", attempts.as_str()),
+            ("dead-letter-topic", topic.as_str()),
+            ("dead-letter-partition", partition.as_str()),
+            ("dead-letter-offset", offset.as_str()),
+            ("dead-letter-consumer", self.processor.name()),
         ];
-        for (key, value) in &extra {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value),
-            });
-        }
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&self.dead_topic)
-            .payload(&message.payload[..])
-            .headers(headers);
-        if let Some(key) = &message.key {
-            record = record.key(&key[..]);
-        }
+        let headers = record::owned_headers(&message.headers, |_| true, &extra);
+        let record = record::record(
+            &self.dead_topic,
+            message.key.as_deref(),
+            &message.payload,
+            headers,
+        );
         self.producer
             .send(record, Timeout::After(DEAD_LETTER_TIMEOUT))
             .await
