@@ -252,3 +252,33 @@ async fn names_a_missing_dead_letter_topic() {
         text(&o)
     );
 }
+
+/// librdkafka properties reach the client (security settings go this way); a bad one is named,
+/// its value never printed.
+#[tokio::test]
+async fn passes_kafka_properties_and_names_a_bad_one() {
+    let t = Topics::new().await;
+    let o = run(&[
+        t.args("list"),
+        vec!["--json", "--kafka-property", "client.id=ops-cli"],
+    ]
+    .concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    let o = run(&[
+        t.args("list"),
+        vec!["--kafka-property", "sasl.no.such.thing=hunter2"],
+    ]
+    .concat());
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("sasl.no.such.thing"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    let o = run(&[t.args("list"), vec!["--kafka-property", "hunter2"]].concat());
+    let (_, err) = text(&o);
+    assert!(err.contains("--kafka-property must be KEY=VALUE"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    t.cleanup().await;
+}

@@ -64,6 +64,15 @@ struct Source {
     /// Kafka: the dead-letter topic, when not `{consumer}.dead`.
     #[arg(long)]
     topic: Option<String>,
+    /// Kafka: a librdkafka property, KEY=VALUE (repeatable; `security.protocol`, `sasl.*`,
+    /// `ssl.*`). In the environment, `;`-separated. Values are never printed.
+    #[arg(
+        long = "kafka-property",
+        env = "OUTBOX_KAFKA_PROPERTIES",
+        value_delimiter = ';',
+        hide_env_values = true
+    )]
+    kafka_properties: Vec<String>,
     /// NATS: the stream the consumer reads.
     #[arg(long, default_value = "OUTBOX")]
     stream: String,
@@ -164,9 +173,19 @@ impl Letters {
                     .topic
                     .clone()
                     .unwrap_or_else(|| format!("{consumer}.dead"));
-                let letters =
-                    outbox_consumer::dead_letters::kafka::KafkaDeadLetters::open(brokers, &topic)
-                        .await?;
+                let mut properties = std::collections::BTreeMap::new();
+                for property in &source.kafka_properties {
+                    let (key, value) = property
+                        .split_once('=')
+                        .ok_or("--kafka-property must be KEY=VALUE (one was given without '=')")?;
+                    properties.insert(key.trim().to_owned(), value.to_owned());
+                }
+                let letters = outbox_consumer::dead_letters::kafka::KafkaDeadLetters::open_with(
+                    brokers,
+                    &topic,
+                    &properties,
+                )
+                .await?;
                 return Ok((Self::Kafka(Box::new(letters)), consumer.to_owned()));
             }
             #[cfg(not(feature = "kafka"))]

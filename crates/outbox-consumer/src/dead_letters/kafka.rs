@@ -8,7 +8,10 @@
 //! aggregate's partition after the events already there; other consumer groups of that topic
 //! skip it as a duplicate through their inbox.
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::{BTreeMap, HashSet},
+    time::Duration,
+};
 
 use rdkafka::{
     consumer::{BaseConsumer, Consumer},
@@ -46,14 +49,33 @@ struct Stored {
 impl KafkaDeadLetters {
     /// Opens the dead-letter topic `topic` on `brokers` (comma-separated).
     pub async fn open(brokers: &str, topic: &str) -> Result<Self, Error> {
+        Self::open_with(brokers, topic, &BTreeMap::new()).await
+    }
+
+    /// [`KafkaDeadLetters::open`] with more librdkafka properties (`security.protocol`,
+    /// `sasl.*`, `ssl.*`, …), as the consumer's runner was given them. An error names a bad
+    /// property, never its value.
+    pub async fn open_with(
+        brokers: &str,
+        topic: &str,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<Self, Error> {
         let mut config = ClientConfig::new();
+        for (key, value) in properties {
+            config.set(key, value);
+        }
         config.set("bootstrap.servers", brokers);
         let producer: FutureProducer = config
             .clone()
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .create()
-            .map_err(|e| Error::Broker(format!("kafka: cannot create a producer: {e}")))?;
+            .map_err(|e| match e {
+                rdkafka::error::KafkaError::ClientConfig(_, description, key, _) => {
+                    Error::Broker(format!("kafka: property {key:?}: {description}"))
+                }
+                other => Error::Broker(format!("kafka: cannot create a producer: {other}")),
+            })?;
         let letters = Self {
             config,
             topic: topic.to_owned(),
