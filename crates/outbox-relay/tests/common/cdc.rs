@@ -1,13 +1,19 @@
 //! Set-up of the CDC relay tests: an outbox with its slot on the logical server (the private
 //! server of `scripts/tools/pg_cdc.sh`), the CDC relay, writes in each write mode.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::future::BoxFuture;
 
 use outbox::{
     postgres::{cdc, MigrateOptions, WriteMode},
     Event,
 };
-use outbox_relay::{Mode, Relay, RelayConfig, RelayHandle};
+use outbox_relay::{Message, Mode, PublishError, Publisher, Relay, RelayConfig, RelayHandle};
 use outbox_testkit::{cdc_database_url, wait_until, TestDb};
 
 /// How long a CDC test waits for a condition.
@@ -118,4 +124,40 @@ pub async fn slot_caught_up(db: &TestDb) {
         },
     )
     .await;
+}
+
+/// A publisher (the real NATS one in these tests) counting the publishes of each event before
+/// the broker sees them: JetStream would drop a second publish of an event id.
+pub struct Counting {
+    inner: Arc<dyn Publisher>,
+    /// Publishes per event id.
+    pub published: Mutex<HashMap<uuid::Uuid, u32>>,
+}
+
+impl Counting {
+    /// Counts what goes through `inner`.
+    pub fn new(inner: Arc<dyn Publisher>) -> Self {
+        Self {
+            inner,
+            published: Mutex::default(),
+        }
+    }
+}
+
+impl Publisher for Counting {
+    fn publish<'a>(&'a self, m: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
+        *self
+            .published
+            .lock()
+            .unwrap()
+            .entry(m.event_id)
+            .or_default() += 1;
+        self.inner.publish(m)
+    }
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn max_payload_bytes(&self) -> usize {
+        self.inner.max_payload_bytes()
+    }
 }
