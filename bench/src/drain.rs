@@ -65,6 +65,16 @@ pub async fn run(bench: &Bench) -> Result<DrainResult> {
 }
 
 async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
+    measure_with(bench, scope, &[]).await
+}
+
+/// Inserts the backlog into `scope` and drains it with a relay process started with the
+/// environment variables `env`.
+pub async fn measure_with(
+    bench: &Bench,
+    scope: &Scope,
+    env: &[(String, String)],
+) -> Result<DrainResult> {
     let events = bench.options.events;
     bench.log(scope.scenario, format!("inserting {events} events"));
     let insert_time = bench.insert_backlog(scope, events).await?;
@@ -81,7 +91,8 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<DrainResult> {
     let mut meter = Meter::start(bench.processes(scope).await?);
     let machine_before = MachineCpu::now();
     let started = Instant::now();
-    let mut relay = RelayProcess::start(bench, scope).await?;
+    let mut relay =
+        RelayProcess::start_with(bench, scope, &bench.options.database_url, env).await?;
     meter.set_relay(relay.pid());
     let timeout = Duration::from_secs(bench.options.drain_timeout);
     let mut last_report = Instant::now();

@@ -19,6 +19,7 @@ mod report;
 mod sqlite;
 mod sqlonly;
 mod steady;
+mod traces;
 mod writers;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -73,6 +74,9 @@ enum Command {
     /// (k) The broker client alone: as many messages as the backlog published straight to
     /// JetStream through async-nats, with the relay's headers and window, no database.
     Natsonly,
+    /// (l) The cost of OpenTelemetry tracing: the same drain with trace export off, exporting
+    /// to a live OTLP receiver, and pointed at a dead endpoint.
+    Traces,
     /// (i) One transaction of `--big-tx-mb` MiB of large events on `--cdc-database-url`, the
     /// relay running: its peak RSS against its RSS before, polling and CDC zero-growth.
     Bigtx,
@@ -286,7 +290,8 @@ async fn run(cli: Cli) -> common::Result<()> {
         | Command::Bigtx
         | Command::Sqlite
         | Command::Mysql
-        | Command::Natsonly => true,
+        | Command::Natsonly
+        | Command::Traces => true,
     };
     if cli.command == Command::Sqlite {
         let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
@@ -330,6 +335,33 @@ async fn run(cli: Cli) -> common::Result<()> {
         );
         println!("{text}");
         let path = bench.out_dir().join("mysql.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
+    }
+    if cli.command == Command::Traces {
+        let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
+        let variants = traces::run(&bench).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# The cost of tracing
+
+Machine: nproc {} ({}), PostgreSQL {}, load average {} at              the start; {}. Each drain: {} events into NATS JetStream.
+
+{}
+`{}`
+",
+            m.nproc,
+            m.cpu_model,
+            m.postgres,
+            m.load_average,
+            m.brokers,
+            bench.options.events,
+            traces::render(&variants),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("traces.md");
         std::fs::write(&path, &text)?;
         eprintln!("results written to {}", path.display());
         return Ok(());

@@ -65,6 +65,16 @@ impl RelayProcess {
 
     /// The same, on the database at `database_url` (a SQLite file for the `sqlite` scenario).
     pub async fn start_on(bench: &Bench, scope: &Scope, database_url: &str) -> Result<Self> {
+        Self::start_with(bench, scope, database_url, &[]).await
+    }
+
+    /// The same, with the environment variables `env` set for the relay.
+    pub async fn start_with(
+        bench: &Bench,
+        scope: &Scope,
+        database_url: &str,
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let out = bench.out_dir();
         let config = out.join(format!("relay-{}.toml", scope.scenario));
         std::fs::write(&config, relay_config(bench, scope))?;
@@ -91,10 +101,12 @@ impl RelayProcess {
             .kill_on_drop(true);
         // The developer's OUTBOX_* variables would override the generated config.
         for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("OUTBOX_") {
+            let name_text = name.to_string_lossy();
+            if name_text.starts_with("OUTBOX_") || name_text.starts_with("OTEL_") {
                 command.env_remove(name);
             }
         }
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         let child = command
             .spawn()
             .map_err(|e| format!("cannot start the relay: {e}"))?;

@@ -4,6 +4,8 @@
 mod commands;
 mod config;
 mod logging;
+#[cfg(feature = "otel")]
+mod traces;
 
 use std::process::ExitCode;
 

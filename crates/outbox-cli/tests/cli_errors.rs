@@ -260,3 +260,25 @@ fn a_database_url_of_another_kind_is_refused_with_a_sentence_that_says_so() {
         }
     }
 }
+
+#[test]
+fn an_otlp_protocol_this_build_does_not_speak_is_refused_by_name() {
+    for (name, value) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+    ] {
+        let out = support::bin()
+            .args(["relay", "--database-url", &database_url()])
+            .args(["--broker-url", "nats://127.0.0.1:4222"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            .env(name, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let text = stderr(&out);
+        assert!(
+            text.contains(&format!("{name}={value}")) && text.contains("http/protobuf"),
+            "{text}"
+        );
+    }
+}

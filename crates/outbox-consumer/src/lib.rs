@@ -39,6 +39,7 @@ mod processor;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 pub mod saga;
+mod trace;
 mod upcast;
 
 pub use config::ConsumerConfig;

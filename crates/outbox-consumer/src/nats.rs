@@ -151,12 +151,19 @@ impl Worker {
             Err(e) => Err((e.to_string(), true)),
             // During an outage the message is held, its ack deadline pushed back, until the
             // database answers.
-            Ok(event) => outage::apply(&self.processor, event, shutdown, self.ack_wait / 3, || {
-                let message = &message;
-                async move {
-                    let _ = message.ack_with(AckKind::Progress).await;
-                }
-            })
+            Ok(event) => outage::apply(
+                "nats",
+                &self.processor,
+                event,
+                shutdown,
+                self.ack_wait / 3,
+                || {
+                    let message = &message;
+                    async move {
+                        let _ = message.ack_with(AckKind::Progress).await;
+                    }
+                },
+            )
             .await
             .map_err(|e| {
                 // Only the message's own failures dead-letter it: not an outage outlasting

@@ -4,6 +4,7 @@
 use std::{future::Future, time::Duration};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{Envelope, HandlerError, Outcome, Processor};
 
@@ -12,11 +13,32 @@ const FIRST_WAIT: Duration = Duration::from_millis(200);
 /// The longest wait between two tries during an outage.
 const LONGEST_WAIT: Duration = Duration::from_secs(5);
 
-/// [`Processor::apply`], repeated while it fails on the infrastructure. Between tries it waits
-/// (at most `longest_wait`, capped at 5 s) and calls `keep` (a runner extends the message's ack
-/// deadline there). Returns the first result that is not an infrastructure failure, or the
+/// [`Processor::apply`] in the delivery's span ([`crate::trace`]), received through `system`,
+/// repeated while it fails on the infrastructure. Between tries it waits (at most
+/// `longest_wait`, capped at 5 s) and calls `keep` (a runner extends the message's ack deadline
+/// there). Returns the first result that is not an infrastructure failure, or the
 /// infrastructure failure itself when `shutdown` fires.
 pub(crate) async fn apply<K, F>(
+    system: &'static str,
+    processor: &Processor,
+    event: &Envelope,
+    shutdown: &CancellationToken,
+    longest_wait: Duration,
+    keep: K,
+) -> Result<Outcome, HandlerError>
+where
+    K: FnMut() -> F,
+    F: Future<Output = ()>,
+{
+    let span = crate::trace::delivery_span(system, processor.name(), event);
+    let result = retrying(processor, event, shutdown, longest_wait, keep)
+        .instrument(span.clone())
+        .await;
+    crate::trace::record_result(&span, &result);
+    result
+}
+
+async fn retrying<K, F>(
     processor: &Processor,
     event: &Envelope,
     shutdown: &CancellationToken,

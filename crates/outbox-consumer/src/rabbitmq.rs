@@ -169,19 +169,26 @@ impl Worker {
         let longest_wait = Duration::from_secs(5);
         let result = match &envelope {
             Err(e) => Err((e.to_string(), u32::MAX)),
-            Ok(event) => outage::apply(&self.processor, event, shutdown, longest_wait, || async {})
-                .await
-                .map_err(|e| {
-                    if !e.counts_as_attempt() {
-                        // Shut down during an outage, or waiting for an earlier version of
-                        // its aggregate: requeued after the first backoff, no attempt spent.
-                        return (e.to_string(), 0);
-                    }
-                    let mut attempts = self.attempts.lock().expect("not poisoned");
-                    let n = attempts.entry(key.clone()).or_insert(0);
-                    *n += 1;
-                    (e.to_string(), *n)
-                }),
+            Ok(event) => outage::apply(
+                "rabbitmq",
+                &self.processor,
+                event,
+                shutdown,
+                longest_wait,
+                || async {},
+            )
+            .await
+            .map_err(|e| {
+                if !e.counts_as_attempt() {
+                    // Shut down during an outage, or waiting for an earlier version of
+                    // its aggregate: requeued after the first backoff, no attempt spent.
+                    return (e.to_string(), 0);
+                }
+                let mut attempts = self.attempts.lock().expect("not poisoned");
+                let n = attempts.entry(key.clone()).or_insert(0);
+                *n += 1;
+                (e.to_string(), *n)
+            }),
         };
         match result {
             Ok(_) => {

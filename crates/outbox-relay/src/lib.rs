@@ -38,6 +38,8 @@ mod error;
 pub mod http;
 pub mod lease;
 mod maintenance;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod publisher;
 pub mod publishers;
 mod relay;

@@ -151,6 +151,16 @@ impl Event {
         &self.headers
     }
 
+    /// The headers as stored: [`Event::headers`], and with cargo feature `otel` the current
+    /// span's trace context unless the writer set `traceparent` ([`crate::otel`]).
+    pub fn stored_headers(&self) -> std::borrow::Cow<'_, Headers> {
+        #[cfg(feature = "otel")]
+        if let Some(traced) = crate::otel::with_current_trace(&self.headers) {
+            return std::borrow::Cow::Owned(traced);
+        }
+        std::borrow::Cow::Borrowed(&self.headers)
+    }
+
     /// The payload bytes.
     pub fn payload_bytes(&self) -> &[u8] {
         &self.payload

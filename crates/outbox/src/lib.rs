@@ -37,6 +37,8 @@ mod inbox;
 mod migration;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "otel")]
+pub mod otel;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sql;

@@ -101,7 +101,7 @@ impl WalEvent {
             schema_version: event.schema_version,
             destination: event.destination.clone(),
             content_type: event.content_type.clone(),
-            headers: event.headers.clone(),
+            headers: event.stored_headers().into_owned(),
             occurred_at: event.occurred_at,
             payload_base64: Some(base64::engine::general_purpose::STANDARD.encode(&event.payload)),
             payload: None,

@@ -103,6 +103,8 @@ pub async fn run(args: Args) -> CommandResult {
     }
     logging::init(args.log_format.unwrap_or(cfg.log_format.into()));
     cfg.relay.validate()?;
+    #[cfg(feature = "otel")]
+    let traces = crate::traces::Traces::from_env()?;
     let database_url = cfg.database_url.as_deref().ok_or(
         "no database URL: pass --database-url, set OUTBOX_DATABASE_URL or database_url in the \
          config file",
@@ -172,6 +174,15 @@ pub async fn run(args: Args) -> CommandResult {
             let store = outbox_relay::store::SqliteStore::open(pool, &tables).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
+    };
+    #[cfg(feature = "otel")]
+    let _exporting = match traces {
+        Some(traces) => {
+            let exporting = traces.start(relay.metrics().trace_spans_dropped.clone())?;
+            tracing::info!("exporting a span per published event over OTLP");
+            Some(exporting)
+        }
+        None => None,
     };
     let dashboard = outbox_relay::dashboard::router(outbox_relay::dashboard::Dashboard {
         admin,

@@ -111,9 +111,15 @@ impl Worker {
         let reason = match decoded {
             Err(reason) => reason,
             Ok(event) => loop {
-                let result =
-                    outage::apply(&self.processor, &event, shutdown, OUTAGE_WAIT, || async {})
-                        .await;
+                let result = outage::apply(
+                    "kafka",
+                    &self.processor,
+                    &event,
+                    shutdown,
+                    OUTAGE_WAIT,
+                    || async {},
+                )
+                .await;
                 let error = match result {
                     Ok(outcome) => {
                         tracing::debug!(?outcome, topic = %message.ticket.partition.0,

@@ -184,6 +184,26 @@ async fn publish_one(
         )));
     }
     let wait = timeout.min(lease_left);
+    #[cfg(feature = "otel")]
+    if let Some((span, traced)) = crate::otel::start(publisher.name(), message) {
+        let outcome = send(publisher, &traced, wait, timeout).await;
+        span.finish(match &outcome {
+            Outcome::Failed(e) => Err(e),
+            _ => Ok(()),
+        });
+        return outcome;
+    }
+    send(publisher, message, wait, timeout).await
+}
+
+/// Sends `message` and waits for its acknowledgement at most `wait` (the publish timeout, or
+/// less when the lease runs out first).
+async fn send(
+    publisher: &dyn Publisher,
+    message: &Message,
+    wait: Duration,
+    timeout: Duration,
+) -> Outcome {
     let panicked = |panic: Box<dyn std::any::Any + Send>| {
         Outcome::Failed(PublishError::permanent(format!(
             "the {} publisher panicked: {}",

@@ -132,7 +132,7 @@ impl MySqlOutbox {
                 .bind(&e.destination)
                 .bind(&e.payload)
                 .bind(&e.content_type)
-                .bind(serde_json::to_string(&e.headers).map_err(Error::Serialize)?)
+                .bind(serde_json::to_string(&e.stored_headers()).map_err(Error::Serialize)?)
                 .bind(e.occurred_at.map(|t| t.naive_utc()))
                 .execute(&mut *conn)
                 .await

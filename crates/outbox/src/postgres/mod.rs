@@ -270,7 +270,10 @@ impl From<&[Event]> for Columns {
             destination: events.iter().map(|e| e.destination.clone()).collect(),
             payload: events.iter().map(|e| e.payload.clone()).collect(),
             content_type: events.iter().map(|e| e.content_type.clone()).collect(),
-            headers: events.iter().map(|e| Json(e.headers.clone())).collect(),
+            headers: events
+                .iter()
+                .map(|e| Json(e.stored_headers().into_owned()))
+                .collect(),
             occurred_at: events.iter().map(|e| e.occurred_at).collect(),
         }
     }

@@ -129,7 +129,7 @@ impl SqliteOutbox {
                 .bind(&e.destination)
                 .bind(&e.payload)
                 .bind(&e.content_type)
-                .bind(serde_json::to_string(&e.headers).map_err(Error::Serialize)?)
+                .bind(serde_json::to_string(&e.stored_headers()).map_err(Error::Serialize)?)
                 .bind(
                     e.occurred_at
                         .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()),
