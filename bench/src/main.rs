@@ -344,13 +344,8 @@ async fn run(cli: Cli) -> common::Result<()> {
         let variants = traces::run(&bench).await?;
         let m = bench.machine().await?;
         let text = format!(
-            "# The cost of tracing
-
-Machine: nproc {} ({}), PostgreSQL {}, load average {} at              the start; {}. Each drain: {} events into NATS JetStream.
-
-{}
-`{}`
-",
+            "# The cost of tracing\n\nMachine: nproc {} ({}), PostgreSQL {}, load average {} at \
+             the start; {}. Each drain: {} events into NATS JetStream.\n\n{}\n`{}`\n",
             m.nproc,
             m.cpu_model,
             m.postgres,

@@ -1,9 +1,10 @@
-//! (l) `traces`: what OpenTelemetry tracing costs the relay. The same backlog is drained three
-//! times by the real relay binary: with trace export off, exporting a span per event over OTLP to
-//! a live receiver (in this process: it decodes every request, as a collector would), and with
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at a port nobody listens on. Reported: events/s,
-//! relay CPU per event, each against the untraced drain of the same run, and the spans the
-//! receiver decoded.
+//! (l) `traces`: what OpenTelemetry tracing costs the relay. The same backlog (rows without a
+//! trace context) is drained four times by the real relay binary: with trace export off,
+//! exporting a span per event over OTLP to a live receiver (in this process: it decodes every
+//! request, as a collector would), with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at a port nobody
+//! listens on, and exporting with `OTEL_TRACES_SAMPLER=parentbased_always_off` (only events a
+//! writer traced get a span: here none). Reported: events/s, relay CPU per event, each against
+//! the untraced drain of the same run, and the spans the receiver decoded.
 
 use std::{
     fmt::Write as _,
@@ -32,7 +33,7 @@ pub struct Variant {
     pub spans: u64,
 }
 
-/// Runs the three drains, each in its own schema and stream.
+/// Runs the four drains, each in its own schema and stream.
 pub async fn run(bench: &Bench) -> Result<Vec<Variant>> {
     let received = Arc::new(AtomicU64::new(0));
     let live = serve(received.clone()).await?;
@@ -41,24 +42,34 @@ pub async fn run(bench: &Bench) -> Result<Vec<Variant>> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         format!("http://{}", listener.local_addr()?)
     };
-    let variants: [(&'static str, &'static str, Option<String>); 3] = [
-        ("off", "traces-off", None),
-        ("exporting", "traces-live", Some(live)),
-        ("dead endpoint", "traces-dead", Some(dead)),
+    // (name, scenario, endpoint, sampler)
+    let variants: [(&'static str, &'static str, Option<&str>, Option<&str>); 4] = [
+        ("off", "traces_off", None, None),
+        ("exporting", "traces_live", Some(&live), None),
+        ("dead endpoint", "traces_dead", Some(&dead), None),
+        (
+            "exporting, parentbased_always_off",
+            "traces_parent",
+            Some(&live),
+            Some("parentbased_always_off"),
+        ),
     ];
     let mut out = Vec::new();
-    for (name, scenario, endpoint) in variants {
-        let env: Vec<(String, String)> = endpoint
-            .map(|e| {
-                vec![
-                    ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), e),
-                    (
-                        "OTEL_SERVICE_NAME".to_owned(),
-                        "outbox-bench-relay".to_owned(),
-                    ),
-                ]
-            })
-            .unwrap_or_default();
+    for (name, scenario, endpoint, sampler) in variants {
+        let mut env: Vec<(String, String)> = Vec::new();
+        if let Some(endpoint) = endpoint {
+            env.push((
+                "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+                endpoint.to_owned(),
+            ));
+            env.push((
+                "OTEL_SERVICE_NAME".to_owned(),
+                "outbox-bench-relay".to_owned(),
+            ));
+        }
+        if let Some(sampler) = sampler {
+            env.push(("OTEL_TRACES_SAMPLER".to_owned(), sampler.to_owned()));
+        }
         bench.settle(scenario).await;
         let scope = bench.scope(scenario)?;
         bench.create_outbox(&scope).await?;

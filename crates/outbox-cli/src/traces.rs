@@ -11,11 +11,12 @@
 //!   `OTEL_BSP_*`.
 //!
 //! Spans go through [`outbox_relay::otel::BoundedQueue`]: a full queue drops spans (counted in
-//! `outbox_trace_spans_dropped_total`), it never slows publishing.
+//! `outbox_trace_spans_dropped_total`), it never slows publishing; a collector that does not
+//! take a batch is logged and counted (`outbox_trace_spans_unexported_total`).
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::{trace::SdkTracerProvider, Resource};
-use prometheus_client::metrics::counter::Counter;
+use outbox_relay::telemetry::Metrics;
 
 /// The trace export settings read from the environment: `None` when export is off.
 #[derive(Debug)]
@@ -62,9 +63,10 @@ impl Traces {
         }))
     }
 
-    /// Starts exporting: the relay traces every publish from now on. `dropped` counts the spans
-    /// a full export queue drops. The returned guard flushes and stops the export when dropped.
-    pub fn start(self, dropped: Counter) -> Result<Exporting, String> {
+    /// Starts exporting: the relay traces every publish from now on, counting in `metrics` the
+    /// spans dropped or not exported. The returned guard flushes and stops the export when
+    /// dropped.
+    pub fn start(self, metrics: &Metrics) -> Result<Exporting, String> {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .build()
@@ -77,7 +79,7 @@ impl Traces {
             .build();
         let provider = SdkTracerProvider::builder()
             .with_resource(resource)
-            .with_span_processor(outbox_relay::otel::BoundedQueue::new(exporter, dropped))
+            .with_span_processor(outbox_relay::otel::BoundedQueue::new(exporter, metrics))
             .build();
         outbox_relay::otel::enable(provider.tracer("outbox-relay"));
         Ok(Exporting { provider })

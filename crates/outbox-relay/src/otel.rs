@@ -12,14 +12,14 @@
 
 use std::{
     sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc, OnceLock,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, OnceLock,
     },
     time::Duration,
 };
 
 use opentelemetry::{
-    trace::{SpanKind, Status, TraceContextExt, Tracer as _},
+    trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _},
     Context, KeyValue,
 };
 use opentelemetry_sdk::{
@@ -31,7 +31,7 @@ use opentelemetry_sdk::{
 };
 use prometheus_client::metrics::counter::Counter;
 
-use crate::{Message, PublishError};
+use crate::{telemetry::Metrics, Message, PublishError};
 
 static TRACER: OnceLock<Tracer> = OnceLock::new();
 
@@ -53,27 +53,59 @@ pub(crate) struct Publishing {
 
 /// Starts the span of publishing `message` through the publisher named `publisher`, and returns
 /// it with the message to send: `message` with the span's context in its trace headers. `None`
-/// when tracing is off.
+/// when tracing is off, and when the sampler records no span for a message that carries no
+/// trace (`OTEL_TRACES_SAMPLER=parentbased_always_off` traces only what the writer traced, at
+/// next to no cost for the rest).
 pub(crate) fn start(publisher: &'static str, message: &Message) -> Option<(Publishing, Message)> {
     let tracer = TRACER.get()?;
     let parent = outbox::otel::context_of(&message.headers);
+    let traced_by_writer = parent.span().span_context().is_valid();
+    // The attributes are made only for a span that records them.
     let span = tracer
         .span_builder(format!("send {}", message.destination))
         .with_kind(SpanKind::Producer)
-        .with_attributes([
-            KeyValue::new("messaging.system", system(publisher)),
-            KeyValue::new("messaging.operation.type", "send"),
-            KeyValue::new("messaging.operation.name", "publish"),
-            KeyValue::new("messaging.destination.name", message.destination.clone()),
-            KeyValue::new("messaging.message.id", message.message_id.to_string()),
-            KeyValue::new("outbox.event.id", message.event_id.to_string()),
-            KeyValue::new("outbox.event.type", message.event_type.clone()),
-            KeyValue::new("outbox.aggregate.type", message.aggregate_type.clone()),
-            KeyValue::new("outbox.aggregate.id", message.aggregate_id.clone()),
-            KeyValue::new("outbox.attempt", i64::from(message.attempts) + 1),
-        ])
         .start_with_context(tracer, &parent);
+    if !span.is_recording() && !traced_by_writer {
+        return None;
+    }
     let cx = parent.with_span(span);
+    if cx.span().is_recording() {
+        let span = cx.span();
+        span.set_attribute(KeyValue::new("messaging.system", system(publisher)));
+        span.set_attribute(KeyValue::new("messaging.operation.type", "send"));
+        span.set_attribute(KeyValue::new("messaging.operation.name", "publish"));
+        span.set_attribute(KeyValue::new(
+            "messaging.destination.name",
+            message.destination.clone(),
+        ));
+        span.set_attribute(KeyValue::new(
+            "messaging.message.id",
+            message.message_id.to_string(),
+        ));
+        // The event id differs from the message id only on a fan-out copy.
+        if message.message_id != message.event_id {
+            span.set_attribute(KeyValue::new(
+                "outbox.event.id",
+                message.event_id.to_string(),
+            ));
+        }
+        span.set_attribute(KeyValue::new(
+            "outbox.event.type",
+            message.event_type.clone(),
+        ));
+        span.set_attribute(KeyValue::new(
+            "outbox.aggregate.type",
+            message.aggregate_type.clone(),
+        ));
+        span.set_attribute(KeyValue::new(
+            "outbox.aggregate.id",
+            message.aggregate_id.clone(),
+        ));
+        span.set_attribute(KeyValue::new(
+            "outbox.attempt",
+            i64::from(message.attempts) + 1,
+        ));
+    }
     let mut traced = message.clone();
     outbox::otel::inject(&cx, &mut traced.headers);
     Some((Publishing { cx }, traced))
@@ -109,9 +141,11 @@ fn system(publisher: &'static str) -> &'static str {
 /// The span processor the relay exports through: the SDK's batch processor (a thread of its own,
 /// batches of `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` every `OTEL_BSP_SCHEDULE_DELAY`), behind a
 /// bound of `OTEL_BSP_MAX_QUEUE_SIZE` spans waiting for export (2,048 by default). Past the
-/// bound a span is dropped and counted in `dropped` (`outbox_trace_spans_dropped_total`): an
-/// exporter that is slow or whose endpoint is dead never holds publishing up, and never grows
-/// the relay's memory.
+/// bound a span is dropped and counted (`outbox_trace_spans_dropped_total`): an exporter that is
+/// slow or whose endpoint is dead never holds publishing up, and never grows the relay's memory.
+/// Spans of a batch the collector does not take are counted too
+/// (`outbox_trace_spans_unexported_total`), and the failure is logged at WARN (the first, then
+/// every 2^k-th).
 #[derive(Debug)]
 pub struct BoundedQueue {
     inner: BatchSpanProcessor,
@@ -121,17 +155,17 @@ pub struct BoundedQueue {
 }
 
 impl BoundedQueue {
-    /// Exports through `exporter`, counting dropped spans in `dropped`.
-    pub fn new<E: SpanExporter + 'static>(exporter: E, dropped: Counter) -> Self {
+    /// Exports through `exporter`, counting in `metrics`.
+    pub fn new<E: SpanExporter + 'static>(exporter: E, metrics: &Metrics) -> Self {
         let capacity = env_usize("OTEL_BSP_MAX_QUEUE_SIZE", 2_048);
         let batch = env_usize("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512);
-        Self::with_capacity(exporter, dropped, capacity, batch)
+        Self::with_capacity(exporter, metrics, capacity, batch)
     }
 
     /// At most `capacity` spans waiting, exported in batches of up to `batch`.
     pub fn with_capacity<E: SpanExporter + 'static>(
         exporter: E,
-        dropped: Counter,
+        metrics: &Metrics,
         capacity: usize,
         batch: usize,
     ) -> Self {
@@ -147,6 +181,9 @@ impl BoundedQueue {
         let inner = BatchSpanProcessor::builder(Counted {
             inner: exporter,
             waiting: waiting.clone(),
+            unexported: metrics.trace_spans_unexported.clone(),
+            failures: Arc::default(),
+            pause: Arc::default(),
         })
         .with_batch_config(config)
         .build();
@@ -154,7 +191,7 @@ impl BoundedQueue {
             inner,
             waiting,
             capacity,
-            dropped,
+            dropped: metrics.trace_spans_dropped.clone(),
         }
     }
 }
@@ -186,11 +223,41 @@ impl SpanProcessor for BoundedQueue {
     }
 }
 
-/// The exporter behind [`BoundedQueue`]: a batch handed to it no longer waits.
+/// The exporter behind [`BoundedQueue`]: a batch handed to it no longer waits; a batch it
+/// could not export is counted and logged.
 #[derive(Debug)]
 struct Counted<E> {
     inner: E,
     waiting: Arc<AtomicUsize>,
+    unexported: Counter,
+    failures: Arc<AtomicU64>,
+    pause: Arc<Mutex<Pause>>,
+}
+
+/// How long exports rest after a collector failed: 1 s, doubling to 30 s; a success ends it.
+#[derive(Debug, Default)]
+struct Pause {
+    until: Option<std::time::Instant>,
+    next: Duration,
+}
+
+impl Pause {
+    const FIRST: Duration = Duration::from_secs(1);
+    const LONGEST: Duration = Duration::from_secs(30);
+
+    fn resting(&self) -> bool {
+        self.until
+            .is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    fn failed(&mut self) {
+        self.next = (self.next * 2).clamp(Self::FIRST, Self::LONGEST);
+        self.until = Some(std::time::Instant::now() + self.next);
+    }
+
+    fn reset(&mut self) {
+        *self = Self::default();
+    }
 }
 
 impl<E: SpanExporter> SpanExporter for Counted<E> {
@@ -198,8 +265,39 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         &self,
         batch: Vec<SpanData>,
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        self.waiting.fetch_sub(batch.len(), Ordering::Relaxed);
-        self.inner.export(batch)
+        let spans = batch.len();
+        self.waiting.fetch_sub(spans, Ordering::Relaxed);
+        // While a collector that failed is given time (1 s, doubling to 30 s), batches are
+        // counted, not encoded and sent: a dead endpoint costs the relay next to nothing.
+        let pausing = self.pause.lock().expect("not poisoned").resting();
+        let export = (!pausing).then(|| self.inner.export(batch));
+        let (unexported, failures, pause) = (
+            self.unexported.clone(),
+            self.failures.clone(),
+            self.pause.clone(),
+        );
+        async move {
+            let Some(export) = export else {
+                unexported.inc_by(spans as u64);
+                return Ok(());
+            };
+            let result = export.await;
+            let mut pause = pause.lock().expect("not poisoned");
+            match &result {
+                Ok(()) => pause.reset(),
+                Err(error) => {
+                    pause.failed();
+                    unexported.inc_by(spans as u64);
+                    let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(%error, spans, failures = n,
+                            "OpenTelemetry: the collector did not take a batch of spans \
+                             (outbox_trace_spans_unexported_total); publishing goes on");
+                    }
+                }
+            }
+            result
+        }
     }
 
     fn shutdown_with_timeout(&mut self, timeout: Duration) -> OTelSdkResult {
@@ -264,11 +362,11 @@ mod tests {
     #[test]
     fn a_stuck_exporter_costs_dropped_spans_never_a_wait() {
         let exporter = Stuck::default();
-        let dropped = Counter::default();
+        let metrics = Metrics::new();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(BoundedQueue::with_capacity(
                 exporter.clone(),
-                dropped.clone(),
+                &metrics,
                 8,
                 1,
             ))
@@ -279,7 +377,7 @@ mod tests {
         for _ in 0..100 {
             tracer.start("send").end();
         }
-        let lost = dropped.get();
+        let lost = metrics.trace_spans_dropped.get();
         assert!((90..=92).contains(&lost), "dropped {lost}");
         exporter.open();
         provider.force_flush().unwrap();
@@ -288,5 +386,37 @@ mod tests {
             100,
             "every span exported or counted"
         );
+    }
+
+    /// An exporter whose collector refuses every batch.
+    #[derive(Debug)]
+    struct Refused;
+
+    impl SpanExporter for Refused {
+        fn export(
+            &self,
+            _batch: Vec<SpanData>,
+        ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+            std::future::ready(Err(
+                opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                    "connection refused".into(),
+                ),
+            ))
+        }
+    }
+
+    #[test]
+    fn spans_a_collector_refuses_are_counted() {
+        let metrics = Metrics::new();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(BoundedQueue::with_capacity(Refused, &metrics, 64, 4))
+            .build();
+        let tracer = provider.tracer("test");
+        for _ in 0..10 {
+            tracer.start("send").end();
+        }
+        let _ = provider.force_flush();
+        assert_eq!(metrics.trace_spans_unexported.get(), 10);
+        assert_eq!(metrics.trace_spans_dropped.get(), 0);
     }
 }

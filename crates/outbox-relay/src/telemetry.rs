@@ -14,6 +14,7 @@
 //! | `outbox_partitions_owned` | gauge | partitions this relay holds |
 //! | `outbox_fenced_out_total` | counter | outcomes not written because the lease was lost |
 //! | `outbox_trace_spans_dropped_total` | counter | publish spans dropped because the trace export queue was full |
+//! | `outbox_trace_spans_unexported_total` | counter | publish spans in batches the OTLP collector did not take |
 //! | `outbox_database_errors_total` | counter | failed relay statements (retried) |
 //! | `outbox_purged_total` | counter | published rows deleted by the relay's purge |
 //! | `outbox_ready` | gauge | 1 when `/readyz` answers 200, else 0 (read at each scrape) |
@@ -89,6 +90,8 @@ pub struct Metrics {
     pub fanout_copies_dropped: Family<DestinationLabel, Counter>,
     /// Publish spans dropped because the OpenTelemetry export queue was full.
     pub trace_spans_dropped: Counter,
+    /// Publish spans in batches the OpenTelemetry collector did not take.
+    pub trace_spans_unexported: Counter,
     /// Commit-to-ack latency.
     pub latency: Histogram,
     /// Claimed batch sizes.
@@ -140,6 +143,7 @@ impl Metrics {
         let dead_lettered = Family::default();
         let fanout_copies_dropped = Family::default();
         let trace_spans_dropped = Counter::default();
+        let trace_spans_unexported = Counter::default();
         let latency = Histogram::new([
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
             60.0, 300.0,
@@ -243,6 +247,11 @@ impl Metrics {
             trace_spans_dropped.clone(),
         );
         r.register(
+            "outbox_trace_spans_unexported",
+            "Publish spans in batches the OpenTelemetry collector did not take",
+            trace_spans_unexported.clone(),
+        );
+        r.register(
             "outbox_delivery_latency_seconds",
             "Time from occurred_at to the broker's acknowledgement",
             latency.clone(),
@@ -282,6 +291,7 @@ impl Metrics {
             dead_lettered,
             fanout_copies_dropped,
             trace_spans_dropped,
+            trace_spans_unexported,
             latency,
             batch_size,
             partitions_owned,

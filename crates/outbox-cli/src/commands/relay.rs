@@ -178,7 +178,7 @@ pub async fn run(args: Args) -> CommandResult {
     #[cfg(feature = "otel")]
     let _exporting = match traces {
         Some(traces) => {
-            let exporting = traces.start(relay.metrics().trace_spans_dropped.clone())?;
+            let exporting = traces.start(&relay.metrics())?;
             tracing::info!("exporting a span per published event over OTLP");
             Some(exporting)
         }
