@@ -58,6 +58,14 @@ pub(crate) struct Publishing {
 /// next to no cost for the rest).
 pub(crate) fn start(publisher: &'static str, message: &Message) -> Option<(Publishing, Message)> {
     let tracer = TRACER.get()?;
+    if Pause::resting() {
+        // The collector failed: no span is made while exports rest. The message keeps the
+        // writer's context, so the consumer's span still joins the writer's trace.
+        if let Some(unexported) = UNEXPORTED.get() {
+            unexported.inc();
+        }
+        return None;
+    }
     let parent = outbox::otel::context_of(&message.headers);
     let traced_by_writer = parent.span().span_context().is_valid();
     // The attributes are made only for a span that records them.
@@ -171,6 +179,7 @@ impl BoundedQueue {
     ) -> Self {
         let capacity = capacity.max(1);
         let batch = batch.clamp(1, capacity);
+        let _ = UNEXPORTED.set(metrics.trace_spans_unexported.clone());
         let waiting = Arc::new(AtomicUsize::new(0));
         // The SDK's own queue has room for every span this bound lets through and the batch
         // being gathered, so that it never drops one itself, uncounted.
@@ -235,28 +244,41 @@ struct Counted<E> {
 }
 
 /// How long exports rest after a collector failed: 1 s, doubling to 30 s; a success ends it.
+/// While they rest, no publish makes a span ([`start`]), and batches already made are counted,
+/// not sent. The deadline is process-wide: the relay has one exporter.
 #[derive(Debug, Default)]
 struct Pause {
-    until: Option<std::time::Instant>,
     next: Duration,
 }
+
+/// Until when exports rest, in milliseconds since [`CLOCK`]'s start; 0 when they do not.
+static RESTING_UNTIL: AtomicU64 = AtomicU64::new(0);
+static CLOCK: OnceLock<std::time::Instant> = OnceLock::new();
+/// The counter of spans not exported, for the spans [`start`] does not make while exports rest.
+static UNEXPORTED: OnceLock<Counter> = OnceLock::new();
 
 impl Pause {
     const FIRST: Duration = Duration::from_secs(1);
     const LONGEST: Duration = Duration::from_secs(30);
 
-    fn resting(&self) -> bool {
-        self.until
-            .is_some_and(|until| std::time::Instant::now() < until)
+    fn now() -> u64 {
+        let clock = CLOCK.get_or_init(std::time::Instant::now);
+        u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn resting() -> bool {
+        Self::now() < RESTING_UNTIL.load(Ordering::Relaxed)
     }
 
     fn failed(&mut self) {
         self.next = (self.next * 2).clamp(Self::FIRST, Self::LONGEST);
-        self.until = Some(std::time::Instant::now() + self.next);
+        let until = Self::now().saturating_add(self.next.as_millis() as u64);
+        RESTING_UNTIL.store(until, Ordering::Relaxed);
     }
 
     fn reset(&mut self) {
-        *self = Self::default();
+        self.next = Duration::ZERO;
+        RESTING_UNTIL.store(0, Ordering::Relaxed);
     }
 }
 
@@ -269,7 +291,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         self.waiting.fetch_sub(spans, Ordering::Relaxed);
         // While a collector that failed is given time (1 s, doubling to 30 s), batches are
         // counted, not encoded and sent: a dead endpoint costs the relay next to nothing.
-        let pausing = self.pause.lock().expect("not poisoned").resting();
+        let pausing = Pause::resting();
         let export = (!pausing).then(|| self.inner.export(batch));
         let (unexported, failures, pause) = (
             self.unexported.clone(),
