@@ -97,23 +97,36 @@ impl PrivatePostgres {
     }
 
     async fn start_server(&mut self) {
-        let mut command = self.command("postgres");
-        command.arg("-D").arg(self.data_dir());
-        command.args(["-p", &self.process.port.to_string()]);
-        for setting in [
-            "listen_addresses=127.0.0.1".to_owned(),
-            format!("unix_socket_directories={}", self.process.dir.display()),
-            "fsync=off".into(),
-            "full_page_writes=off".into(),
-            "max_connections=200".into(),
-            "shared_buffers=32MB".into(),
-        ]
-        .into_iter()
-        .chain(self.settings.iter().cloned())
-        {
-            command.args(["-c", &setting]);
+        // Right after a crash the server can refuse to start (its old backends' shared memory
+        // or lock file not yet released): it exits at once, and a later try succeeds.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut command = self.command("postgres");
+            command.arg("-D").arg(self.data_dir());
+            command.args(["-p", &self.process.port.to_string()]);
+            for setting in [
+                "listen_addresses=127.0.0.1".to_owned(),
+                format!("unix_socket_directories={}", self.process.dir.display()),
+                "fsync=off".into(),
+                "full_page_writes=off".into(),
+                "max_connections=200".into(),
+                "shared_buffers=32MB".into(),
+            ]
+            .into_iter()
+            .chain(self.settings.iter().cloned())
+            {
+                command.args(["-c", &setting]);
+            }
+            match self.process.try_start(command).await {
+                Ok(()) => break,
+                Err(e) if tries < 5 && e.contains("exited") => {
+                    eprintln!("private PostgreSQL did not start (try {tries}), again: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
         }
-        self.process.start(command).await;
         let url = self.url();
         wait_until("the private PostgreSQL to answer", READY, || {
             let url = url.clone();

@@ -123,11 +123,20 @@ impl BrokerProcess {
     }
 
     /// Runs `command` (which must stay in the foreground) and waits until the port accepts
-    /// connections.
-    pub async fn start(&mut self, mut command: Command) {
+    /// connections; panics with the end of its log if it does not within 60 s.
+    pub async fn start(&mut self, command: Command) {
+        if let Err(e) = self.try_start(command).await {
+            panic!("{e}");
+        }
+    }
+
+    /// [`BrokerProcess::start`], returning an error, with the end of the broker's log, when
+    /// the broker exits before its port accepts connections or is not up within 60 s.
+    pub async fn try_start(&mut self, mut command: Command) -> Result<(), String> {
         use std::os::unix::process::CommandExt;
         self.stop();
-        let log = std::fs::File::create(self.dir.join("broker.log")).expect("broker log");
+        let log_path = self.dir.join("broker.log");
+        let log = std::fs::File::create(&log_path).expect("broker log");
         let child = command
             .process_group(0)
             .stdin(Stdio::null())
@@ -136,20 +145,40 @@ impl BrokerProcess {
             .spawn()
             .unwrap_or_else(|e| panic!("start {command:?}: {e} (is it installed?)"));
         self.child = Some(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let port = self.port;
-        crate::wait_until(
-            &format!(
-                "private broker on port {port} (log in {})",
-                self.dir.display()
-            ),
-            Duration::from_secs(60),
-            || async move {
-                tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-            },
-        )
-        .await;
+        let log_tail = || {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        };
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(format!(
+                    "the private broker on port {port} exited ({status}) before it listened; \
+                     its log:\n{}",
+                    log_tail()
+                ));
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "timed out after 60s waiting for private broker on port {port}; its log:\n{}",
+                    log_tail()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Kills the broker's whole process group (SIGKILL), if it runs.
