@@ -58,7 +58,7 @@ pub(crate) struct Publishing {
 /// next to no cost for the rest).
 pub(crate) fn start(publisher: &'static str, message: &Message) -> Option<(Publishing, Message)> {
     let tracer = TRACER.get()?;
-    if Pause::resting() {
+    if Pause::resting_anywhere() {
         // The collector failed: no span is made while exports rest. The message keeps the
         // writer's context, so the consumer's span still joins the writer's trace.
         if let Some(unexported) = UNEXPORTED.get() {
@@ -244,11 +244,12 @@ struct Counted<E> {
 }
 
 /// How long exports rest after a collector failed: 1 s, doubling to 30 s; a success ends it.
-/// While they rest, no publish makes a span ([`start`]), and batches already made are counted,
-/// not sent. The deadline is process-wide: the relay has one exporter.
+/// While they rest, batches already made are counted, not sent, and no publish makes a span
+/// ([`start`] reads the process-wide deadline: the relay has one exporter).
 #[derive(Debug, Default)]
 struct Pause {
     next: Duration,
+    until: Option<std::time::Instant>,
 }
 
 /// Until when exports rest, in milliseconds since [`CLOCK`]'s start; 0 when they do not.
@@ -266,18 +267,26 @@ impl Pause {
         u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn resting() -> bool {
+    /// Whether the exports of any queue in this process rest.
+    fn resting_anywhere() -> bool {
         Self::now() < RESTING_UNTIL.load(Ordering::Relaxed)
+    }
+
+    /// Whether this queue's exports rest.
+    fn resting(&self) -> bool {
+        self.until
+            .is_some_and(|until| std::time::Instant::now() < until)
     }
 
     fn failed(&mut self) {
         self.next = (self.next * 2).clamp(Self::FIRST, Self::LONGEST);
+        self.until = Some(std::time::Instant::now() + self.next);
         let until = Self::now().saturating_add(self.next.as_millis() as u64);
         RESTING_UNTIL.store(until, Ordering::Relaxed);
     }
 
     fn reset(&mut self) {
-        self.next = Duration::ZERO;
+        *self = Self::default();
         RESTING_UNTIL.store(0, Ordering::Relaxed);
     }
 }
@@ -291,7 +300,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         self.waiting.fetch_sub(spans, Ordering::Relaxed);
         // While a collector that failed is given time (1 s, doubling to 30 s), batches are
         // counted, not encoded and sent: a dead endpoint costs the relay next to nothing.
-        let pausing = Pause::resting();
+        let pausing = self.pause.lock().expect("not poisoned").resting();
         let export = (!pausing).then(|| self.inner.export(batch));
         let (unexported, failures, pause) = (
             self.unexported.clone(),
