@@ -49,6 +49,24 @@ impl Publisher for Gate {
     }
 }
 
+impl Gate {
+    /// A closed gate in front of `inner`, counting its publishes.
+    fn closed(inner: Arc<dyn Publisher>) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Arc::new(Counting::new(inner)),
+            closed: true.into(),
+            held: 0.into(),
+            opened: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Lets every held publish and every later one through.
+    fn open(&self) {
+        self.closed.store(false, Ordering::SeqCst);
+        self.opened.notify_waiters();
+    }
+}
+
 #[tokio::test]
 async fn a_relay_that_loses_its_lease_during_catch_up_stops_it_and_catches_up_once_it_is_back() {
     let db = outbox_on(&cdc_database_url(), 2).await;
@@ -61,12 +79,7 @@ async fn a_relay_that_loses_its_lease_during_catch_up_stops_it_and_catches_up_on
         .is_some());
     let prefix = unique("p");
     let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let gate = Arc::new(Gate {
-        inner: Arc::new(Counting::new(common::nats(NATS_URL, &reader.stream).await)),
-        closed: true.into(),
-        held: 0.into(),
-        opened: tokio::sync::Notify::new(),
-    });
+    let gate = Gate::closed(common::nats(NATS_URL, &reader.stream).await);
     let relay = start(&db, gate.clone(), cdc_config(&db, &prefix)).await;
     wait_until("the catch-up to publish a first row", WAIT, || async {
         gate.held.load(Ordering::SeqCst) > 0
@@ -74,15 +87,8 @@ async fn a_relay_that_loses_its_lease_during_catch_up_stops_it_and_catches_up_on
     .await;
     // Another relay takes every lease for two seconds while the catch-up publishes: whatever
     // the catch-up does next is fenced off.
-    sqlx::query(&db.tables.render(
-        "UPDATE {schema}.leases SET owner = 'thief', epoch = epoch + 1, \
-         expires_at = now() + interval '2 seconds'",
-    ))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    gate.closed.store(false, Ordering::SeqCst);
-    gate.opened.notify_waiters();
+    leases_taken_until(&db, "2 seconds").await;
+    gate.open();
     // The catch-up that lost its lease must end, not go round republishing rows it can no
     // longer mark: only then can the relay take the leases back, catch up again under them,
     // finish and stream.
@@ -135,12 +141,7 @@ async fn a_lane_stopped_by_a_lapsed_lease_is_not_confirmed_past() {
     let db = cdc_db(1).await;
     let prefix = unique("p");
     let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let gate = Arc::new(Gate {
-        inner: Arc::new(Counting::new(common::nats(NATS_URL, &reader.stream).await)),
-        closed: true.into(),
-        held: 0.into(),
-        opened: tokio::sync::Notify::new(),
-    });
+    let gate = Gate::closed(common::nats(NATS_URL, &reader.stream).await);
     let mut config = cdc_config(&db, &prefix);
     // Leases long enough that the held publish outlives neither its timeout nor its lease:
     // what ends the lane is the renewal that finds the leases taken.
@@ -168,8 +169,7 @@ async fn a_lane_stopped_by_a_lapsed_lease_is_not_confirmed_past() {
         metrics.partitions_owned.get() == 0
     })
     .await;
-    gate.closed.store(false, Ordering::SeqCst);
-    gate.opened.notify_waiters();
+    gate.open();
     stopping.await.unwrap().unwrap();
     let first_run: u32 = gate.inner.published.lock().unwrap().values().sum();
     assert_eq!(first_run, 1, "the lane stopped after the first event");
