@@ -97,7 +97,11 @@ pub struct RelayConfig {
     /// Batches in flight at once (default 4): the next claim (in CDC mode, the next batch of the
     /// stream) runs while earlier batches publish.
     pub max_inflight_batches: usize,
-    /// Aggregates published concurrently within one batch (default 1024).
+    /// Aggregates published concurrently within one batch (default 256). Each publish awaiting
+    /// its acknowledgement holds a few KiB (its message's broker headers and futures), and
+    /// `max_inflight_batches` batches publish at once: 4 × 256 is a window of 1,024 messages
+    /// awaiting acknowledgement, which drains NATS as fast as 4 × 1,024 did (`bench/RESULTS.md`)
+    /// in a fraction of the memory.
     pub lane_concurrency: usize,
     /// Longest wait for one broker acknowledgement (default 30s); then the attempt counts as a
     /// transient failure (the message may have been delivered: the retry is a duplicate).
@@ -186,7 +190,7 @@ impl Default for RelayConfig {
             min_batch_size: 50,
             max_batch_size: 1000,
             max_inflight_batches: 4,
-            lane_concurrency: 1024,
+            lane_concurrency: 256,
             publish_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             claim_linger: Duration::from_millis(2),

@@ -1,6 +1,9 @@
 //! The batches in flight, in stream order (see `pipeline.rs`, which publishes and settles them).
 
-use std::collections::{HashSet, VecDeque};
+use std::{
+    collections::{HashSet, VecDeque},
+    hash::{DefaultHasher, Hash, Hasher},
+};
 
 use pgwire_replication::Lsn;
 use tokio::task::{JoinError, JoinHandle};
@@ -16,7 +19,8 @@ pub(super) struct Batch {
     pub(super) task: JoinHandle<Results>,
     /// The task's output, once awaited by [`InFlight::front_done`].
     pub(super) done: Option<Result<Results, JoinError>>,
-    pub(super) keys: HashSet<Key>,
+    /// The hashes of its aggregates' keys ([`key_hash`]).
+    pub(super) keys: HashSet<u64>,
     /// Position confirmed once this batch and every earlier one are settled.
     pub(super) end: Option<Lsn>,
 }
@@ -48,11 +52,21 @@ impl InFlight {
             .is_some_and(|b| b.done.is_some() || b.task.is_finished())
     }
 
-    pub(super) fn overlaps(&self, keys: &HashSet<Key>) -> bool {
+    /// Whether a batch in flight may share an aggregate with `keys` (hashes: two aggregates
+    /// with one hash only make the new batch wait for the older one, never publish at once).
+    pub(super) fn overlaps(&self, keys: &HashSet<u64>) -> bool {
         self.queue.iter().any(|b| !b.keys.is_disjoint(keys))
     }
 }
 
 pub(super) fn key_of(e: &Streamed) -> Key {
     (e.row.aggregate_type.clone(), e.row.aggregate_id.clone())
+}
+
+/// A hash of the event's aggregate key, for [`Batch::keys`]: a batch in flight keeps a number
+/// per event rather than a copy of its two key strings.
+pub(super) fn key_hash(e: &Streamed) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (&e.row.aggregate_type, &e.row.aggregate_id).hash(&mut hasher);
+    hasher.finish()
 }

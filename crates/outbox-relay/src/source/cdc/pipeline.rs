@@ -6,10 +6,7 @@
 //! finished in stream order: outcomes counted, failures handed to the table, published rows
 //! marked, then the batch's end position confirmed, never before an earlier batch's.
 
-use std::{
-    collections::{HashMap, HashSet},
-    time::Duration,
-};
+use std::{collections::HashSet, time::Duration};
 
 use pgwire_replication::Lsn;
 use tokio::task::JoinHandle;
@@ -17,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     context::{End, Key, Streamed},
-    inflight::{key_of, Batch, Results},
+    inflight::{key_hash, key_of, Batch, Results},
     source::Session,
 };
 use crate::{
@@ -46,16 +43,19 @@ impl Session {
         self.ctx.health.saw_work();
         // Earlier batches with an aggregate of this one finish first: their failures may hold
         // it, which decides below whether its events go to the table.
-        let keys: HashSet<Key> = events.iter().map(key_of).collect();
+        let keys: HashSet<u64> = events.iter().map(key_hash).collect();
         let max = self.ctx.config.max_inflight_batches;
         while !self.inflight.is_empty()
             && (self.inflight.queue.len() >= max || self.inflight.overlaps(&keys))
         {
             self.finish_front(shutdown).await?;
         }
-        let (behind_held, todo): (Vec<Streamed>, Vec<Streamed>) = events
-            .into_iter()
-            .partition(|e| self.held.contains_key(&key_of(e)));
+        let (behind_held, todo): (Vec<Streamed>, Vec<Streamed>) = match self.held.is_empty() {
+            true => (Vec::new(), events),
+            false => events
+                .into_iter()
+                .partition(|e| self.held.contains_key(&key_of(e))),
+        };
         if !behind_held.is_empty() {
             // Into the table behind what is already there (rare: everything before is
             // settled first, so the table path sees their marks).
@@ -235,22 +235,19 @@ impl Session {
     /// destination and its outcome.
     fn dispatch_task(&self, events: Vec<Streamed>) -> JoinHandle<Results> {
         let epoch_of = |p: i32| self.fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
-        let mut by_seq: HashMap<i64, Streamed> = HashMap::with_capacity(events.len());
         let items: Vec<Item> = events
-            .into_iter()
+            .iter()
             .map(|e| {
                 // Table-less events have partition 0: any held lease fences them.
                 // The row stays with the event (the table path may need it): the item gets
                 // a copy.
-                let item = dispatch::item(
+                dispatch::item(
                     e.row.clone(),
                     e.seq as i64,
                     epoch_of(e.row.partition),
                     &self.ctx.config.routing,
                     self.ctx.max_payload,
-                );
-                by_seq.insert(e.seq as i64, e);
-                item
+                )
             })
             .collect();
         let publisher = self.ctx.publisher.clone();
@@ -258,11 +255,12 @@ impl Session {
         let lanes = self.ctx.config.lane_concurrency;
         let timeout = self.ctx.config.publish_timeout;
         tokio::spawn(async move {
-            dispatch::dispatch(items, publisher, leases, lanes, timeout)
-                .await
+            // The dispatcher answers in the order it was given: each outcome is its event's.
+            events
                 .into_iter()
-                .map(|(item, outcome)| {
-                    let event = by_seq.remove(&item.id).expect("dispatched");
+                .zip(dispatch::dispatch(items, publisher, leases, lanes, timeout).await)
+                .map(|(event, (item, outcome))| {
+                    debug_assert_eq!(item.id, event.seq as i64);
                     (event, item.destination().to_owned(), outcome)
                 })
                 .collect()
