@@ -78,41 +78,24 @@ pub(crate) fn start(publisher: &'static str, message: &Message) -> Option<(Publi
     }
     let cx = parent.with_span(span);
     if cx.span().is_recording() {
-        let span = cx.span();
-        span.set_attribute(KeyValue::new("messaging.system", system(publisher)));
-        span.set_attribute(KeyValue::new("messaging.operation.type", "send"));
-        span.set_attribute(KeyValue::new("messaging.operation.name", "publish"));
-        span.set_attribute(KeyValue::new(
-            "messaging.destination.name",
-            message.destination.clone(),
-        ));
-        span.set_attribute(KeyValue::new(
-            "messaging.message.id",
-            message.message_id.to_string(),
-        ));
         // The event id differs from the message id only on a fan-out copy.
-        if message.message_id != message.event_id {
-            span.set_attribute(KeyValue::new(
-                "outbox.event.id",
-                message.event_id.to_string(),
-            ));
-        }
-        span.set_attribute(KeyValue::new(
-            "outbox.event.type",
-            message.event_type.clone(),
-        ));
-        span.set_attribute(KeyValue::new(
-            "outbox.aggregate.type",
-            message.aggregate_type.clone(),
-        ));
-        span.set_attribute(KeyValue::new(
-            "outbox.aggregate.id",
-            message.aggregate_id.clone(),
-        ));
-        span.set_attribute(KeyValue::new(
-            "outbox.attempt",
-            i64::from(message.attempts) + 1,
-        ));
+        let fan_out_copy = (message.message_id != message.event_id)
+            .then(|| KeyValue::new("outbox.event.id", message.event_id.to_string()));
+        cx.span().set_attributes(
+            [
+                KeyValue::new("messaging.system", system(publisher)),
+                KeyValue::new("messaging.operation.type", "send"),
+                KeyValue::new("messaging.operation.name", "publish"),
+                KeyValue::new("messaging.destination.name", message.destination.clone()),
+                KeyValue::new("messaging.message.id", message.message_id.to_string()),
+                KeyValue::new("outbox.event.type", message.event_type.clone()),
+                KeyValue::new("outbox.aggregate.type", message.aggregate_type.clone()),
+                KeyValue::new("outbox.aggregate.id", message.aggregate_id.clone()),
+                KeyValue::new("outbox.attempt", i64::from(message.attempts) + 1),
+            ]
+            .into_iter()
+            .chain(fan_out_copy),
+        );
     }
     let mut traced = message.clone();
     outbox::otel::inject(&cx, &mut traced.headers);
