@@ -2,7 +2,7 @@
 //! of precedence: flags > `OUTBOX_*` environment > file > defaults. Unknown keys are rejected
 //! and every error names the key.
 
-use std::{net::SocketAddr, path::Path};
+use std::{net::SocketAddr, num::NonZeroUsize, path::Path};
 
 use figment::{
     providers::{Env, Format, Serialized, Toml},
@@ -35,6 +35,10 @@ pub struct FileConfig {
     pub listen: SocketAddr,
     /// `text` (default) or `json`.
     pub log_format: LogFormatSetting,
+    /// Threads of `outbox relay`'s async runtime (default 1; at least 1). One thread serves
+    /// a relay whose limit is its database or broker, and spends the least CPU per event;
+    /// more let a relay use more than one core.
+    pub worker_threads: NonZeroUsize,
     /// Bearer token for the dashboard's mutating actions (replay, skip); without one the
     /// dashboard is read-only. Prefer `OUTBOX_ADMIN_TOKEN` to a file. Never logged.
     pub admin_token: Option<String>,
@@ -101,6 +105,7 @@ impl Default for FileConfig {
             broker_url: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 9187)),
             log_format: LogFormatSetting::Text,
+            worker_threads: NonZeroUsize::MIN,
             admin_token: None,
             relay: RelayConfig::default(),
             nats: NatsConfig::default(),
@@ -121,6 +126,7 @@ const KEYS: &[&str] = &[
     "broker_url",
     "listen",
     "log_format",
+    "worker_threads",
     "admin_token",
     "relay",
     "nats",

@@ -59,21 +59,15 @@ enum Command {
     Schema(commands::schema::Args),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo(args) => commands::demo::run(args).await,
-        Command::Migrate(args) => commands::migrate::run(args).await,
-        Command::Doctor(args) => commands::doctor::run(args).await,
-        Command::Relay(args) => commands::relay::run(args).await,
-        Command::Status(args) => commands::status::run(args).await,
-        Command::Purge(args) => commands::purge::run(args).await,
-        Command::DeadLetters(args) => commands::dead_letters::run(args).await,
-        Command::ConsumerDeadLetters(args) => commands::consumer_dead_letters::run(args).await,
-        Command::Verify(args) => commands::verify::run(args).await,
-        Command::Sagas(args) => commands::sagas::run(args).await,
-        Command::Schema(args) => commands::schema::run(args).await,
+        // The relay sizes its runtime from its config (`worker_threads`).
+        Command::Relay(args) => commands::relay::main(args),
+        command => match tokio::runtime::Runtime::new() {
+            Ok(runtime) => runtime.block_on(run(command)),
+            Err(error) => Err(error.into()),
+        },
     };
     match result {
         Ok(code) => code,
@@ -81,6 +75,23 @@ async fn main() -> ExitCode {
             eprintln!("error: {}", render_chain(error.as_ref()));
             ExitCode::from(2)
         }
+    }
+}
+
+/// Runs every command but `relay` on a multi-threaded runtime.
+async fn run(command: Command) -> commands::CommandResult {
+    match command {
+        Command::Demo(args) => commands::demo::run(args).await,
+        Command::Migrate(args) => commands::migrate::run(args).await,
+        Command::Doctor(args) => commands::doctor::run(args).await,
+        Command::Relay(_) => unreachable!("`outbox relay` builds its own runtime (see `main`)"),
+        Command::Status(args) => commands::status::run(args).await,
+        Command::Purge(args) => commands::purge::run(args).await,
+        Command::DeadLetters(args) => commands::dead_letters::run(args).await,
+        Command::ConsumerDeadLetters(args) => commands::consumer_dead_letters::run(args).await,
+        Command::Verify(args) => commands::verify::run(args).await,
+        Command::Sagas(args) => commands::sagas::run(args).await,
+        Command::Schema(args) => commands::schema::run(args).await,
     }
 }
 

@@ -51,6 +51,7 @@ fn unknown_config_keys_and_bad_values_name_the_key() {
             "[relay.routing]\ndefault = \"{tenant}.x\"\n",
             "routing.default",
         ),
+        ("worker_threads = 0\n", "worker_threads"),
     ] {
         std::fs::write(&path, text).unwrap();
         let out = run(&[

@@ -63,8 +63,13 @@ async fn three_relay_processes_keep_order_while_one_is_killed_and_restarted() {
     let stream = unique("S");
     let reader = NatsReader::start(NATS_URL, &stream, &prefix).await;
     let config = fast_config(&prefix, &format!("[nats]\nstream = \"{stream}\""));
-    let start = || RelayProcess::start(&db, NATS_URL, &config, "127.0.0.1:0");
-    let mut relays = vec![start(), start(), start()];
+    // The relay that is killed and restarted runs on a runtime of three threads; the others
+    // on the default one.
+    let start = |threads: &str| {
+        let env = [("OUTBOX_WORKER_THREADS", threads)];
+        RelayProcess::start_with_env(&db, NATS_URL, &config, "127.0.0.1:0", &env)
+    };
+    let mut relays = vec![start("1"), start("3"), start("1")];
 
     let writer = {
         let db = TestDb::adopt(db.pool.clone(), db.tables.clone());
@@ -73,7 +78,7 @@ async fn three_relay_processes_keep_order_while_one_is_killed_and_restarted() {
     reader.wait_for(1_500, WAIT).await;
     relays[1].kill();
     reader.wait_for(3_000, WAIT).await;
-    relays[1] = start();
+    relays[1] = start("3");
     let written = writer.await.unwrap();
     let deliveries = reader.wait_for(written, WAIT).await;
     wait_until("the outbox to drain", WAIT, || async {

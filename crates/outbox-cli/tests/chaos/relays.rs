@@ -226,6 +226,12 @@ impl Fleet {
             .arg("--config")
             .arg(&self.settings.config)
             .env("RUST_LOG", "info")
+            // Odd slots run on a runtime of two threads, even ones on the default one thread:
+            // the chaos covers both kinds of runtime, side by side.
+            .env(
+                "OUTBOX_WORKER_THREADS",
+                if slot % 2 == 1 { "2" } else { "1" },
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
