@@ -42,9 +42,11 @@ impl NatsPublisher {
             .map_err(|e| Error::Broker(format!("nats: {e}")))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.ack_timeout);
-        let acks = Acks::start(&client).await.map_err(|e| {
-            Error::Broker(format!("nats: subscribing to the acknowledgements: {e}"))
-        })?;
+        let acks = Acks::start(&client, config.ack_timeout)
+            .await
+            .map_err(|e| {
+                Error::Broker(format!("nats: subscribing to the acknowledgements: {e}"))
+            })?;
         Ok(Self {
             client,
             js,
@@ -115,10 +117,7 @@ impl NatsPublisher {
             )
             .await
             .map_err(SendError::Client)?;
-        let reply = pending
-            .reply(self.config.ack_timeout)
-            .await
-            .map_err(SendError::NoAck)?;
+        let reply = pending.reply().await.map_err(SendError::NoAck)?;
         match reply.status {
             Some(StatusCode::NO_RESPONDERS) => return Err(SendError::NoStream),
             Some(status) if !status.is_success() => return Err(SendError::Status(status)),
