@@ -63,15 +63,13 @@ impl Waiting {
 
     /// Answers every publish past its deadline.
     fn expire(&self, now: Instant) {
-        let mut expired = Vec::new();
-        if let Some(by_token) = &mut *self.by_token.lock().expect("not poisoned") {
-            let tokens: Vec<u64> = by_token
-                .iter()
-                .filter(|(_, waiter)| waiter.deadline <= now)
-                .map(|(token, _)| *token)
-                .collect();
-            expired.extend(tokens.iter().filter_map(|t| by_token.remove(t)));
-        }
+        let expired: Vec<Waiter> = match &mut *self.by_token.lock().expect("not poisoned") {
+            Some(by_token) => by_token
+                .extract_if(|_, waiter| waiter.deadline <= now)
+                .map(|(_, waiter)| waiter)
+                .collect(),
+            None => Vec::new(),
+        };
         for waiter in expired {
             let _ = waiter.sender.send(Err(NoAck::TimedOut));
         }
