@@ -23,7 +23,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// `demo` runs the orders scenario end to end (no services needed). `migrate` creates or
 /// upgrades the schema, `doctor` checks a set-up, `relay` publishes. `status`, `dead-letters`,
 /// `purge`, `verify`, `sagas` and `schema` inspect and operate the outbox;
-/// `consumer-dead-letters` lists and replays a consumer's dead letters.
+/// `consumer-dead-letters` lists and replays a consumer's dead letters; `consumer-versions`
+/// shows and moves a consumer's version gate and held events.
 #[derive(Parser, Debug)]
 #[command(name = "outbox", version)]
 struct Cli {
@@ -49,8 +50,11 @@ enum Command {
     Purge(commands::purge::Args),
     /// List, inspect, replay or skip dead letters (audited).
     DeadLetters(commands::dead_letters::Args),
-    /// List or replay the dead letters of an outbox-consumer runner (NATS, RabbitMQ; audited).
+    /// List or replay the dead letters of an outbox-consumer runner (NATS, RabbitMQ, Kafka;
+    /// audited).
     ConsumerDeadLetters(commands::consumer_dead_letters::Args),
+    /// A consumer's version gate and held events: list, held, seed, skip (audited).
+    ConsumerVersions(commands::consumer_versions::Args),
     /// Audit a broker stream against the outbox: missing, duplicated, out-of-order events.
     Verify(commands::verify::Args),
     /// Saga instances and their history: state, deadline, every step, unexpected events.
@@ -89,6 +93,7 @@ async fn run(command: Command) -> commands::CommandResult {
         Command::Purge(args) => commands::purge::run(args).await,
         Command::DeadLetters(args) => commands::dead_letters::run(args).await,
         Command::ConsumerDeadLetters(args) => commands::consumer_dead_letters::run(args).await,
+        Command::ConsumerVersions(args) => commands::consumer_versions::run(args).await,
         Command::Verify(args) => commands::verify::run(args).await,
         Command::Sagas(args) => commands::sagas::run(args).await,
         Command::Schema(args) => commands::schema::run(args).await,

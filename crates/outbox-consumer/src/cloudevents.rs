@@ -12,7 +12,7 @@
 //!
 //! | CloudEvents attribute | native header |
 //! | --- | --- |
-//! | `id` | `event-id` |
+//! | `id` | `event-id` (with `source`: the inbox key, see below) |
 //! | `type` | `event-type` |
 //! | `subject` | `aggregate-id` |
 //! | `time` | `occurred-at` |
@@ -20,6 +20,11 @@
 //! | `schemaversion` (extension) | `schema-version` |
 //! | `aggregatetype` (extension) | `aggregate-type` |
 //! | `aggregateversion` (extension) | `aggregate-version` |
+//!
+//! The spec makes `source` + `id` unique per event, not `id` alone: two producers may number
+//! their events alike. So a CloudEvent's inbox key (`Envelope::message_id`) is both,
+//! `ce:{characters in source}:{source}{id}` (or `ce:` and a UUIDv5 of that key when it is
+//! longer than the inbox's 255 characters), and `source` is required.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +43,8 @@ use outbox::wire::cloudevents::{
 pub(crate) struct Native {
     pub headers: BTreeMap<String, String>,
     pub payload: Bytes,
+    /// The `source` attribute.
+    pub source: Option<String>,
 }
 
 /// `Some` when the message is a CloudEvent (either mode), converted; `None` for a native one.
@@ -68,7 +75,7 @@ pub(crate) fn to_native(
     Some(binary(attributes, content_type, payload))
 }
 
-fn is_structured(content_type: &str) -> bool {
+pub(crate) fn is_structured(content_type: &str) -> bool {
     let media = content_type.split(';').next().unwrap_or_default().trim();
     media.eq_ignore_ascii_case(STRUCTURED_CONTENT_TYPE)
 }
@@ -115,6 +122,7 @@ fn binary(
     Ok(Native {
         headers,
         payload: payload.clone(),
+        source: attributes.get("source").map(|s| (*s).to_owned()),
     })
 }
 
@@ -155,6 +163,7 @@ fn structured(payload: &Bytes) -> Result<Native, DecodeError> {
     Ok(Native {
         headers,
         payload: Bytes::from(data),
+        source: event.get("source").and_then(text),
     })
 }
 

@@ -15,7 +15,8 @@ pub struct Envelope {
     /// `"A234-1234-1234"`), a UUIDv5 of that id: stable, so its redeliveries share it.
     pub event_id: Uuid,
     /// The id the inbox records: the event id's lowercase hyphenated form, or a producer's
-    /// non-UUID id as sent (1 to 255 characters).
+    /// non-UUID id as sent (1 to 255 characters); for a CloudEvent, its `source` and `id`
+    /// together (see the module `cloudevents`).
     pub message_id: String,
     /// The event type.
     pub event_type: String,
@@ -59,7 +60,13 @@ impl Envelope {
             None => (Fields::parse(&headers)?, payload),
             Some(native) => {
                 let native = native?;
-                (Fields::parse(&native.headers)?, native.payload)
+                let mut fields = Fields::parse(&native.headers)?;
+                let source = native
+                    .source
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| DecodeError("CloudEvent without source".into()))?;
+                fields.key_by_source(&source);
+                (fields, native.payload)
             }
         };
         Ok(Self {
@@ -76,6 +83,45 @@ impl Envelope {
             headers,
             payload,
         })
+    }
+
+    /// A message that decodes to this envelope (to apply an envelope built by hand): its
+    /// headers with the relay's native fields written over them. Its body is the payload, so a
+    /// structured CloudEvent's becomes a native message (whose event id, when its `id` was a
+    /// UUID, is then the UUIDv5 of its inbox key; the inbox key itself is kept).
+    pub fn to_message(&self) -> crate::Message {
+        let mut headers = self.headers.clone();
+        let structured = headers.iter().any(|(k, v)| {
+            k.eq_ignore_ascii_case("content-type") && crate::cloudevents::is_structured(v)
+        });
+        if structured {
+            headers.retain(|k, _| !k.eq_ignore_ascii_case("content-type"));
+        }
+        let mut set = |name: &str, value: String| {
+            headers.insert(name.to_owned(), value);
+        };
+        set(header::EVENT_ID, self.message_id.clone());
+        set(header::EVENT_TYPE, self.event_type.clone());
+        set(header::SCHEMA_VERSION, self.schema_version.to_string());
+        if let Some(kind) = &self.aggregate_type {
+            set(header::AGGREGATE_TYPE, kind.clone());
+        }
+        if let Some(id) = &self.aggregate_id {
+            set(header::AGGREGATE_ID, id.clone());
+        }
+        if let Some(version) = self.aggregate_version {
+            set(header::AGGREGATE_VERSION, version.to_string());
+        }
+        if let Some(at) = self.occurred_at {
+            set(
+                header::OCCURRED_AT,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            );
+        }
+        if let Some(copy) = self.copy_of_schema_version {
+            set(header::COPY_OF_SCHEMA_VERSION, copy.to_string());
+        }
+        crate::Message::new(self.destination.clone(), headers, self.payload.clone())
     }
 
     /// Parses the payload as JSON.
@@ -108,6 +154,24 @@ fn copy_marker(headers: &BTreeMap<String, String>) -> Result<Option<i32>, Decode
 
 /// The namespace of the UUIDv5 event ids given to messages whose ids are not UUIDs.
 const MESSAGE_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_4d49_8000_6d65_7373_6167);
+
+impl Fields {
+    /// A CloudEvent's inbox key: its `source` and `id` (the spec's unique pair). The event id
+    /// stays a UUID `id` as sent; another `id` gets a UUIDv5 of the key.
+    fn key_by_source(&mut self, source: &str) {
+        let key = format!("ce:{}:{source}{}", source.chars().count(), self.message_id);
+        let hashed = || format!("ce:{}", Uuid::new_v5(&MESSAGE_ID_NAMESPACE, key.as_bytes()));
+        let key = if key.chars().count() > outbox::MAX_MESSAGE_ID_CHARS || key.contains('\0') {
+            hashed()
+        } else {
+            key
+        };
+        if Uuid::parse_str(&self.message_id).is_err() {
+            self.event_id = Uuid::new_v5(&MESSAGE_ID_NAMESPACE, key.as_bytes());
+        }
+        self.message_id = key;
+    }
+}
 
 /// The standard fields, parsed from native header names.
 struct Fields {

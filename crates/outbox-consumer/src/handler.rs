@@ -10,10 +10,12 @@ use crate::Envelope;
 /// `handle` runs inside the consumer's transaction: do every database write through `tx`, and
 /// nothing else that cannot be rolled back. It is called at most once per (consumer, event id)
 /// that commits: the inbox row is inserted in the same transaction. Returning `Err` rolls the
-/// transaction back; the message is redelivered with backoff, then dead-lettered after the
-/// configured attempts. A panic counts as an `Err` of that message. An error of the
-/// infrastructure ([`HandlerError::is_infrastructure`]: the database unreachable) spends no
-/// attempt: the runner holds the message and retries it until the database answers.
+/// transaction back; the message is tried again with backoff (held in the consumer's database
+/// meanwhile), then dead-lettered after the configured attempts, or at once when the error is
+/// [`HandlerError::permanent`]. A panic counts as an `Err` of that message. An error of the
+/// infrastructure ([`HandlerError::is_infrastructure`]: the database unreachable, read-only or
+/// out of resources) spends no attempt: the runner keeps the message and retries it until the
+/// database answers.
 pub trait Handler: Send + Sync + 'static {
     /// Applies `event` through `tx`.
     fn handle<'a>(
@@ -36,7 +38,8 @@ pub struct HandlerError {
 enum Kind {
     Message,
     Infrastructure,
-    OutOfOrder,
+    Permanent,
+    Conflict,
 }
 
 impl HandlerError {
@@ -58,12 +61,21 @@ impl HandlerError {
         }
     }
 
-    /// The event came before an earlier version of its aggregate (the version gate): it is
-    /// retried later, without spending its attempts, and never dead-lettered.
-    pub(crate) fn out_of_order(message: impl Into<String>) -> Self {
+    /// A failure no retry can cure (the message can never be applied): dead-lettered at once,
+    /// with this message as its reason.
+    pub fn permanent(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
-            kind: Kind::OutOfOrder,
+            kind: Kind::Permanent,
+        }
+    }
+
+    /// A concurrent first event of the same aggregate created its state row meanwhile: the
+    /// processor tries again at once.
+    pub(crate) fn conflict() -> Self {
+        Self {
+            message: "a concurrent event of the aggregate changed its state first".into(),
+            kind: Kind::Conflict,
         }
     }
 
@@ -77,16 +89,18 @@ impl HandlerError {
         self.kind == Kind::Infrastructure
     }
 
-    /// Whether the event waits for an earlier version of its aggregate (see
-    /// [`VersionGate`](crate::VersionGate)): retried later, never dead-lettered.
-    pub fn is_out_of_order(&self) -> bool {
-        self.kind == Kind::OutOfOrder
+    /// Whether no retry can cure it: the message is dead-lettered at once.
+    pub fn is_permanent(&self) -> bool {
+        self.kind == Kind::Permanent
     }
 
-    /// Whether the failure may end in a dead letter: neither an outage nor a wait for an
-    /// earlier version does.
+    pub(crate) fn is_conflict(&self) -> bool {
+        self.kind == Kind::Conflict
+    }
+
+    /// Whether the failure spends one of the message's attempts: an outage does not.
     pub fn counts_as_attempt(&self) -> bool {
-        self.kind == Kind::Message
+        matches!(self.kind, Kind::Message | Kind::Permanent)
     }
 }
 
@@ -116,9 +130,21 @@ impl From<outbox::Error> for HandlerError {
     }
 }
 
-/// Whether a database error says the database cannot be used right now (connection lost or
-/// refused, pool exhausted, server shutting down or starting), as opposed to a statement that
-/// fails on this message's data.
+/// Whether a database error says the database cannot be used right now, whatever the
+/// message, as opposed to a statement that fails on this message's data. The classes:
+///
+/// | SQLSTATE | what |
+/// | --- | --- |
+/// | `08…` | connection exception (lost, refused, failed) |
+/// | `57P01`–`57P05` | shutting down (admin, crash), cannot connect now, idle session timeout |
+/// | `53…` | insufficient resources: disk full (53100), out of memory (53200), too many connections (53300) |
+/// | `58…` | system error (an I/O error of the server) |
+/// | `25006` | read-only transaction: a standby after a failover, or a database set read-only |
+/// | `28…` | invalid authorisation (a rotated password, a role that may not log in) |
+/// | `40001`, `40P01` | serialisation failure, deadlock: the transaction can succeed again |
+///
+/// and every error without a SQLSTATE that means no usable connection (I/O, TLS, protocol,
+/// a pool exhausted or closed).
 pub(crate) fn is_outage(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
@@ -128,9 +154,10 @@ pub(crate) fn is_outage(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // Class 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown,
-            // cannot connect now; 53300: too many connections.
-            code.starts_with("08") || code.starts_with("57P") || code == "53300"
+            ["08", "57P", "53", "58", "28"]
+                .iter()
+                .any(|class| code.starts_with(class))
+                || matches!(&*code, "25006" | "40001" | "40P01")
         }),
         _ => false,
     }

@@ -11,15 +11,25 @@
 //! | `outbox_consumer_panics_total{consumer}` | counter | of those, handler or upcaster panics |
 //! | `outbox_consumer_infrastructure_failures_total{consumer}` | counter | attempts that met a database outage (waited out, no attempt spent) |
 //! | `outbox_consumer_out_of_order_total{consumer}` | counter | deliveries held by the version gate: an earlier version of the aggregate not applied yet |
+//! | `outbox_consumer_holds_total{consumer}` | counter | events held in the consumer's database, for any reason (an earlier event of the aggregate, a first-seen aggregate settling, a failed attempt, a redelivery) |
 //! | `outbox_consumer_dead_lettered_total{consumer}` | counter | messages sent to the consumer's dead letters |
 //! | `outbox_consumer_copies_skipped_total{consumer}` | counter | fan-out copies skipped ([`Processor::skip_fan_out_copies`](crate::Processor::skip_fan_out_copies)) |
+//! | `outbox_consumer_inbox_purged_total{consumer}` | counter | inbox rows deleted by the runner's retention |
 //! | `outbox_consumer_handler_seconds{consumer}` | histogram | one attempt, inbox check to commit |
+//! | `outbox_consumer_held{consumer}` | gauge | events held now (the sweeper reads it from the database every `sweep_interval`) |
+//! | `outbox_consumer_held_waiting{consumer}` | gauge | of those, waiting for an earlier event of their aggregate (a gap) rather than for a retry |
+//! | `outbox_consumer_held_oldest_seconds{consumer}` | gauge | how long the oldest held event has been held, by the database's clock (0 when none) |
+//! | `outbox_consumer_in_hand{consumer}` | gauge | messages in the runner's memory, running or queued behind their aggregate |
+
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
+
+use crate::store::Gauges;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConsumerLabel {
@@ -27,6 +37,8 @@ struct ConsumerLabel {
 }
 
 type Counters = Family<ConsumerLabel, Counter>;
+type Gauges64 = Family<ConsumerLabel, Gauge>;
+type Seconds = Family<ConsumerLabel, Gauge<f64, AtomicU64>>;
 type Latencies = Family<ConsumerLabel, Histogram, fn() -> Histogram>;
 
 /// The consumer-side counters, per consumer name. Cheap to clone (clones share the values).
@@ -38,9 +50,15 @@ pub struct ConsumerMetrics {
     panics: Counters,
     infrastructure_failures: Counters,
     out_of_order: Counters,
+    held_total: Counters,
     dead_lettered: Counters,
     copies_skipped: Counters,
+    inbox_purged: Counters,
     handler_seconds: Latencies,
+    held: Gauges64,
+    held_waiting: Gauges64,
+    held_oldest_seconds: Seconds,
+    in_hand: Gauges64,
 }
 
 impl Default for ConsumerMetrics {
@@ -52,8 +70,14 @@ impl Default for ConsumerMetrics {
             panics: Counters::default(),
             infrastructure_failures: Counters::default(),
             out_of_order: Counters::default(),
+            held_total: Counters::default(),
             dead_lettered: Counters::default(),
             copies_skipped: Counters::default(),
+            inbox_purged: Counters::default(),
+            held: Gauges64::default(),
+            held_waiting: Gauges64::default(),
+            held_oldest_seconds: Seconds::default(),
+            in_hand: Gauges64::default(),
             handler_seconds: Latencies::new_with_constructor(|| {
                 Histogram::new([
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -78,8 +102,12 @@ pub enum Count {
     Panics,
     /// Attempts that met a database outage.
     InfrastructureFailures,
-    /// Deliveries held by the version gate.
+    /// Deliveries held by the version gate, waiting for an earlier version.
     OutOfOrder,
+    /// Events held in the consumer's database, for any reason.
+    Held,
+    /// Inbox rows deleted by the runner's retention.
+    InboxPurged,
     /// Messages dead-lettered.
     DeadLettered,
     /// Fan-out copies skipped.
@@ -126,6 +154,37 @@ impl ConsumerMetrics {
             self.out_of_order.clone(),
         );
         r.register(
+            "outbox_consumer_holds",
+            "Events held in the consumer's database: an earlier event of the aggregate not \
+             applied yet, a first-seen aggregate settling, a failed attempt, a redelivery",
+            self.held_total.clone(),
+        );
+        r.register(
+            "outbox_consumer_inbox_purged",
+            "Inbox rows deleted by the runner's retention",
+            self.inbox_purged.clone(),
+        );
+        r.register(
+            "outbox_consumer_held",
+            "Events held now, read from the database every sweep",
+            self.held.clone(),
+        );
+        r.register(
+            "outbox_consumer_held_waiting",
+            "Held events waiting for an earlier event of their aggregate (a gap)",
+            self.held_waiting.clone(),
+        );
+        r.register(
+            "outbox_consumer_held_oldest_seconds",
+            "Age of the oldest held event, by the database's clock; 0 when none is held",
+            self.held_oldest_seconds.clone(),
+        );
+        r.register(
+            "outbox_consumer_in_hand",
+            "Messages in the runner's memory, running or queued behind their aggregate",
+            self.in_hand.clone(),
+        );
+        r.register(
             "outbox_consumer_dead_lettered",
             "Messages sent to the consumer's dead letters",
             self.dead_lettered.clone(),
@@ -158,9 +217,15 @@ impl ConsumerMetrics {
             panics: counter(Count::Panics),
             infrastructure_failures: counter(Count::InfrastructureFailures),
             out_of_order: counter(Count::OutOfOrder),
+            held_total: counter(Count::Held),
             dead_lettered: counter(Count::DeadLettered),
             copies_skipped: counter(Count::CopiesSkipped),
+            inbox_purged: counter(Count::InboxPurged),
             handler_seconds: self.handler_seconds.get_or_create(&label).clone(),
+            held: self.held.get_or_create(&label).clone(),
+            held_waiting: self.held_waiting.get_or_create(&label).clone(),
+            held_oldest_seconds: self.held_oldest_seconds.get_or_create(&label).clone(),
+            in_hand: self.in_hand.get_or_create(&label).clone(),
         }
     }
 
@@ -172,9 +237,27 @@ impl ConsumerMetrics {
             Count::Panics => &self.panics,
             Count::InfrastructureFailures => &self.infrastructure_failures,
             Count::OutOfOrder => &self.out_of_order,
+            Count::Held => &self.held_total,
             Count::DeadLettered => &self.dead_lettered,
             Count::CopiesSkipped => &self.copies_skipped,
+            Count::InboxPurged => &self.inbox_purged,
         }
+    }
+
+    /// `consumer`'s held gauges: (events held, of those waiting for an earlier event, age
+    /// of the oldest in seconds).
+    pub fn held(&self, consumer: &str) -> (i64, i64, f64) {
+        let label = label(consumer);
+        (
+            self.held.get_or_create(&label).get(),
+            self.held_waiting.get_or_create(&label).get(),
+            self.held_oldest_seconds.get_or_create(&label).get(),
+        )
+    }
+
+    /// Messages in `consumer`'s runner's memory now.
+    pub fn in_hand(&self, consumer: &str) -> i64 {
+        self.in_hand.get_or_create(&label(consumer)).get()
     }
 }
 
@@ -187,9 +270,15 @@ pub(crate) struct Counts {
     panics: Counter,
     infrastructure_failures: Counter,
     out_of_order: Counter,
+    held_total: Counter,
     dead_lettered: Counter,
     copies_skipped: Counter,
+    inbox_purged: Counter,
     handler_seconds: Histogram,
+    held: Gauge,
+    held_waiting: Gauge,
+    held_oldest_seconds: Gauge<f64, AtomicU64>,
+    in_hand: Gauge,
 }
 
 impl Counts {
@@ -201,10 +290,27 @@ impl Counts {
             Count::Panics => &self.panics,
             Count::InfrastructureFailures => &self.infrastructure_failures,
             Count::OutOfOrder => &self.out_of_order,
+            Count::Held => &self.held_total,
             Count::DeadLettered => &self.dead_lettered,
             Count::CopiesSkipped => &self.copies_skipped,
+            Count::InboxPurged => &self.inbox_purged,
         };
         counter.inc();
+    }
+
+    pub(crate) fn purged(&self, rows: u64) {
+        self.inbox_purged.inc_by(rows);
+    }
+
+    pub(crate) fn set_held(&self, gauges: &Gauges) {
+        self.held.set(gauges.held);
+        self.held_waiting.set(gauges.waiting);
+        self.held_oldest_seconds.set(gauges.oldest_seconds);
+    }
+
+    pub(crate) fn set_in_hand(&self, messages: usize) {
+        self.in_hand
+            .set(i64::try_from(messages).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn observe_handler(&self, seconds: f64) {

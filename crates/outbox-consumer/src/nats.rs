@@ -1,9 +1,11 @@
-//! NATS JetStream runner: a durable pull consumer with explicit acks. Failed messages are
-//! NAKed with a delay (the server redelivers them while later messages flow); after
-//! `max_attempts` deliveries, or at once when malformed, the message is published to the dead
-//! letter subject (stream `{stream}_DEAD`) with its error, and only then terminated. While the
-//! database is unreachable the message in hand is held (its ack deadline extended) and retried
-//! until the database answers: an outage spends no attempt.
+//! NATS JetStream runner: a durable pull consumer with explicit acks. Every message is
+//! acknowledged once it is applied, skipped as a duplicate, held in the consumer's database
+//! (its turn has not come, or its first attempt failed: see [`crate::runner`]) or
+//! dead-lettered: published to the dead-letter subject (stream `{stream}_DEAD_{consumer}`)
+//! with its error, confirmed, and only then acknowledged. Nothing waits unacknowledged but the
+//! messages in hand, at most `max_in_hand` (the consumer's `max_ack_pending` when the runner
+//! creates it). While the database is unreachable the message in hand is kept (its ack
+//! deadline extended) and retried until the database answers: an outage spends no attempt.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -11,11 +13,12 @@ use async_nats::{
     jetstream::{self, consumer::pull, stream, AckKind},
     HeaderMap,
 };
+use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    lanes::{self, Lane},
-    outage, ConsumerConfig, Count, Envelope, Error, Processor,
+    runner::{self, Delivery, Worker},
+    ConsumerConfig, DeadLetters, Error, Message, Processor,
 };
 
 /// Where to consume from.
@@ -46,20 +49,19 @@ impl NatsSource {
 /// A running JetStream consumer.
 pub struct NatsConsumer {
     messages: pull::Stream,
-    worker: Worker,
+    worker: Worker<NatsDeadLetters>,
 }
 
-/// What handles one message: shared by the messages in flight.
-struct Worker {
+/// The dead-letter subject of a consumer, on its own stream.
+pub(crate) struct NatsDeadLetters {
     js: jetstream::Context,
-    config: ConsumerConfig,
-    processor: Processor,
-    dead_subject: String,
-    ack_wait: Duration,
+    subject: String,
+    consumer: String,
 }
 
 impl NatsConsumer {
     /// Creates (or binds to) the durable consumer `config.name` and the dead-letter stream.
+    /// A consumer the runner creates has `max_ack_pending` = `config.max_in_hand`.
     pub async fn connect(
         source: NatsSource,
         config: ConsumerConfig,
@@ -90,6 +92,7 @@ impl NatsConsumer {
                     durable_name: Some(config.name.clone()),
                     ack_policy: jetstream::consumer::AckPolicy::Explicit,
                     ack_wait: source.ack_wait,
+                    max_ack_pending: i64::try_from(config.max_in_hand).unwrap_or(i64::MAX),
                     filter_subjects: source.filter_subjects.clone(),
                     ..Default::default()
                 },
@@ -100,150 +103,127 @@ impl NatsConsumer {
         Ok(Self {
             messages,
             worker: Worker {
-                js,
+                dead: NatsDeadLetters {
+                    js,
+                    subject: dead_subject,
+                    consumer: config.name.clone(),
+                },
                 config,
                 processor,
-                dead_subject,
-                ack_wait: source.ack_wait,
+                system: "nats",
+                outage_wait: source.ack_wait / 3,
             },
         })
     }
 
     /// The subject dead letters are published to.
     pub fn dead_letter_subject(&self) -> &str {
-        &self.worker.dead_subject
+        &self.worker.dead.subject
     }
 
-    /// Processes messages until `shutdown`: up to `config.concurrency` at once, each
-    /// aggregate's strictly one after another in the order received (a message waiting for
-    /// its aggregate does not hold up others). The messages in hand are finished first.
+    /// Processes messages until `shutdown`: up to `config.concurrency` aggregates at once,
+    /// each aggregate's strictly one after another in the order received (a message waiting
+    /// for its aggregate does not hold up others), while the sweeper applies held events as
+    /// they come due. The messages in hand are finished first.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let Self { messages, worker } = self;
-        lanes::drive(
-            messages,
-            worker.config.concurrency,
+        runner::run(
+            messages.map(|m| m.map(NatsDelivery::new)),
+            &worker,
             &shutdown,
-            lane_of,
             |e| {
                 tracing::warn!(error = %e, "nats: receiving failed; retrying");
                 None
             },
             || Error::Broker("nats: consumer stream ended".into()),
-            |message| worker.handle(message, &shutdown),
         )
         .await
     }
 }
 
-impl Worker {
-    async fn handle(&self, message: jetstream::Message, shutdown: &CancellationToken) {
-        let delivered = message.info().map(|i| i.delivered).unwrap_or(1).max(1) as u32;
-        let headers = message.headers.as_ref().map(headers_of).unwrap_or_default();
-        let envelope = Envelope::decode(
-            message.subject.to_string(),
-            headers,
-            message.payload.clone(),
-        )
-        .map_err(|e| e.to_string())
-        // An event that cannot reach its current version never will: dead-letter it at once.
-        .and_then(|e| self.processor.upcast(e).map_err(|e| e.to_string()));
-        let result = match &envelope {
-            Err(e) => Err((e.to_string(), true)),
-            // During an outage the message is held, its ack deadline pushed back, until the
-            // database answers.
-            Ok(event) => outage::apply(
-                "nats",
-                &self.processor,
-                event,
-                shutdown,
-                self.ack_wait / 3,
-                || {
-                    let message = &message;
-                    async move {
-                        let _ = message.ack_with(AckKind::Progress).await;
-                    }
-                },
-            )
-            .await
-            .map_err(|e| {
-                // Only the message's own failures dead-letter it: not an outage outlasting
-                // shutdown, not a wait for an earlier version of its aggregate.
-                let dead = e.counts_as_attempt() && delivered >= self.config.max_attempts;
-                (e.to_string(), dead)
-            }),
-        };
-        match result {
-            Ok(outcome) => {
-                tracing::debug!(?outcome, subject = %message.subject, "processed");
-                if let Err(e) = message.ack().await {
-                    tracing::warn!(error = %e, "ack failed; the message will be redelivered");
-                }
-            }
-            Err((error, true)) => {
-                tracing::error!(%error, delivered, subject = %message.subject,
-                    consumer = self.processor.name(), "dead-lettering message");
-                if self.dead_letter(&message, &error, delivered).await {
-                    self.processor.count(Count::DeadLettered);
-                    let _ = message.ack_with(AckKind::Term).await;
-                } else {
-                    let _ = message
-                        .ack_with(AckKind::Nak(Some(self.config.backoff(delivered))))
-                        .await;
-                }
-            }
-            Err((error, false)) => {
-                let delay = self.config.backoff(delivered);
-                tracing::warn!(%error, delivered, ?delay, "handler failed; will redeliver");
-                let _ = message.ack_with(AckKind::Nak(Some(delay))).await;
-            }
-        }
-    }
+use futures::StreamExt as _;
 
-    /// Publishes the message to the dead-letter subject and waits for the PubAck.
-    async fn dead_letter(&self, message: &jetstream::Message, error: &str, delivered: u32) -> bool {
-        // Keep the original headers except `Nats-Msg-Id`: the dead letter must always be stored.
-        let mut headers = HeaderMap::new();
-        for (name, values) in message.headers.iter().flat_map(|h| h.iter()) {
-            if name.to_string() != "Nats-Msg-Id" {
-                for value in values {
-                    headers.append(name.clone(), value.clone());
-                }
-            }
-        }
-        headers.insert(
-            "dead-letter-reason",
-            error.replace(['\r', '\n'], " ").as_str(),
+/// A JetStream message, with its text form.
+struct NatsDelivery {
+    message: jetstream::Message,
+    raw: Message,
+    delivered: i64,
+}
+
+impl NatsDelivery {
+    fn new(message: jetstream::Message) -> Self {
+        let raw = Message::new(
+            message.subject.to_string(),
+            message.headers.as_ref().map(headers_of).unwrap_or_default(),
+            message.payload.clone(),
         );
-        headers.insert("dead-letter-attempts", delivered.to_string().as_str());
-        headers.insert("dead-letter-subject", message.subject.as_str());
-        headers.insert("dead-letter-consumer", self.processor.name());
-        match self
-            .js
-            .publish_with_headers(self.dead_subject.clone(), headers, message.payload.clone())
-            .await
-        {
-            Ok(ack) => ack.await.is_ok(),
-            Err(e) => {
-                tracing::warn!(error = %e, "dead-letter publish failed; will retry");
-                false
-            }
+        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        Self {
+            message,
+            raw,
+            delivered,
         }
     }
 }
 
-/// The message's aggregate (`aggregate-type`, `aggregate-id` headers); a message without one
-/// has a lane of its own.
-fn lane_of(message: &jetstream::Message) -> Lane {
-    let header = |name| {
-        message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-    };
-    match (header("aggregate-type"), header("aggregate-id")) {
-        (Some(kind), Some(id)) => Lane::Aggregate(kind, id),
-        _ => Lane::Alone(message.info().map(|i| i.stream_sequence).unwrap_or(0)),
+impl Delivery for NatsDelivery {
+    fn message(&self) -> &Message {
+        &self.raw
+    }
+
+    fn redelivered(&self) -> bool {
+        self.delivered > 1
+    }
+
+    async fn ack(self) {
+        if let Err(e) = self.message.ack().await {
+            tracing::warn!(error = %e, "ack failed; the message will be redelivered");
+        }
+    }
+
+    async fn release(self) {
+        let _ = self.message.ack_with(AckKind::Nak(None)).await;
+    }
+
+    async fn keep(&self) {
+        let _ = self.message.ack_with(AckKind::Progress).await;
+    }
+}
+
+impl DeadLetters for NatsDeadLetters {
+    /// Publishes to the dead-letter subject and waits for the PubAck.
+    fn dead_letter<'a>(
+        &'a self,
+        message: &'a Message,
+        reason: &'a str,
+        attempts: u32,
+        origin: &'a [(&'static str, String)],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            // The original headers except `Nats-Msg-Id`: the dead letter must always be stored.
+            let mut headers = HeaderMap::new();
+            for (name, value) in &message.headers {
+                if !name.eq_ignore_ascii_case("Nats-Msg-Id") {
+                    headers.insert(name.as_str(), value.as_str());
+                }
+            }
+            headers.insert(
+                "dead-letter-reason",
+                reason.replace(['\r', '\n'], " ").as_str(),
+            );
+            headers.insert("dead-letter-attempts", attempts.to_string().as_str());
+            headers.insert("dead-letter-subject", message.destination.as_str());
+            headers.insert("dead-letter-consumer", self.consumer.as_str());
+            for (name, value) in origin {
+                headers.insert(*name, value.as_str());
+            }
+            let ack = self
+                .js
+                .publish_with_headers(self.subject.clone(), headers, message.payload.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            ack.await.map(drop).map_err(|e| e.to_string())
+        })
     }
 }
 

@@ -1,19 +1,17 @@
-//! RabbitMQ runner: manual acks with a prefetch window. A failed message is held (unacked)
-//! for its backoff, then requeued, while later messages go on; after `max_attempts` failures,
-//! or at once when malformed, it is published to the dead-letter queue `{queue}.dead` with its
-//! error (confirmed), and only then acked. Attempts are counted per event id in memory: a
-//! restarted consumer gives a poison message at most `max_attempts` more tries. While the
-//! database is unreachable the message in hand is held and retried until the database answers
-//! (consumption pauses meanwhile): an outage spends no attempt.
+//! RabbitMQ runner: manual acks within a prefetch window. Every delivery is acknowledged once
+//! it is applied, skipped as a duplicate, held in the consumer's database (its turn has not
+//! come, or its first attempt failed: see [`crate::runner`]) or dead-lettered: published to the
+//! dead-letter queue `{queue}.dead` with its error, confirmed, and only then acknowledged. No
+//! delivery is requeued to wait, so a quorum queue's delivery limit counts only deliveries
+//! that ended with the consumer gone (a crash, a stop). While the database is unreachable the
+//! delivery in hand is kept and retried until the database answers: an outage spends no
+//! attempt.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, str::FromStr};
 
+use futures::{future::BoxFuture, StreamExt as _};
 use lapin::{
-    message::Delivery,
+    message::Delivery as LapinDelivery,
     options::{
         BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions,
         BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -24,9 +22,56 @@ use lapin::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    lanes::{self, Lane},
-    outage, ConsumerConfig, Count, Envelope, Error, Processor,
+    runner::{self, Delivery, Worker},
+    ConsumerConfig, DeadLetters, Error, Message, Processor,
 };
+
+/// The type of a queue the runner declares (its dead-letter queue): explicit, so that a
+/// virtual host's default queue type does not choose it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QueueType {
+    /// A classic queue (the default): no delivery limit, so listing its dead letters (which
+    /// returns them to the queue) never drops one.
+    #[default]
+    Classic,
+    /// A quorum queue (replicated), declared without a delivery limit where the broker allows
+    /// it (`x-delivery-limit` -1, RabbitMQ 4.0 and later), so that listing its dead letters
+    /// never drops one.
+    Quorum,
+}
+
+impl QueueType {
+    fn arguments(self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+        match self {
+            Self::Classic => arguments.insert("x-queue-type".into(), text("classic")),
+            Self::Quorum => arguments.insert("x-queue-type".into(), text("quorum")),
+        }
+        arguments
+    }
+}
+
+impl FromStr for QueueType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "classic" => Ok(Self::Classic),
+            "quorum" => Ok(Self::Quorum),
+            other => Err(format!("{other:?} is not a queue type (classic, quorum)")),
+        }
+    }
+}
+
+impl fmt::Display for QueueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        })
+    }
+}
 
 /// Where to consume from.
 #[derive(Clone, Debug)]
@@ -35,8 +80,10 @@ pub struct RabbitMqSource {
     pub url: String,
     /// Queue to consume (bound to the relay's exchange by the application).
     pub queue: String,
-    /// Unacked messages held at once (default 16): bounds the messages waiting in backoff.
+    /// Unacknowledged deliveries at once (default 16): the messages in hand.
     pub prefetch: u16,
+    /// The type of the dead-letter queue `{queue}.dead` (default classic).
+    pub dead_letter_queue_type: QueueType,
 }
 
 impl RabbitMqSource {
@@ -46,6 +93,7 @@ impl RabbitMqSource {
             url: url.into(),
             queue: queue.into(),
             prefetch: 16,
+            dead_letter_queue_type: QueueType::default(),
         }
     }
 }
@@ -54,16 +102,14 @@ impl RabbitMqSource {
 pub struct RabbitMqConsumer {
     _connection: Connection,
     consumer: lapin::Consumer,
-    worker: Worker,
+    worker: Worker<RabbitMqDeadLetters>,
 }
 
-/// What handles one delivery: shared by the deliveries in flight.
-struct Worker {
+/// The dead-letter queue of a consumer, on its confirming channel.
+pub(crate) struct RabbitMqDeadLetters {
     channel: Channel,
-    config: ConsumerConfig,
-    processor: Processor,
-    dead_queue: String,
-    attempts: Arc<Mutex<HashMap<String, u32>>>,
+    queue: String,
+    consumer: String,
 }
 
 impl RabbitMqConsumer {
@@ -83,22 +129,16 @@ impl RabbitMqConsumer {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(broker)?;
+        let prefetch = source
+            .prefetch
+            .max(1)
+            .min(u16::try_from(config.max_in_hand).unwrap_or(u16::MAX));
         channel
-            .basic_qos(source.prefetch.max(1), BasicQosOptions::default())
+            .basic_qos(prefetch, BasicQosOptions::default())
             .await
             .map_err(broker)?;
         let dead_queue = format!("{}.dead", source.queue);
-        channel
-            .queue_declare(
-                &dead_queue,
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(broker)?;
+        declare_dead_queue(&connection, &dead_queue, source.dead_letter_queue_type).await?;
         let consumer = channel
             .basic_consume(
                 &source.queue,
@@ -112,23 +152,30 @@ impl RabbitMqConsumer {
             _connection: connection,
             consumer,
             worker: Worker {
-                channel,
+                dead: RabbitMqDeadLetters {
+                    channel,
+                    queue: dead_queue,
+                    consumer: config.name.clone(),
+                },
                 config,
                 processor,
-                dead_queue,
-                attempts: Arc::new(Mutex::new(HashMap::new())),
+                system: "rabbitmq",
+                // No ack deadline to extend (only the broker's `consumer_timeout`, 30 min by
+                // default).
+                outage_wait: std::time::Duration::from_secs(5),
             },
         })
     }
 
     /// The dead-letter queue.
     pub fn dead_letter_queue(&self) -> &str {
-        &self.worker.dead_queue
+        &self.worker.dead.queue
     }
 
     /// Processes deliveries until `shutdown`: up to `config.concurrency` aggregates at once
     /// (within the prefetch window), each aggregate's one after another in the order
-    /// received. The deliveries in hand are finished first.
+    /// received, while the sweeper applies held events as they come due. The deliveries in
+    /// hand are finished first.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         // The connection stays open until the deliveries in hand are finished.
         let Self {
@@ -136,163 +183,178 @@ impl RabbitMqConsumer {
             consumer,
             worker,
         } = self;
-        lanes::drive(
-            consumer,
-            worker.config.concurrency,
+        runner::run(
+            consumer.map(|d| d.map(RabbitDelivery::new)),
+            &worker,
             &shutdown,
-            lane_of,
             |e| Some(Error::Broker(format!("rabbitmq: {e}"))),
             || Error::Broker("rabbitmq: consumer cancelled".into()),
-            |delivery| worker.handle(delivery, &shutdown),
         )
         .await
     }
 }
 
-impl Worker {
-    async fn handle(&self, delivery: Delivery, shutdown: &CancellationToken) {
-        let headers = headers_of(&delivery);
-        let envelope = Envelope::decode(
-            delivery.routing_key.to_string(),
-            headers,
-            delivery.data.clone().into(),
-        )
-        .map_err(|e| e.to_string())
-        // An event that cannot reach its current version never will: dead-letter it at once.
-        .and_then(|e| self.processor.upcast(e).map_err(|e| e.to_string()));
-        let key = envelope
-            .as_ref()
-            .map(|e| e.event_id.to_string())
-            .unwrap_or_default();
-        // RabbitMQ has no ack deadline to extend (only the broker's `consumer_timeout`, 30 min
-        // by default): the wait needs no keep-alive.
-        let longest_wait = Duration::from_secs(5);
-        let result = match &envelope {
-            Err(e) => Err((e.to_string(), u32::MAX)),
-            Ok(event) => outage::apply(
-                "rabbitmq",
-                &self.processor,
-                event,
-                shutdown,
-                longest_wait,
-                || async {},
-            )
-            .await
-            .map_err(|e| {
-                if !e.counts_as_attempt() {
-                    // Shut down during an outage, or waiting for an earlier version of
-                    // its aggregate: requeued after the first backoff, no attempt spent.
-                    return (e.to_string(), 0);
-                }
-                let mut attempts = self.attempts.lock().expect("not poisoned");
-                let n = attempts.entry(key.clone()).or_insert(0);
-                *n += 1;
-                (e.to_string(), *n)
-            }),
-        };
-        match result {
-            Ok(_) => {
-                self.attempts.lock().expect("not poisoned").remove(&key);
-                if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
-                    tracing::warn!(error = %e, "ack failed; the message will be redelivered");
-                }
-            }
-            Err((error, attempts)) if attempts >= self.config.max_attempts => {
-                tracing::error!(%error, attempts, consumer = self.processor.name(),
-                    "dead-lettering message");
-                if self.dead_letter(&delivery, &error, attempts).await {
-                    self.attempts.lock().expect("not poisoned").remove(&key);
-                    self.processor.count(Count::DeadLettered);
-                    let _ = delivery.ack(BasicAckOptions::default()).await;
-                } else {
-                    let _ = delivery
-                        .nack(BasicNackOptions {
-                            requeue: true,
-                            ..Default::default()
-                        })
-                        .await;
-                }
-            }
-            Err((error, attempts)) => {
-                let delay = self.config.backoff(attempts);
-                tracing::warn!(%error, attempts, ?delay, "handler failed; will redeliver");
-                // Hold the delivery (unacked) for the backoff, then requeue it; the loop goes
-                // on with later messages meanwhile.
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let _ = delivery
-                        .nack(BasicNackOptions {
-                            requeue: true,
-                            ..Default::default()
-                        })
-                        .await;
-                });
-            }
-        }
+/// Declares the dead-letter queue, durable, of type `kind`. A queue declared before with
+/// other arguments is reported with what to do (RabbitMQ refuses a redeclaration that
+/// differs, and closes the channel: the declaration has one of its own).
+async fn declare_dead_queue(
+    connection: &Connection,
+    queue: &str,
+    kind: QueueType,
+) -> Result<(), Error> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| Error::Broker(format!("rabbitmq: {e}")))?;
+    let mut arguments = kind.arguments();
+    if kind == QueueType::Quorum {
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(-1));
     }
-
-    async fn dead_letter(&self, delivery: &Delivery, error: &str, attempts: u32) -> bool {
-        let mut table = delivery.properties.headers().clone().unwrap_or_default();
-        let text = |s: &str| AMQPValue::LongString(LongString::from(s.to_owned()));
-        table.insert(
-            "dead-letter-reason".into(),
-            text(&error.replace(['\r', '\n'], " ")),
-        );
-        let attempts = if attempts == u32::MAX { 1 } else { attempts };
-        table.insert("dead-letter-attempts".into(), text(&attempts.to_string()));
-        table.insert(
-            "dead-letter-routing-key".into(),
-            text(delivery.routing_key.as_str()),
-        );
-        table.insert("dead-letter-consumer".into(), text(self.processor.name()));
-        let properties = BasicProperties::default()
-            .with_headers(table)
-            .with_delivery_mode(2)
-            .with_message_id(
-                delivery
-                    .properties
-                    .message_id()
-                    .clone()
-                    .unwrap_or_else(|| ShortString::from("")),
-            );
-        let published = self
-            .channel
-            .basic_publish(
-                "",
-                &self.dead_queue,
-                BasicPublishOptions::default(),
-                &delivery.data,
-                properties,
-            )
-            .await;
-        match published {
-            Ok(confirm) => matches!(confirm.await, Ok(c) if c.is_ack()),
-            Err(e) => {
-                tracing::warn!(error = %e, "dead-letter publish failed; will retry");
-                false
-            }
+    let declared = channel
+        .queue_declare(
+            queue,
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await;
+    let declared = match declared {
+        // Brokers before RabbitMQ 4.0 have no unlimited delivery limit: a quorum queue there
+        // has none unless one is set.
+        Err(_) if kind == QueueType::Quorum => {
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| Error::Broker(format!("rabbitmq: {e}")))?;
+            channel
+                .queue_declare(
+                    queue,
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    kind.arguments(),
+                )
+                .await
+                .map(drop)
         }
+        other => other.map(drop),
+    };
+    let _ = channel.close(200, "declared").await;
+    declared.map_err(|e| {
+        Error::Broker(format!(
+            "rabbitmq: cannot declare the dead-letter queue {queue} as a durable {kind} queue: \
+             {e} (delete it, or set dead_letter_queue_type to the type it has)"
+        ))
+    })
+}
+
+/// A RabbitMQ delivery, with its text form.
+struct RabbitDelivery {
+    delivery: LapinDelivery,
+    raw: Message,
+}
+
+impl RabbitDelivery {
+    fn new(delivery: LapinDelivery) -> Self {
+        let raw = Message::new(
+            delivery.routing_key.to_string(),
+            headers_of(&delivery),
+            delivery.data.clone(),
+        );
+        Self { delivery, raw }
     }
 }
 
-/// The delivery's aggregate (`aggregate-type`, `aggregate-id` headers); one without has a lane
-/// of its own.
-fn lane_of(delivery: &Delivery) -> Lane {
-    let table = delivery.properties.headers().as_ref();
-    let header = |name: &str| match table.and_then(|t| t.inner().get(name)) {
-        Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        Some(AMQPValue::ShortString(s)) => Some(s.to_string()),
-        _ => None,
-    };
-    match (header("aggregate-type"), header("aggregate-id")) {
-        (Some(kind), Some(id)) => Lane::Aggregate(kind, id),
-        _ => Lane::Alone(delivery.delivery_tag),
+impl Delivery for RabbitDelivery {
+    fn message(&self) -> &Message {
+        &self.raw
+    }
+
+    fn redelivered(&self) -> bool {
+        self.delivery.redelivered
+    }
+
+    async fn ack(self) {
+        if let Err(e) = self.delivery.ack(BasicAckOptions::default()).await {
+            tracing::warn!(error = %e, "ack failed; the message will be redelivered");
+        }
+    }
+
+    async fn release(self) {
+        let _ = self
+            .delivery
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await;
+    }
+
+    async fn keep(&self) {}
+}
+
+impl DeadLetters for RabbitMqDeadLetters {
+    /// Publishes to the dead-letter queue (default exchange) and waits for the confirm.
+    fn dead_letter<'a>(
+        &'a self,
+        message: &'a Message,
+        reason: &'a str,
+        attempts: u32,
+        origin: &'a [(&'static str, String)],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let text = |s: &str| AMQPValue::LongString(LongString::from(s.to_owned()));
+            let mut table = FieldTable::default();
+            for (name, value) in &message.headers {
+                table.insert(name.as_str().into(), text(value));
+            }
+            table.insert(
+                "dead-letter-reason".into(),
+                text(&reason.replace(['\r', '\n'], " ")),
+            );
+            table.insert("dead-letter-attempts".into(), text(&attempts.to_string()));
+            table.insert("dead-letter-routing-key".into(), text(&message.destination));
+            table.insert("dead-letter-consumer".into(), text(&self.consumer));
+            for (name, value) in origin {
+                table.insert((*name).into(), text(value));
+            }
+            let mut properties = BasicProperties::default()
+                .with_headers(table)
+                .with_delivery_mode(2);
+            if let Some(id) = message.headers.get(outbox::wire::header::EVENT_ID) {
+                properties = properties.with_message_id(ShortString::from(id.clone()));
+            }
+            if let Some(content_type) = message.headers.get("content-type") {
+                properties = properties.with_content_type(ShortString::from(content_type.clone()));
+            }
+            let confirm = self
+                .channel
+                .basic_publish(
+                    "",
+                    &self.queue,
+                    BasicPublishOptions::default(),
+                    &message.payload,
+                    properties,
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .await
+                .map_err(|e| e.to_string())?;
+            if confirm.is_ack() {
+                Ok(())
+            } else {
+                Err("the broker refused the dead letter (nack)".into())
+            }
+        })
     }
 }
 
 /// The message's headers, plus its `content-type` property (where AMQP carries a CloudEvent's
 /// `datacontenttype`, and the structured mode's media type) unless a header has that name.
-pub(crate) fn headers_of(delivery: &Delivery) -> BTreeMap<String, String> {
+pub(crate) fn headers_of(delivery: &LapinDelivery) -> BTreeMap<String, String> {
     let mut headers: BTreeMap<String, String> = delivery
         .properties
         .headers()

@@ -19,6 +19,9 @@
 //! `OUTBOX_CONSUMER_SIM_SEEDS` sets the number of seeds (default 16). Counts go to stderr, past
 //! the harness's capture, so CI logs show them.
 
+mod common;
+
+use common::held_rows;
 use std::{
     collections::{HashMap, VecDeque},
     future::Future,
@@ -34,7 +37,8 @@ use futures::future::{join_all, BoxFuture};
 use outbox::Event;
 use outbox_consumer::{
     saga::{Saga, SagaHandler, SagaTimeouts, Start, Step, Trigger, TIMEOUT},
-    Envelope, Handler, HandlerError, Processor, VersionGate,
+    ConsumerConfig, DeadLetters, Envelope, Handler, HandlerError, Message, Outcome, Processor,
+    VersionGate,
 };
 use outbox_testkit::{database_url, wait_until, TestDb};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
@@ -217,6 +221,25 @@ impl Counts {
     }
 }
 
+/// Dead letters of one sweep.
+#[derive(Default)]
+struct Letters(std::sync::Mutex<Vec<Message>>);
+
+impl DeadLetters for Letters {
+    fn dead_letter<'a>(
+        &'a self,
+        message: &'a Message,
+        _reason: &'a str,
+        _attempts: u32,
+        _origin: &'a [(&'static str, String)],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0.lock().unwrap().push(message.clone());
+            Ok(())
+        })
+    }
+}
+
 /// Runs `f`, or drops it after `polls` polls (a crash at that await point).
 async fn run_or_crash<F: Future>(f: F, polls: Option<u32>) -> Option<F::Output> {
     let Some(limit) = polls else {
@@ -262,6 +285,8 @@ struct World {
     timeouts: SagaTimeouts<Checkout>,
     paid: HashMap<String, bool>,
     events: usize,
+    /// How held events are retried (the runners' defaults, with short backoffs).
+    config: ConsumerConfig,
 }
 
 impl World {
@@ -293,7 +318,7 @@ impl World {
                 ),
             }),
         )
-        .with_version_gate(VersionGate::starting_at(&db.tables, 1));
+        .with_version_gate(VersionGate::starting_at(1));
         let saga = Arc::new(SagaHandler::new(Checkout, &db.tables));
         let timeouts = saga.timeouts(pool.clone());
         let saga = Processor::new(pool.clone(), &db.tables, "checkout", saga);
@@ -345,6 +370,12 @@ impl World {
             timeouts,
             paid,
             events,
+            config: ConsumerConfig {
+                max_attempts: MAX_ATTEMPTS,
+                initial_backoff: Duration::from_millis(1),
+                max_backoff: Duration::from_millis(5),
+                ..ConsumerConfig::new("sim")
+            },
         };
         (world, deliveries.into())
     }
@@ -379,17 +410,18 @@ impl World {
             _ => {}
         }
         let processor = self.processor(delivery.target);
+        let message = event.to_message();
         let result = match fault {
             Fault::Crash(polls) => {
                 counts.crashes += 1;
-                match run_or_crash(processor.apply(&event), Some(polls)).await {
+                match run_or_crash(processor.apply(&message), Some(polls)).await {
                     None => return false,
                     Some(result) => result,
                 }
             }
             Fault::Twice => {
                 counts.twice += 1;
-                let (a, b) = futures::join!(processor.apply(&event), processor.apply(&event));
+                let (a, b) = futures::join!(processor.apply(&message), processor.apply(&message));
                 // Acknowledged if either copy succeeded; the other may have waited on it.
                 match (a, b) {
                     (Ok(outcome), _) | (_, Ok(outcome)) => Ok(outcome),
@@ -398,24 +430,24 @@ impl World {
             }
             Fault::Outage => {
                 counts.outages += 1;
-                let (result, ()) = futures::join!(processor.apply(&event), async {
+                let (result, ()) = futures::join!(processor.apply(&message), async {
                     tokio::task::yield_now().await;
                     self.kill_connections().await;
                 });
                 result
             }
-            _ => processor.apply(&event).await,
+            _ => processor.apply(&message).await,
         };
         match result {
             Ok(_) if matches!(fault, Fault::LostAck) => {
                 counts.lost_acks += 1;
                 false
             }
-            Ok(_) => true,
-            Err(e) if e.is_out_of_order() => {
+            Ok(Outcome::Held) => {
                 counts.out_of_order += 1;
-                false
+                true
             }
+            Ok(_) => true,
             Err(e) if e.is_infrastructure() => {
                 counts.infrastructure += 1;
                 false
@@ -465,6 +497,29 @@ async fn run_seed(seed: u64) -> Counts {
                 queue.insert(at, d);
             }
         }
+        // The held events due are applied now and then, as a runner's sweeper does (a crash
+        // may cut it short too); those failed for good join the dead letters.
+        if calm || rng.random_bool(0.5) {
+            let crash = (!calm && rng.random_bool(0.2)).then(|| rng.random_range(1..=40));
+            for (target, processor) in
+                [(Target::Ledger, &world.ledger), (Target::Saga, &world.saga)]
+            {
+                let letters = Letters::default();
+                let _ = run_or_crash(processor.apply_due(&world.config, &letters), crash).await;
+                for message in letters.0.into_inner().unwrap() {
+                    counts.dead_lettered += 1;
+                    // Held with the fault of the delivery it arrived in; the operator's fix
+                    // cures it.
+                    let mut event = message.decode().unwrap();
+                    event.headers.remove("sim-fault");
+                    dead.push(Delivery {
+                        target,
+                        event,
+                        attempts: 0,
+                    });
+                }
+            }
+        }
         // Timeouts fire now and then, racing the payments (a crash may cut them short too).
         if calm || rng.random_bool(0.3) {
             counts.timeout_rounds += 1;
@@ -474,7 +529,7 @@ async fn run_seed(seed: u64) -> Counts {
             }
         }
         if queue.is_empty() {
-            if calm && dead.is_empty() {
+            if calm && dead.is_empty() && held_rows(&world.db).await == 0 {
                 break;
             }
             calm = true;

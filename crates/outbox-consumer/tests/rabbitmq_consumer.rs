@@ -338,7 +338,7 @@ async fn a_failing_aggregate_holds_only_itself_and_every_aggregate_applies_in_or
     let (messages, expected) = common::interleaved();
     fx.publish_versioned(&messages).await;
     let processor = Processor::new(db.pool.clone(), &db.tables, "inventory", ledger)
-        .with_version_gate(VersionGate::starting_at(&db.tables, 1));
+        .with_version_gate(VersionGate::starting_at(1));
     let metrics = processor.metrics().clone();
     let consumer = RabbitMqConsumer::connect(
         RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
@@ -420,7 +420,7 @@ async fn a_consumer_killed_mid_batch_leaves_every_event_applied_once_in_order() 
     fx.publish_versioned(&messages).await;
     let gated = |ledger: Ledger| {
         Processor::new(db.pool.clone(), &db.tables, "inventory", Arc::new(ledger))
-            .with_version_gate(VersionGate::starting_at(&db.tables, 1))
+            .with_version_gate(VersionGate::starting_at(1))
     };
     let consumer = RabbitMqConsumer::connect(
         RabbitMqSource::new(RABBITMQ_URL, &fx.queue),

@@ -212,7 +212,10 @@ impl Fixture {
 async fn a_step_saves_the_instance_and_enqueues_what_it_emits_in_one_transaction() {
     let f = fixture(Duration::from_secs(600)).await;
     let placed = envelope(Some("o1"), "OrderPlaced");
-    assert_eq!(f.processor.apply(&placed).await.unwrap(), Outcome::Applied);
+    assert_eq!(
+        f.processor.apply(&placed.to_message()).await.unwrap(),
+        Outcome::Applied
+    );
 
     let row = f.instance("o1").await.expect("instance created");
     assert_eq!(
@@ -228,7 +231,7 @@ async fn a_step_saves_the_instance_and_enqueues_what_it_emits_in_one_transaction
     assert_eq!(headers["causation-id"], placed.event_id.to_string());
 
     f.processor
-        .apply(&envelope(Some("o1"), "PaymentTaken"))
+        .apply(&envelope(Some("o1"), "PaymentTaken").to_message())
         .await
         .unwrap();
     let row = f.instance("o1").await.unwrap();
@@ -266,12 +269,12 @@ async fn a_step_saves_the_instance_and_enqueues_what_it_emits_in_one_transaction
 async fn a_redelivered_event_is_not_applied_twice() {
     let f = fixture(Duration::from_secs(600)).await;
     f.processor
-        .apply(&envelope(Some("o2"), "OrderPlaced"))
+        .apply(&envelope(Some("o2"), "OrderPlaced").to_message())
         .await
         .unwrap();
     let note = envelope(Some("o2"), "Note");
     for _ in 0..3 {
-        f.processor.apply(&note).await.unwrap();
+        f.processor.apply(&note.to_message()).await.unwrap();
     }
     let row = f.instance("o2").await.unwrap();
     assert_eq!((row.notes, row.version), (1, 2), "one Note applied, once");
@@ -282,11 +285,11 @@ async fn a_redelivered_event_is_not_applied_twice() {
 async fn a_failed_step_leaves_nothing_behind_and_is_retried_whole() {
     let f = fixture(Duration::from_secs(600)).await;
     f.processor
-        .apply(&envelope(Some("o3"), "OrderPlaced"))
+        .apply(&envelope(Some("o3"), "OrderPlaced").to_message())
         .await
         .unwrap();
     let boom = envelope(Some("o3"), "Boom");
-    let err = f.processor.apply(&boom).await.unwrap_err();
+    let err = f.processor.apply(&boom.to_message()).await.unwrap_err();
     assert!(err.to_string().contains("boom"), "{err}");
     let row = f.instance("o3").await.unwrap();
     assert_eq!((row.notes, row.version), (0, 1), "data change rolled back");
@@ -305,7 +308,7 @@ async fn a_failed_step_leaves_nothing_behind_and_is_retried_whole() {
 async fn an_event_for_no_instance_yet_is_retried_not_dropped() {
     let f = fixture(Duration::from_secs(600)).await;
     let early = envelope(Some("early"), "PaymentTaken");
-    let err = f.processor.apply(&early).await.unwrap_err();
+    let err = f.processor.apply(&early.to_message()).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "saga checkout \"early\": no instance yet, and PaymentTaken does not start one"
@@ -314,10 +317,13 @@ async fn an_event_for_no_instance_yet_is_retried_not_dropped() {
     assert!(f.steps("early").await.is_empty());
     // The order arrives; the retried payment then applies.
     f.processor
-        .apply(&envelope(Some("early"), "OrderPlaced"))
+        .apply(&envelope(Some("early"), "OrderPlaced").to_message())
         .await
         .unwrap();
-    assert_eq!(f.processor.apply(&early).await.unwrap(), Outcome::Applied);
+    assert_eq!(
+        f.processor.apply(&early.to_message()).await.unwrap(),
+        Outcome::Applied
+    );
     assert_eq!(f.instance("early").await.unwrap().state, "Paid");
 }
 
@@ -327,15 +333,15 @@ async fn an_event_for_no_instance_yet_is_retried_not_dropped() {
 async fn an_unexpected_event_is_rolled_back_and_retried() {
     let f = fixture(Duration::from_secs(600)).await;
     f.processor
-        .apply(&envelope(Some("o4"), "OrderPlaced"))
+        .apply(&envelope(Some("o4"), "OrderPlaced").to_message())
         .await
         .unwrap();
     f.processor
-        .apply(&envelope(Some("o4"), "PaymentTaken"))
+        .apply(&envelope(Some("o4"), "PaymentTaken").to_message())
         .await
         .unwrap();
     let again = envelope(Some("o4"), "PaymentTaken");
-    let err = f.processor.apply(&again).await.unwrap_err();
+    let err = f.processor.apply(&again.to_message()).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "saga checkout \"o4\" in Paid: PaymentTaken not expected: PaymentTaken while Paid"
@@ -353,12 +359,12 @@ async fn an_unexpected_event_is_rolled_back_and_retried() {
 async fn uncorrelated_events_are_recorded_and_others_skipped() {
     let f = fixture(Duration::from_secs(600)).await;
     f.processor
-        .apply(&envelope(None, "PaymentTaken"))
+        .apply(&envelope(None, "PaymentTaken").to_message())
         .await
         .unwrap();
     // Not addressed to this saga: skipped without a trace.
     f.processor
-        .apply(&envelope(Some("o5"), "Unrelated"))
+        .apply(&envelope(Some("o5"), "Unrelated").to_message())
         .await
         .unwrap();
     assert_eq!(f.steps("").await[0].1, "uncorrelated");
@@ -372,7 +378,7 @@ async fn a_second_start_event_does_not_start_the_instance_again() {
     let f = fixture(Duration::from_secs(600)).await;
     for _ in 0..2 {
         f.processor
-            .apply(&envelope(Some("twice"), "OrderPlaced"))
+            .apply(&envelope(Some("twice"), "OrderPlaced").to_message())
             .await
             .unwrap();
     }
@@ -392,7 +398,7 @@ async fn a_second_start_event_does_not_start_the_instance_again() {
 async fn start_can_fail_and_then_nothing_is_written() {
     let f = fixture(Duration::from_secs(600)).await;
     let placed = envelope(Some("unstartable-1"), "OrderPlaced");
-    let err = f.processor.apply(&placed).await.unwrap_err();
+    let err = f.processor.apply(&placed.to_message()).await.unwrap_err();
     assert_eq!(err.to_string(), "order unstartable-1 cannot be started");
     assert!(f.instance("unstartable-1").await.is_none());
     assert_eq!(f.inbox(placed.event_id).await, 0);
@@ -404,7 +410,7 @@ async fn a_deadline_fires_once_even_with_two_schedulers_racing() {
     let f = fixture(Duration::ZERO).await;
     for n in 0..20 {
         f.processor
-            .apply(&envelope(Some(&format!("t{n}")), "OrderPlaced"))
+            .apply(&envelope(Some(&format!("t{n}")), "OrderPlaced").to_message())
             .await
             .unwrap();
     }
@@ -428,7 +434,7 @@ async fn a_deadline_fires_once_even_with_two_schedulers_racing() {
     }
     // A payment after the timeout is ignored, and refunded.
     f.processor
-        .apply(&envelope(Some("t0"), "PaymentTaken"))
+        .apply(&envelope(Some("t0"), "PaymentTaken").to_message())
         .await
         .unwrap();
     assert_eq!(f.instance("t0").await.unwrap().state, "Cancelled");
@@ -442,15 +448,15 @@ async fn a_deadline_fires_once_even_with_two_schedulers_racing() {
 async fn an_ignored_step_keeps_the_data_as_it_was() {
     let f = fixture(Duration::from_secs(3600)).await;
     f.processor
-        .apply(&envelope(Some("s1"), "OrderPlaced"))
+        .apply(&envelope(Some("s1"), "OrderPlaced").to_message())
         .await
         .unwrap();
     f.processor
-        .apply(&envelope(Some("s1"), "Note"))
+        .apply(&envelope(Some("s1"), "Note").to_message())
         .await
         .unwrap();
     f.processor
-        .apply(&envelope(Some("s1"), "Scribble"))
+        .apply(&envelope(Some("s1"), "Scribble").to_message())
         .await
         .unwrap();
     let row = f.instance("s1").await.unwrap();
@@ -465,7 +471,7 @@ async fn a_failing_timeout_step_is_put_off_and_does_not_hold_back_the_others() {
     let f = fixture(Duration::ZERO).await;
     for id in ["poison-1", "a", "b", "c"] {
         f.processor
-            .apply(&envelope(Some(id), "OrderPlaced"))
+            .apply(&envelope(Some(id), "OrderPlaced").to_message())
             .await
             .unwrap();
     }
@@ -527,12 +533,12 @@ async fn a_failing_timeout_step_is_put_off_and_does_not_hold_back_the_others() {
 async fn concurrent_steps_on_one_instance_serialise() {
     let f = fixture(Duration::from_secs(600)).await;
     f.processor
-        .apply(&envelope(Some("c1"), "OrderPlaced"))
+        .apply(&envelope(Some("c1"), "OrderPlaced").to_message())
         .await
         .unwrap();
     let notes = (0..24).map(|_| {
         let p = f.processor.clone();
-        tokio::spawn(async move { p.apply(&envelope(Some("c1"), "Note")).await })
+        tokio::spawn(async move { p.apply(&envelope(Some("c1"), "Note").to_message()).await })
     });
     for r in futures::future::join_all(notes).await {
         r.unwrap().unwrap();
@@ -550,6 +556,7 @@ async fn concurrent_starts_create_one_instance() {
         envelope(Some("s1"), "OrderPlaced"),
         envelope(Some("s1"), "OrderPlaced"),
     );
+    let (a, b) = (a.to_message(), b.to_message());
     let (ra, rb) = tokio::join!(f.processor.apply(&a), f.processor.apply(&b));
     for (r, e) in [(ra, &a), (rb, &b)] {
         if r.is_err() {

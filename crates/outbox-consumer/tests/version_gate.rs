@@ -1,14 +1,23 @@
-//! The version gate on real PostgreSQL: whatever order deliveries come in, each aggregate's
-//! events apply once and in version order; a version that overtakes its predecessor waits.
+//! The version gate on real PostgreSQL, through the processor alone (as a program that applies
+//! messages itself would use it): whatever order deliveries come in, each aggregate's events
+//! apply once and in version order; a version that overtakes its predecessor is held in the
+//! database and applied by `apply_due` once its turn comes.
 
 mod common;
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
-use common::{assert_in_order, Ledger};
-use outbox_consumer::{Count, Envelope, Outcome, Processor, VersionGate};
-use outbox_testkit::TestDb;
+use common::{assert_in_order, held_rows, Ledger};
+use futures::future::BoxFuture;
+use outbox_consumer::{
+    ConsumerConfig, Count, DeadLetters, Envelope, Message, Outcome, Processor, VersionGate,
+};
+use outbox_testkit::{wait_until, TestDb};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 use uuid::Uuid;
 
@@ -35,12 +44,41 @@ async fn gated(db: &TestDb, gate: VersionGate) -> Processor {
     Processor::new(db.pool.clone(), &db.tables, "ledger", ledger).with_version_gate(gate)
 }
 
+/// Dead letters kept in memory: (reason, message).
+#[derive(Default)]
+struct Letters(Mutex<Vec<(String, Message)>>);
+
+impl DeadLetters for Letters {
+    fn dead_letter<'a>(
+        &'a self,
+        message: &'a Message,
+        reason: &'a str,
+        _attempts: u32,
+        _origin: &'a [(&'static str, String)],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .lock()
+                .unwrap()
+                .push((reason.to_owned(), message.clone()));
+            Ok(())
+        })
+    }
+}
+
+/// Applies whatever is due until nothing is.
+async fn apply_due(processor: &Processor, dead: &Letters) {
+    let config = ConsumerConfig::new("ledger");
+    while processor.apply_due(&config, dead).await.unwrap() {}
+}
+
 /// Before (no gate): deliveries applied in the order they came, so a shuffled redelivery
 /// applied version 3 before version 1.
 #[tokio::test]
 async fn shuffled_and_duplicated_deliveries_apply_once_in_version_order() {
     let db = TestDb::new(1).await;
-    let processor = gated(&db, VersionGate::starting_at(&db.tables, 1)).await;
+    let processor = gated(&db, VersionGate::starting_at(1)).await;
+    let dead = Letters::default();
     let mut rng = StdRng::seed_from_u64(21);
     let aggregates: Vec<(String, i64)> = (0..6).map(|n| (format!("o{n}"), 1 + n % 4 * 2)).collect();
     // Every event delivered twice, everything shuffled.
@@ -54,86 +92,149 @@ async fn shuffled_and_duplicated_deliveries_apply_once_in_version_order() {
     }
     deliveries.shuffle(&mut rng);
     let (mut applied, mut duplicates, mut held) = (0, 0, 0);
-    // A broker redelivering what was not acknowledged, in any order, until nothing is left.
-    while let Some(delivery) = deliveries.pop() {
-        match processor.apply(&delivery).await {
-            Ok(Outcome::Applied) => applied += 1,
-            Ok(Outcome::Duplicate) => duplicates += 1,
-            Ok(Outcome::CopySkipped) => unreachable!("no copies here"),
-            Err(e) if e.is_out_of_order() => {
-                held += 1;
-                let at = rng.random_range(0..=deliveries.len());
-                deliveries.insert(at, delivery);
-            }
-            Err(e) => panic!("{e}"),
+    for delivery in &deliveries {
+        match processor.apply(&delivery.to_message()).await.unwrap() {
+            Outcome::Applied => applied += 1,
+            Outcome::Duplicate => duplicates += 1,
+            Outcome::Held => held += 1,
+            other => panic!("{other:?}"),
+        }
+        if rng.random_bool(0.3) {
+            apply_due(&processor, &dead).await;
         }
     }
+    apply_due(&processor, &dead).await;
     let total: i64 = aggregates.iter().map(|(_, last)| last).sum();
-    assert_eq!((applied, duplicates), (total, total));
     assert!(held > 0, "the shuffle made some versions wait");
+    assert_eq!(applied + held + duplicates, 2 * total);
     let metrics = processor.metrics();
-    assert_eq!(metrics.count("ledger", Count::OutOfOrder), held);
+    assert_eq!(metrics.count("ledger", Count::Handled), total as u64);
+    assert_eq!(metrics.count("ledger", Count::Held), held as u64);
     assert_eq!(metrics.count("ledger", Count::Failures), 0);
+    assert!(dead.0.lock().unwrap().is_empty());
+    assert_eq!(held_rows(&db).await, 0);
     assert_in_order(&Ledger::applied(&db).await, &aggregates);
 }
 
 #[tokio::test]
 async fn a_missing_version_holds_its_successors_and_only_them() {
     let db = TestDb::new(1).await;
-    let processor = gated(&db, VersionGate::starting_at(&db.tables, 1)).await;
+    let processor = gated(&db, VersionGate::starting_at(1)).await;
+    let dead = Letters::default();
     let v1 = event("gap", 1);
     let v2 = event("gap", 2);
-    let err = processor.apply(&v2).await.unwrap_err();
-    assert!(err.is_out_of_order(), "{err}");
-    assert!(!err.counts_as_attempt());
     assert_eq!(
-        err.to_string(),
-        "order \"gap\" version 2 arrived before version 1: held until it is applied"
+        processor.apply(&v2.to_message()).await.unwrap(),
+        Outcome::Held
     );
+    apply_due(&processor, &dead).await;
+    assert_eq!(held_rows(&db).await, 1, "version 2 waits for version 1");
     // Another aggregate flows meanwhile; events without a version pass the gate.
     assert_eq!(
-        processor.apply(&event("other", 1)).await.unwrap(),
+        processor
+            .apply(&event("other", 1).to_message())
+            .await
+            .unwrap(),
         Outcome::Applied
     );
     let mut unversioned = event("other", 0);
     unversioned.aggregate_version = None;
     assert_eq!(
-        processor.apply(&unversioned).await.unwrap(),
+        processor.apply(&unversioned.to_message()).await.unwrap(),
         Outcome::Applied
     );
-    // The predecessor arrives; the held one then applies.
-    assert_eq!(processor.apply(&v1).await.unwrap(), Outcome::Applied);
-    assert_eq!(processor.apply(&v2).await.unwrap(), Outcome::Applied);
+    // The predecessor arrives (held behind nothing but due at once); both then apply.
+    assert_eq!(
+        processor.apply(&v1.to_message()).await.unwrap(),
+        Outcome::Held
+    );
+    apply_due(&processor, &dead).await;
     let applied = Ledger::applied(&db).await;
     assert_eq!(applied["gap"], [1, 2]);
-    // Version 0 is below where this gate starts: a failure of the message, named.
-    let err = processor.apply(&event("zero", 0)).await.unwrap_err();
-    assert!(err.counts_as_attempt());
+    assert_eq!(held_rows(&db).await, 0);
+    // Version 0 is below where this gate starts: permanent, named.
+    let err = processor
+        .apply(&event("zero", 0).to_message())
+        .await
+        .unwrap_err();
+    assert!(err.is_permanent());
     assert!(
         err.to_string().contains("below the first version 1"),
         "{err}"
     );
 }
 
+/// Before: the first version seen became the start at once, so a version 1 that came after
+/// version 2 (a failed first attempt, another topic) was acknowledged as a duplicate and never
+/// applied.
 #[tokio::test]
-async fn from_first_seen_starts_where_the_consumer_joins() {
+async fn from_first_seen_waits_for_earlier_versions_then_starts_at_the_lowest() {
     let db = TestDb::new(1).await;
-    let processor = gated(&db, VersionGate::from_first_seen(&db.tables)).await;
+    let processor = gated(
+        &db,
+        VersionGate::from_first_seen().settle(Duration::from_millis(300)),
+    )
+    .await;
+    let dead = Letters::default();
+    // Reordered: version 2 first, version 1 within the settle time.
+    assert_eq!(
+        processor
+            .apply(&event("reordered", 2).to_message())
+            .await
+            .unwrap(),
+        Outcome::Held
+    );
+    assert_eq!(
+        processor
+            .apply(&event("reordered", 1).to_message())
+            .await
+            .unwrap(),
+        Outcome::Held
+    );
+    apply_due(&processor, &dead).await;
+    assert_eq!(Ledger::applied(&db).await["reordered"], [1, 2]);
+    // A consumer that joins late: version 7 is the lowest it ever sees.
     for version in [7, 8] {
         assert_eq!(
-            processor.apply(&event("late", version)).await.unwrap(),
-            Outcome::Applied
+            processor
+                .apply(&event("late", version).to_message())
+                .await
+                .unwrap(),
+            Outcome::Held
         );
     }
-    assert!(processor
-        .apply(&event("late", 10))
-        .await
-        .unwrap_err()
-        .is_out_of_order());
+    apply_due(&processor, &dead).await;
+    assert!(!Ledger::applied(&db).await.contains_key("late"), "settling");
+    wait_until("late started at 7", Duration::from_secs(30), || async {
+        apply_due(&processor, &dead).await;
+        Ledger::applied(&db).await.get("late") == Some(&vec![7, 8])
+    })
+    .await;
     assert_eq!(
-        processor.apply(&event("late", 8)).await.unwrap(),
+        processor
+            .apply(&event("late", 10).to_message())
+            .await
+            .unwrap(),
+        Outcome::Held
+    );
+    assert_eq!(
+        processor
+            .apply(&event("late", 8).to_message())
+            .await
+            .unwrap(),
         Outcome::Duplicate,
         "a new event id with an applied version is skipped"
+    );
+    // Below the start: never applied, never acknowledged as a duplicate: dead-lettered.
+    let err = processor
+        .apply(&event("late", 5).to_message())
+        .await
+        .unwrap_err();
+    assert!(err.is_permanent(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("started the aggregate at version 7"),
+        "{err}"
     );
     assert_eq!(Ledger::applied(&db).await["late"], [7, 8]);
 }

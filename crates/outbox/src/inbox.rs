@@ -28,11 +28,9 @@ pub(crate) fn check_consumer(consumer: &str) -> Result<(), crate::Error> {
 pub const MAX_MESSAGE_ID_CHARS: usize = 255;
 
 /// Rejects a message id that is empty, longer than [`MAX_MESSAGE_ID_CHARS`] or holds a NUL
-/// (no database column keeps it as given), and an event type that is empty or too long.
-pub(crate) fn check_message(
-    message_id: &str,
-    event_type: Option<&str>,
-) -> Result<(), crate::Error> {
+/// (no database column keeps it as given), and an event type that is empty or too long: what
+/// every inbox checks before it records a message.
+pub fn check_message(message_id: &str, event_type: Option<&str>) -> Result<(), crate::Error> {
     let bad = |text: &str| {
         if text.is_empty() {
             Some("must not be empty")

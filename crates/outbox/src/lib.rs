@@ -50,4 +50,4 @@ pub mod wire;
 pub use error::{Error, SchemaError};
 pub use event::{Event, Headers, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use ident::{Ident, Tables};
-pub use inbox::{Seen, MAX_MESSAGE_ID_CHARS};
+pub use inbox::{check_message as check_inbox_message, Seen, MAX_MESSAGE_ID_CHARS};

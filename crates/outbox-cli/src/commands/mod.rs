@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod consumer_dead_letters;
+pub mod consumer_versions;
 pub mod dead_letters;
 pub mod demo;
 pub mod doctor;

@@ -1,36 +1,39 @@
 //! Kafka runner (rdkafka): a consumer group member named after the consumer, offsets committed
 //! only for messages whose inbox transaction is done.
 //!
-//! - **Order.** Each aggregate (the `aggregate-type` and `aggregate-id` headers, else the record
-//!   key) has a lane: its messages run one after another in partition order, up to
-//!   `concurrency` lanes at once.
+//! - **Order.** Each aggregate (read from the decoded event, either envelope) has a lane: its
+//!   messages run one after another in the order read, up to `concurrency` lanes at once.
 //! - **Offsets.** A partition's committed offset only moves up to its oldest message still in
 //!   hand (every `commit_interval`, when partitions are revoked, and at shutdown). A crash
 //!   redelivers from there; the inbox skips what was applied.
-//! - **Failures.** Kafka has no per-message redelivery: a failing message is retried in place
-//!   with backoff, holding only its aggregate (and its partition's commit). After
-//!   `max_attempts`, or at once when malformed, it is produced to the dead-letter topic
-//!   (`{consumer}.dead` by default) with `dead-letter-*` headers naming the reason, and only
-//!   then counted as done. A database outage is waited out without spending attempts.
+//! - **Waiting and failures.** A record whose turn has not come (an earlier version of its
+//!   aggregate not applied yet, on this topic or another: Kafka orders nothing between
+//!   topics), and one whose first attempt failed, is held in the consumer's database and
+//!   counted as done: its partition's offset moves on, and the sweeper applies it when its
+//!   turn (or its next attempt) comes (see [`crate::runner`]). After `max_attempts`, or at once
+//!   when malformed, it is produced to the dead-letter topic (`{consumer}.dead` by default)
+//!   with `dead-letter-*` headers naming the reason. A database outage is waited out, the
+//!   record in hand, without spending attempts.
 //! - **Rebalances.** Revoked partitions commit what is done first; their messages still queued
 //!   are dropped (the new owner reads them again) and a message already running finishes. Its
 //!   new owner's delivery of that message waits on the inbox row, so an aggregate's effects
 //!   keep their order across the hand-over.
-//! - **Memory.** At most `max_in_hand` messages are held: beyond it the assigned partitions
+//! - **Memory.** At most `config.max_in_hand` messages are held: beyond it the assigned partitions
 //!   are paused (the consumer keeps polling, so it stays in the group) and resumed at half.
 
+pub(crate) mod consume;
 mod context;
-mod offsets;
+pub(crate) mod delivery;
+pub(crate) mod offsets;
 pub(crate) mod record;
-mod worker;
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use futures::{stream::FuturesUnordered, StreamExt};
+use futures::StreamExt;
 use rdkafka::{
     admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
     client::DefaultClientContext,
@@ -41,13 +44,18 @@ use rdkafka::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    lanes::{Lane, Lanes},
-    ConsumerConfig, Error, Processor,
-};
+use crate::{runner::Worker, ConsumerConfig, Error, Processor};
+use consume::{Control, Receive};
 use context::{offset_list, Context};
+use delivery::{KafkaDeadLetters, KafkaDelivery};
 use offsets::Offsets;
-use worker::{Received, Worker};
+
+pub(crate) fn lock(offsets: &Mutex<Offsets>) -> std::sync::MutexGuard<'_, Offsets> {
+    offsets.lock().expect("offsets lock")
+}
+
+/// The longest wait between tries while the database is down.
+const OUTAGE_WAIT: Duration = Duration::from_secs(5);
 
 /// Properties the runner sets itself: its guarantees depend on them.
 const RESERVED: [&str; 4] = [
@@ -67,8 +75,6 @@ pub struct KafkaSource {
     /// Where dead letters go; `None`: `{consumer}.dead`. Created (1 partition, the broker's
     /// default replication) when missing.
     pub dead_letter_topic: Option<String>,
-    /// Messages held at once, running or queued (default 1,000).
-    pub max_in_hand: usize,
     /// How often done offsets are committed (default 1 s).
     pub commit_interval: Duration,
     /// More librdkafka properties for the consumer, the dead-letter producer and the admin
@@ -84,7 +90,6 @@ impl KafkaSource {
             brokers: brokers.into(),
             topics: topics.iter().map(|t| t.to_string()).collect(),
             dead_letter_topic: None,
-            max_in_hand: 1000,
             commit_interval: Duration::from_secs(1),
             properties: BTreeMap::new(),
         }
@@ -97,9 +102,6 @@ impl KafkaSource {
         }
         if self.topics.is_empty() || self.topics.iter().any(|t| t.trim().is_empty()) {
             return config("topics", "must name at least one topic, none empty");
-        }
-        if self.max_in_hand == 0 {
-            return config("max_in_hand", "must be 1 or more");
         }
         if self.commit_interval.is_zero() {
             return config("commit_interval", "must be more than 0");
@@ -132,8 +134,7 @@ impl KafkaSource {
 pub struct KafkaConsumer {
     consumer: StreamConsumer<Context>,
     offsets: Arc<Mutex<Offsets>>,
-    worker: Worker,
-    max_in_hand: usize,
+    worker: Worker<KafkaDeadLetters>,
     commit_interval: Duration,
 }
 
@@ -179,176 +180,80 @@ impl KafkaConsumer {
             consumer,
             offsets,
             worker: Worker {
-                producer,
-                dead_topic,
+                dead: KafkaDeadLetters {
+                    producer,
+                    topic: dead_topic,
+                    consumer: config.name.clone(),
+                },
                 config,
                 processor,
+                system: "kafka",
+                outage_wait: OUTAGE_WAIT,
             },
-            max_in_hand: source.max_in_hand,
             commit_interval: source.commit_interval,
         })
     }
 
     /// The topic dead letters are produced to.
     pub fn dead_letter_topic(&self) -> &str {
-        &self.worker.dead_topic
+        &self.worker.dead.topic
     }
 
-    /// Processes messages until `shutdown`; then finishes the messages running, commits what
-    /// is done and leaves the group. Messages queued behind their aggregate are read again by
-    /// whoever owns their partition next.
+    /// Processes messages until `shutdown`, while the sweeper applies held events as they
+    /// come due; then finishes the messages running, commits what is done and leaves the
+    /// group. Messages queued behind their aggregate are read again by whoever owns their
+    /// partition next.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
-        let Self {
-            consumer,
-            offsets,
-            worker,
-            max_in_hand,
-            commit_interval,
-        } = self;
-        let offsets = &*offsets;
-        let mut stream = consumer.stream();
-        let mut runs = Runs {
-            lanes: Lanes::new(worker.config.concurrency),
-            waiting: VecDeque::new(),
-            held: 0,
+        crate::runner::with_sweeper(&self.worker, &shutdown, self.consume(&shutdown)).await
+    }
+
+    async fn consume(&self, shutdown: &CancellationToken) -> Result<(), Error> {
+        let stream = self.consumer.stream().map(|next| match next {
+            Ok(message) => match KafkaDelivery::of(&message, &self.offsets) {
+                Some(delivery) => Receive::Record(delivery),
+                None => Receive::Skipped,
+            },
+            Err(KafkaError::MessageConsumptionFatal(code)) => Receive::Fatal(code.to_string()),
+            Err(e) => Receive::Transient(e.to_string()),
+        });
+        let result = consume::consume(
+            stream,
+            &Client(&self.consumer),
+            &self.offsets,
+            &self.worker,
+            self.worker.config.max_in_hand,
+            self.commit_interval,
+            shutdown,
+        )
+        .await;
+        self.consumer.unsubscribe();
+        result
+    }
+}
+
+/// The rdkafka consumer, as the loop controls it.
+struct Client<'a>(&'a StreamConsumer<Context>);
+
+impl Control for Client<'_> {
+    fn pause(&self, paused: bool) {
+        if let Ok(assigned) = self.0.assignment() {
+            let _ = if paused {
+                self.0.pause(&assigned)
+            } else {
+                self.0.resume(&assigned)
+            };
+        }
+    }
+
+    fn commit(&self, done: &[(offsets::Partition, i64)], sync: bool) -> Result<(), String> {
+        let mode = if sync {
+            CommitMode::Sync
+        } else {
+            CommitMode::Async
         };
-        let mut in_flight = FuturesUnordered::new();
-        let run = |lane: Lane, message: Received| {
-            let handled = worker.handle(message, &shutdown, offsets);
-            async move { (lane, handled.await) }
-        };
-        let mut tick = tokio::time::interval(commit_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut paused = false;
-        let mut receive_errors = 0u32;
-        let mut alone = 0u64;
-        let stopped = loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break None,
-                Some((lane, finished)) = in_flight.next(), if !in_flight.is_empty() => {
-                    runs.held -= 1;
-                    if let Some(ticket) = finished {
-                        lock(offsets).done(&ticket);
-                    }
-                    for (lane, message) in runs.next_after(lane, offsets) {
-                        in_flight.push(run(lane, message));
-                    }
-                }
-                next = stream.next() => match next {
-                    Some(Ok(message)) => {
-                        receive_errors = 0;
-                        let Some(received) = Received::of(&message, offsets, &mut alone) else {
-                            continue;
-                        };
-                        runs.held += 1;
-                        if let Some((lane, message)) = runs.admit(received) {
-                            in_flight.push(run(lane, message));
-                        }
-                    }
-                    Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
-                        break Some(Error::Broker(format!("kafka: fatal consumer error: {code}")));
-                    }
-                    Some(Err(e)) => {
-                        receive_errors += 1;
-                        if receive_errors.is_power_of_two() {
-                            tracing::warn!(error = %e, receive_errors, "kafka: receiving failed; retrying");
-                        }
-                    }
-                    None => break Some(Error::Broker("kafka: consumer stream ended".into())),
-                },
-                _ = tick.tick() => commit(&consumer, offsets, CommitMode::Async),
-            }
-            // Bounded memory: stop fetching while full (polling goes on, so the group keeps
-            // this member), fetch again at half.
-            if runs.held >= max_in_hand {
-                if let Ok(assigned) = consumer.assignment() {
-                    let _ = consumer.pause(&assigned);
-                    paused = true;
-                }
-            } else if paused && runs.held <= max_in_hand / 2 {
-                if let Ok(assigned) = consumer.assignment() {
-                    let _ = consumer.resume(&assigned);
-                }
-                paused = false;
-            }
-        };
-        while let Some((_, finished)) = in_flight.next().await {
-            if let Some(ticket) = finished {
-                lock(offsets).done(&ticket);
-            }
-        }
-        commit(&consumer, offsets, CommitMode::Sync);
-        drop(stream);
-        consumer.unsubscribe();
-        stopped.map_or(Ok(()), Err)
-    }
-}
-
-/// The messages held: in their lanes, or waiting for a lane to be free.
-struct Runs {
-    lanes: Lanes<Received>,
-    /// Messages whose aggregate has no lane yet, while every lane is busy, in arrival order.
-    waiting: VecDeque<(Lane, Received)>,
-    held: usize,
-}
-
-impl Runs {
-    /// The message to run now, if its lane is free and there is room; otherwise it queues
-    /// (behind its aggregate's running lane, or behind the messages already waiting).
-    fn admit(&mut self, message: Received) -> Option<(Lane, Received)> {
-        let lane = message.lane.clone();
-        if self.lanes.is_running(&lane) || (self.waiting.is_empty() && self.lanes.has_room()) {
-            return self.lanes.start(lane.clone(), message).map(|m| (lane, m));
-        }
-        self.waiting.push_back((lane, message));
-        None
-    }
-
-    /// After `lane`'s message finished: the messages to run now (the lane's next current one,
-    /// then waiting ones while there is room). Stale messages (their partition was revoked)
-    /// are dropped on the way.
-    fn next_after(&mut self, lane: Lane, offsets: &Mutex<Offsets>) -> Vec<(Lane, Received)> {
-        let mut start = Vec::new();
-        while let Some(next) = self.lanes.finished(&lane) {
-            if lock(offsets).is_current(&next.ticket) {
-                start.push((lane.clone(), next));
-                break;
-            }
-            self.held -= 1;
-        }
-        while let Some((lane, message)) = self.waiting.pop_front() {
-            if !lock(offsets).is_current(&message.ticket) {
-                self.held -= 1;
-                continue;
-            }
-            if !self.lanes.is_running(&lane) && !self.lanes.has_room() {
-                self.waiting.push_front((lane, message));
-                break;
-            }
-            if let Some(message) = self.lanes.start(lane.clone(), message) {
-                start.push((lane, message));
-            }
-        }
-        start
-    }
-}
-
-fn lock(offsets: &Mutex<Offsets>) -> std::sync::MutexGuard<'_, Offsets> {
-    offsets.lock().expect("offsets lock")
-}
-
-/// Commits the offsets that moved. A failed asynchronous commit is sent again by the next.
-fn commit(consumer: &StreamConsumer<Context>, offsets: &Mutex<Offsets>, mode: CommitMode) {
-    let done = lock(offsets).take_commit();
-    if done.is_empty() {
-        return;
-    }
-    if let Err(e) = consumer.commit(&offset_list(&done), mode) {
-        tracing::warn!(error = %e, "kafka: offset commit failed; it is sent again");
-        let mut offsets = lock(offsets);
-        for (partition, _) in &done {
-            offsets.commit_failed(partition);
-        }
+        self.0
+            .commit(&offset_list(done), mode)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -402,57 +307,4 @@ pub async fn run(
         .await?
         .run(shutdown)
         .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lane(id: &str) -> Lane {
-        Lane::Aggregate("order".into(), id.into())
-    }
-
-    /// Two lanes at most; `b` and `c` wait for room in arrival order, `a`'s second message queues
-    /// behind its first; messages of a revoked partition are dropped instead of run.
-    #[test]
-    fn messages_wait_for_room_in_order_and_stale_ones_are_dropped() {
-        let offsets = Mutex::new(Offsets::default());
-        let p0 = ("t".to_owned(), 0);
-        let p1 = ("t".to_owned(), 1);
-        lock(&offsets).assign(p0.clone());
-        lock(&offsets).assign(p1.clone());
-        let message = |p: &offsets::Partition, offset, id| {
-            let ticket = lock(&offsets).received(p.clone(), offset).unwrap();
-            Received::bare(ticket, lane(id))
-        };
-        let mut runs = Runs {
-            lanes: Lanes::new(2),
-            waiting: VecDeque::new(),
-            held: 0,
-        };
-        let started = |r: Option<(Lane, Received)>| r.map(|(_, m)| m.ticket.offset);
-        assert_eq!(started(runs.admit(message(&p0, 0, "a"))), Some(0));
-        assert_eq!(started(runs.admit(message(&p1, 0, "x"))), Some(0));
-        assert_eq!(started(runs.admit(message(&p0, 1, "b"))), None, "no room");
-        assert_eq!(started(runs.admit(message(&p0, 2, "a"))), None, "behind a");
-        assert_eq!(started(runs.admit(message(&p1, 1, "c"))), None, "no room");
-        runs.held = 5;
-        // `a`'s first finishes: its second runs, nothing else has room.
-        let next: Vec<i64> = runs
-            .next_after(lane("a"), &offsets)
-            .into_iter()
-            .map(|(_, m)| m.ticket.offset)
-            .collect();
-        assert_eq!(next, vec![2]);
-        // Partition 1 is revoked: `c` (waiting) is dropped when its turn comes.
-        assert_eq!(lock(&offsets).revoke(&p1), Some(0), "x still in hand");
-        let next: Vec<(Lane, i64)> = runs
-            .next_after(lane("x"), &offsets)
-            .into_iter()
-            .map(|(l, m)| (l, m.ticket.offset))
-            .collect();
-        assert_eq!(next, vec![(lane("b"), 1)], "b starts, c is stale");
-        assert_eq!(runs.held, 4, "c no longer held");
-        assert!(runs.waiting.is_empty());
-    }
 }

@@ -188,8 +188,10 @@ impl Outage {
         .await;
         self.server.start_again().await;
         let db = &self.db;
-        wait_until("the events applied", WAIT, || async {
+        // The count follows the commit: both, before anything is checked.
+        wait_until("the events applied and counted", WAIT, || async {
             applied(db).await == ids.len() as i64
+                && metrics.count(&name, Count::Handled) >= ids.len() as u64
         })
         .await;
         assert_eq!(metrics.count(&name, Count::Failures), 0);
@@ -359,4 +361,157 @@ pub async fn flaky_ledger(db: &TestDb) -> Arc<Ledger> {
     ledger.flaky = vec!["slow".into()];
     ledger.fail_first = 3;
     Arc::new(ledger)
+}
+
+/// Events the consumer holds in its database (0 where the table does not exist).
+pub async fn held_rows(db: &TestDb) -> i64 {
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("{}.consumer_held", db.tables.schema().as_str()))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    if exists.is_none() {
+        return 0;
+    }
+    sqlx::query_scalar(
+        &db.tables
+            .render("SELECT count(*) FROM {schema}.consumer_held"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Records the order events are applied in (the `ledger` table of [`Ledger`]), fails chosen
+/// (aggregate, version) pairs a number of times, and measures how many calls of one aggregate
+/// ran at once: the first two calls of an aggregate wait up to `meet` for each other, so a
+/// runner that runs an aggregate's messages concurrently shows it.
+pub struct Sequencer {
+    record_sql: String,
+    failures: Mutex<HashMap<(String, i64), u32>>,
+    running: Mutex<HashMap<String, usize>>,
+    most_at_once: Mutex<HashMap<String, usize>>,
+    meet: Duration,
+    meetings: Mutex<HashMap<String, Arc<tokio::sync::Barrier>>>,
+}
+
+impl Sequencer {
+    pub async fn install(db: &TestDb) -> Self {
+        Ledger::install(db).await;
+        Self {
+            record_sql: db
+                .tables
+                .render("INSERT INTO {schema}.ledger (aggregate_id, version) VALUES ($1, $2)"),
+            failures: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            most_at_once: Mutex::new(HashMap::new()),
+            meet: Duration::ZERO,
+            meetings: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Fails version `version` of `aggregate` its first `times` calls.
+    pub fn failing(self, aggregate: &str, version: i64, times: u32) -> Self {
+        self.failures
+            .lock()
+            .unwrap()
+            .insert((aggregate.to_owned(), version), times);
+        self
+    }
+
+    /// The first two calls of each aggregate wait up to `meet` for each other.
+    pub fn meeting_for(mut self, meet: Duration) -> Self {
+        self.meet = meet;
+        self
+    }
+
+    /// The most calls of `aggregate` that ran at once.
+    pub fn most_at_once(&self, aggregate: &str) -> usize {
+        self.most_at_once
+            .lock()
+            .unwrap()
+            .get(aggregate)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl Handler for Sequencer {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        event: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let id = event.aggregate_id.clone().unwrap_or_default();
+            let version = event.aggregate_version.unwrap_or(-1);
+            {
+                let mut running = self.running.lock().unwrap();
+                let now = running.entry(id.clone()).or_insert(0);
+                *now += 1;
+                let mut most = self.most_at_once.lock().unwrap();
+                let most = most.entry(id.clone()).or_insert(0);
+                *most = (*most).max(*now);
+            }
+            if !self.meet.is_zero() {
+                let barrier = self
+                    .meetings
+                    .lock()
+                    .unwrap()
+                    .entry(id.clone())
+                    .or_insert_with(|| Arc::new(tokio::sync::Barrier::new(2)))
+                    .clone();
+                let _ = tokio::time::timeout(self.meet, barrier.wait()).await;
+            }
+            let fail = {
+                let mut failures = self.failures.lock().unwrap();
+                match failures.get_mut(&(id.clone(), version)) {
+                    Some(left) if *left > 0 => {
+                        *left -= 1;
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            let result = if fail {
+                Err(HandlerError::new(format!(
+                    "{id} v{version} fails on purpose"
+                )))
+            } else {
+                sqlx::query(&self.record_sql)
+                    .bind(&id)
+                    .bind(version)
+                    .execute(&mut *tx)
+                    .await
+                    .map(drop)
+                    .map_err(HandlerError::from)
+            };
+            *self.running.lock().unwrap().get_mut(&id).unwrap() -= 1;
+            result
+        })
+    }
+}
+
+/// Headers of a CloudEvent in binary mode as the relay sends it on NATS (`ce-` prefix) or
+/// RabbitMQ (`cloudEvents:` prefix): version `version` of order `aggregate`.
+pub fn cloudevent_headers(
+    prefix: &str,
+    id: &str,
+    source: &str,
+    aggregate: &str,
+    version: Option<i64>,
+) -> Vec<(String, String)> {
+    let mut headers = vec![
+        (format!("{prefix}specversion"), "1.0".to_owned()),
+        (format!("{prefix}id"), id.to_owned()),
+        (format!("{prefix}source"), source.to_owned()),
+        (format!("{prefix}type"), "OrderChanged".to_owned()),
+        (format!("{prefix}subject"), aggregate.to_owned()),
+        (format!("{prefix}aggregatetype"), "order".to_owned()),
+        ("content-type".to_owned(), "application/json".to_owned()),
+    ];
+    if let Some(version) = version {
+        headers.push((format!("{prefix}aggregateversion"), version.to_string()));
+    }
+    headers
 }

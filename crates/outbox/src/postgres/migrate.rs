@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "inbox: text message ids and event types",
         include_str!("migrations/0015_inbox_message_ids.sql"),
     ),
+    (
+        16,
+        "consumers' held events",
+        include_str!("migrations/0016_consumer_held.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

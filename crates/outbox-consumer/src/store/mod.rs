@@ -1,0 +1,596 @@
+//! The consumer's tables, one statement per `.sql` file beside this one: the inbox (an event
+//! is applied or held once per consumer), each aggregate's version state (`consumer_versions`,
+//! locked by every transaction that applies or holds an event of it), and the held events
+//! (`consumer_held`: messages stored instead of waiting in the broker's in-flight window).
+//!
+//! Internal: the processor, the drain of held events and the operator tools call these; the
+//! tables themselves are created by the outbox migrations.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::{PgConnection, Row};
+
+use crate::{Envelope, HandlerError, Message};
+
+/// The statements, rendered once for an outbox schema.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    admit: String,
+    admit_locked: String,
+    lock_state: String,
+    advance: String,
+    advance_new: String,
+    hold: String,
+    count_held: String,
+    count_held_new: String,
+    pick: String,
+    pick_fifo: String,
+    pick_lone: String,
+    start_try: String,
+    applied: String,
+    bury: String,
+    buried: String,
+    pick_dead: String,
+    dropped: String,
+    uncount: String,
+    mark_due: String,
+    failed: String,
+    later: String,
+    wait: String,
+    due: String,
+    gauges: String,
+    purge_inbox: String,
+}
+
+impl Statements {
+    pub(crate) fn new(tables: &outbox::Tables) -> Self {
+        let r = |sql: &str| tables.render(sql);
+        Self {
+            admit: r(include_str!("sql/admit.sql")),
+            admit_locked: r(include_str!("sql/admit_locked.sql")),
+            lock_state: r(include_str!("sql/lock_state.sql")),
+            advance: r(include_str!("sql/advance.sql")),
+            advance_new: r(include_str!("sql/advance_new.sql")),
+            hold: r(include_str!("sql/hold.sql")),
+            count_held: r(include_str!("sql/count_held.sql")),
+            count_held_new: r(include_str!("sql/count_held_new.sql")),
+            pick: r(include_str!("sql/pick.sql")),
+            pick_fifo: r(include_str!("sql/pick_fifo.sql")),
+            pick_lone: r(include_str!("sql/pick_lone.sql")),
+            start_try: r(include_str!("sql/start_try.sql")),
+            applied: r(include_str!("sql/applied.sql")),
+            bury: r(include_str!("sql/bury.sql")),
+            buried: r(include_str!("sql/buried.sql")),
+            pick_dead: r(include_str!("sql/pick_dead.sql")),
+            dropped: r(include_str!("sql/dropped.sql")),
+            uncount: r(include_str!("sql/uncount.sql")),
+            mark_due: r(include_str!("sql/mark_due.sql")),
+            failed: r(include_str!("sql/failed.sql")),
+            later: r(include_str!("sql/later.sql")),
+            wait: r(include_str!("sql/wait.sql")),
+            due: r(include_str!("sql/due.sql")),
+            gauges: r(include_str!("sql/gauges.sql")),
+            purge_inbox: r(include_str!("sql/purge_inbox.sql")),
+        }
+    }
+}
+
+/// An aggregate: its type and id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Aggregate {
+    pub(crate) kind: String,
+    pub(crate) id: String,
+}
+
+impl Aggregate {
+    /// The event's aggregate, when it names one.
+    pub(crate) fn of(event: &Envelope) -> Option<Self> {
+        match (&event.aggregate_type, &event.aggregate_id) {
+            (Some(kind), Some(id)) => Some(Self {
+                kind: kind.clone(),
+                id: id.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// An aggregate's version state, as its locked row says (all default when it has none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    /// Whether the row exists.
+    pub(crate) known: bool,
+    /// The last version applied.
+    pub(crate) version: Option<i64>,
+    /// The first version this consumer applies (versions below it were never its to apply).
+    pub(crate) first_version: Option<i64>,
+    /// Whether an operator set the start (`consumer-versions seed`/`skip`).
+    pub(crate) seeded: bool,
+    /// Events of the aggregate held.
+    pub(crate) held: i32,
+}
+
+impl State {
+    fn of(row: &sqlx::postgres::PgRow, known: bool) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            known,
+            version: row.try_get("version")?,
+            first_version: row.try_get("first_version")?,
+            seeded: row.try_get("seeded")?,
+            held: row.try_get("held")?,
+        })
+    }
+}
+
+/// A held event, as the drain reads it.
+#[derive(Clone, Debug)]
+pub(crate) struct Held {
+    pub(crate) id: i64,
+    pub(crate) version: Option<i64>,
+    pub(crate) message: Message,
+    /// Not due yet (it waits for its next attempt).
+    pub(crate) later: bool,
+    pub(crate) attempts: i32,
+    pub(crate) tries: i32,
+    pub(crate) last_error: Option<String>,
+    /// The aggregate's first hold is older than the settle time asked.
+    pub(crate) settled: bool,
+}
+
+impl Held {
+    fn of(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        let headers: sqlx::types::Json<std::collections::BTreeMap<String, String>> =
+            row.try_get("headers")?;
+        let payload: Vec<u8> = row.try_get("payload")?;
+        let key: Option<Vec<u8>> = row.try_get("record_key")?;
+        Ok(Self {
+            id: row.try_get("id")?,
+            version: row.try_get("version")?,
+            message: Message {
+                destination: row.try_get("destination")?,
+                key: key.map(Bytes::from),
+                headers: headers.0,
+                payload: Bytes::from(payload),
+            },
+            later: row.try_get::<Option<bool>, _>("later")?.unwrap_or(false),
+            attempts: row.try_get("attempts")?,
+            tries: row.try_get("tries")?,
+            last_error: row.try_get("last_error")?,
+            settled: row.try_get::<Option<bool>, _>("settled")?.unwrap_or(false),
+        })
+    }
+}
+
+/// How a message is to be held.
+pub(crate) struct Hold<'a> {
+    /// Seconds until it may be tried; `None`: when an earlier event of its aggregate is applied.
+    pub(crate) due_in: Option<Duration>,
+    /// Failed attempts so far.
+    pub(crate) attempts: u32,
+    pub(crate) last_error: Option<&'a str>,
+    pub(crate) reason: &'a str,
+}
+
+/// How a held event leaves (its inbox row stays either way).
+#[derive(Clone, Copy)]
+pub(crate) enum Leaving {
+    /// Applied: the inbox row says when.
+    Applied,
+    /// Its version was applied already (by another message of it).
+    Dropped,
+}
+
+/// What a consumer holds now.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Gauges {
+    pub(crate) held: i64,
+    pub(crate) oldest_seconds: f64,
+    pub(crate) waiting: i64,
+    /// Given up, their dead letter not stored yet.
+    pub(crate) dead: i64,
+}
+
+/// Something held and due: an aggregate, an event without one, or a given-up event whose dead
+/// letter is still to be stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    Aggregate(Aggregate),
+    Lone(i64),
+    Dead(i64),
+}
+
+/// The statements bound to one consumer.
+#[derive(Clone, Copy)]
+pub(crate) struct Store<'a> {
+    pub(crate) sql: &'a Statements,
+    pub(crate) consumer: &'a str,
+}
+
+impl Store<'_> {
+    /// Records the event in the inbox and returns whether it is new there, with its
+    /// aggregate's state, locked (an event without an aggregate: no state).
+    pub(crate) async fn admit(
+        &self,
+        conn: &mut PgConnection,
+        event: &Envelope,
+    ) -> Result<(bool, State), HandlerError> {
+        outbox::check_inbox_message(&event.message_id, Some(&event.event_type))?;
+        let lock = Aggregate::of(event).is_some();
+        let sql = if lock {
+            &self.sql.admit_locked
+        } else {
+            &self.sql.admit
+        };
+        let mut query = sqlx::query(sql)
+            .bind(self.consumer)
+            .bind(&event.message_id)
+            .bind(&event.event_type);
+        if lock {
+            query = query
+                .bind(event.aggregate_type.as_deref())
+                .bind(event.aggregate_id.as_deref());
+        }
+        let row = query.fetch_one(&mut *conn).await?;
+        let new: bool = row.try_get("new")?;
+        let state = if lock {
+            let known: bool = row.try_get("known")?;
+            State::of(&row, known)?
+        } else {
+            State {
+                held: row.try_get("held")?,
+                ..State::default()
+            }
+        };
+        Ok((new, state))
+    }
+
+    /// Locks the aggregate's state row and returns it (`None`: the aggregate has none).
+    pub(crate) async fn lock_state(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &Aggregate,
+    ) -> Result<Option<State>, HandlerError> {
+        let row = sqlx::query(&self.sql.lock_state)
+            .bind(self.consumer)
+            .bind(&aggregate.kind)
+            .bind(&aggregate.id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.map(|row| State::of(&row, true)).transpose()?)
+    }
+
+    /// Records `version` as the aggregate's last applied. `Ok(false)`: its state row appeared
+    /// meanwhile (a concurrent first event): try the event again.
+    pub(crate) async fn advance(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &Aggregate,
+        known: bool,
+        version: i64,
+    ) -> Result<bool, HandlerError> {
+        let sql = if known {
+            &self.sql.advance
+        } else {
+            &self.sql.advance_new
+        };
+        let done = sqlx::query(sql)
+            .bind(self.consumer)
+            .bind(&aggregate.kind)
+            .bind(&aggregate.id)
+            .bind(version)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Holds `message` (decoded as `event`). Counted on its aggregate's state row: `known`
+    /// says whether the row exists (and is locked). `Ok(false)`: the row appeared meanwhile
+    /// (a concurrent first event): try the event again.
+    pub(crate) async fn hold(
+        &self,
+        conn: &mut PgConnection,
+        message: &Message,
+        event: &Envelope,
+        known: bool,
+        hold: Hold<'_>,
+    ) -> Result<bool, HandlerError> {
+        let inserted: Option<i64> = sqlx::query_scalar(&self.sql.hold)
+            .bind(self.consumer)
+            .bind(&event.message_id)
+            .bind(event.event_id)
+            .bind(&event.event_type)
+            .bind(event.aggregate_type.as_deref())
+            .bind(event.aggregate_id.as_deref())
+            .bind(event.aggregate_version)
+            .bind(&message.destination)
+            .bind(sqlx::types::Json(&message.headers))
+            .bind(message.payload.as_ref())
+            .bind(message.key.as_deref())
+            .bind(hold.due_in.map(|d| d.as_secs_f64()))
+            .bind(hold.attempts as i32)
+            .bind(hold.last_error)
+            .bind(hold.reason)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let (Some(_), Some(aggregate)) = (inserted, Aggregate::of(event)) else {
+            return Ok(true);
+        };
+        let sql = if known {
+            &self.sql.count_held
+        } else {
+            &self.sql.count_held_new
+        };
+        let done = sqlx::query(sql)
+            .bind(self.consumer)
+            .bind(&aggregate.kind)
+            .bind(&aggregate.id)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The aggregate's held event to look at next: in version order when `versioned`
+    /// (`expected` the version the gate waits for, if it knows one; `settle`, the time a
+    /// first-seen aggregate waits for earlier versions), else in arrival order.
+    pub(crate) async fn pick(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &Aggregate,
+        versioned: bool,
+        expected: Option<i64>,
+        settle: Duration,
+    ) -> Result<Option<Held>, HandlerError> {
+        let query = if versioned {
+            sqlx::query(&self.sql.pick)
+                .bind(self.consumer)
+                .bind(&aggregate.kind)
+                .bind(&aggregate.id)
+                .bind(expected)
+                .bind(settle.as_secs_f64())
+        } else {
+            sqlx::query(&self.sql.pick_fifo)
+                .bind(self.consumer)
+                .bind(&aggregate.kind)
+                .bind(&aggregate.id)
+        };
+        let row = query.fetch_optional(&mut *conn).await?;
+        Ok(row.map(|row| Held::of(&row)).transpose()?)
+    }
+
+    /// A held event without an aggregate, if it is due and no other runner has it (locked).
+    pub(crate) async fn pick_lone(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+    ) -> Result<Option<Held>, HandlerError> {
+        let row = sqlx::query(&self.sql.pick_lone)
+            .bind(self.consumer)
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.map(|row| Held::of(&row)).transpose()?)
+    }
+
+    /// Counts a try of held event `id` as started (the caller commits before the try).
+    pub(crate) async fn start_try(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.start_try)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Held event `id` leaves (see [`Leaving`]); one event of `aggregate` less held.
+    pub(crate) async fn leave(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        aggregate: Option<&Aggregate>,
+        how: Leaving,
+    ) -> Result<(), HandlerError> {
+        let sql = match how {
+            Leaving::Applied => &self.sql.applied,
+            Leaving::Dropped => &self.sql.dropped,
+        };
+        let deleted: i64 = sqlx::query_scalar(sql)
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
+        // Counted down only for a row this call deleted: two runners letting one event go
+        // (a dead letter stored twice) count it once.
+        if let (1, Some(aggregate)) = (deleted, aggregate) {
+            sqlx::query(&self.sql.uncount)
+                .bind(self.consumer)
+                .bind(&aggregate.kind)
+                .bind(&aggregate.id)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Gives held event `id` up, to be dead-lettered for `reason` (see `bury.sql`): one event of
+    /// `aggregate` less held. `Ok(false)`: another runner gave it up first.
+    pub(crate) async fn bury(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        aggregate: Option<&Aggregate>,
+        reason: &str,
+        grace: Duration,
+    ) -> Result<bool, HandlerError> {
+        let marked: i64 = sqlx::query_scalar(&self.sql.bury)
+            .bind(id)
+            .bind(reason)
+            .bind(grace.as_secs_f64())
+            .fetch_one(&mut *conn)
+            .await?;
+        if let (1, Some(aggregate)) = (marked, aggregate) {
+            sqlx::query(&self.sql.uncount)
+                .bind(self.consumer)
+                .bind(&aggregate.kind)
+                .bind(&aggregate.id)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(marked == 1)
+    }
+
+    /// A given-up event's dead letter is stored: its row goes.
+    pub(crate) async fn buried(&self, pool: &sqlx::PgPool, id: i64) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.buried).bind(id).execute(pool).await?;
+        Ok(())
+    }
+
+    /// Claims a given-up event whose dead letter is due to be stored, for `grace` (no other
+    /// sweep takes it meanwhile): the event, and its reason in `last_error`.
+    pub(crate) async fn claim_dead(
+        &self,
+        pool: &sqlx::PgPool,
+        id: i64,
+        grace: Duration,
+    ) -> Result<Option<Held>, HandlerError> {
+        let row = sqlx::query(&self.sql.pick_dead)
+            .bind(self.consumer)
+            .bind(id)
+            .bind(grace.as_secs_f64())
+            .fetch_optional(pool)
+            .await?;
+        Ok(row.map(|row| Held::of(&row)).transpose()?)
+    }
+
+    /// Makes held event `id` due now, if it was waiting.
+    pub(crate) async fn mark_due(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.mark_due)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// A try of held event `id` failed with `error`: counted, tried again after `backoff`.
+    /// Returns its failed attempts.
+    pub(crate) async fn failed(
+        &self,
+        pool: &sqlx::PgPool,
+        id: i64,
+        error: &str,
+        backoff: Duration,
+        reason: &str,
+    ) -> Result<u32, HandlerError> {
+        let attempts: Option<i32> = sqlx::query_scalar(&self.sql.failed)
+            .bind(id)
+            .bind(error)
+            .bind(backoff.as_secs_f64())
+            .bind(reason)
+            .fetch_optional(pool)
+            .await?;
+        Ok(attempts.unwrap_or(0).max(0) as u32)
+    }
+
+    /// Held event `id` is tried again after `delay`, for `reason`.
+    pub(crate) async fn later(
+        &self,
+        pool: &sqlx::PgPool,
+        id: i64,
+        delay: Duration,
+        reason: &str,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.later)
+            .bind(id)
+            .bind(delay.as_secs_f64())
+            .bind(reason)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The aggregate's held events wait for an earlier one: none is due until it comes.
+    pub(crate) async fn wait(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &Aggregate,
+        reason: &str,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.wait)
+            .bind(self.consumer)
+            .bind(&aggregate.kind)
+            .bind(&aggregate.id)
+            .bind(reason)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// What is due now, the longest due first, at most `limit`.
+    pub(crate) async fn due(
+        &self,
+        pool: &sqlx::PgPool,
+        limit: i64,
+    ) -> Result<Vec<Due>, HandlerError> {
+        let rows = sqlx::query(&self.sql.due)
+            .bind(self.consumer)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let lone: Option<i64> = row.try_get("lone")?;
+                let dead: bool = row.try_get("dead")?;
+                Ok(match lone {
+                    Some(id) if dead => Due::Dead(id),
+                    Some(id) => Due::Lone(id),
+                    None => Due::Aggregate(Aggregate {
+                        kind: row
+                            .try_get::<Option<String>, _>("aggregate_type")?
+                            .unwrap_or_default(),
+                        id: row
+                            .try_get::<Option<String>, _>("aggregate_id")?
+                            .unwrap_or_default(),
+                    }),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(HandlerError::from)
+    }
+
+    /// What the consumer holds now.
+    pub(crate) async fn gauges(&self, pool: &sqlx::PgPool) -> Result<Gauges, HandlerError> {
+        let row = sqlx::query(&self.sql.gauges)
+            .bind(self.consumer)
+            .fetch_one(pool)
+            .await?;
+        Ok(Gauges {
+            held: row.try_get("held")?,
+            oldest_seconds: row.try_get("oldest_seconds")?,
+            waiting: row.try_get("waiting")?,
+            dead: row.try_get("dead")?,
+        })
+    }
+
+    /// Deletes up to `batch` of this consumer's inbox rows older than `retention` (never those
+    /// of held events); how many.
+    pub(crate) async fn purge_inbox(
+        &self,
+        pool: &sqlx::PgPool,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<u64, HandlerError> {
+        let done = sqlx::query(&self.sql.purge_inbox)
+            .bind(self.consumer)
+            .bind(retention.as_secs_f64())
+            .bind(batch)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,6 @@
+-- Locks an aggregate's version state for the rest of the transaction and returns it.
+-- $1 consumer, $2 aggregate type, $3 aggregate id
+SELECT version, first_version, seeded, held
+FROM {schema}.consumer_versions
+WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
+FOR UPDATE
