@@ -101,6 +101,52 @@ fn every_problem_of_example_payloads_is_listed() {
 }
 
 #[test]
+fn breaking_changes_in_a_schema_known_by_its_keywords_fail_with_exit_code_1() {
+    // No `$schema`, no root `type`, an extension keyword: a schema all the same.
+    let schema = |total: &str, format: &str, required: serde_json::Value| {
+        json!({
+            "x-event-type": "OrderPlaced",
+            "properties": {
+                "placed_at": { "type": "string", "format": format },
+                "total": { "type": total, "nullable": true }
+            },
+            "required": required
+        })
+    };
+    let v1 = File::json(schema("number", "date-time", json!(["placed_at", "total"])));
+    let v2 = File::json(schema("string", "email", json!(["placed_at"])));
+    let (code, stdout, stderr) = check(&v1, &v2, &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "(3 problems):\n\
+             $.placed_at: format changed from \"date-time\" to \"email\"\n\
+             $.total: required field made optional (consumers of the previous version expect it)\n\
+             $.total: type changed from null or number to null or string\n"
+        ),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_document_that_could_be_either_exits_2_naming_the_key() {
+    let v1 = File::json(json!({"type": "order"}));
+    let v2 = File::json(json!({"type": "order", "id": 1}));
+    let (code, stdout, stderr) = check(&v1, &v2, &[]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(
+            "previous: $: cannot tell a JSON Schema from an example payload: every key is a \
+             JSON Schema keyword, but none shows it is a schema (\"type\": \"order\" is no \
+             JSON type)"
+        ),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = check(&v1, &v2, &["--format", "example"]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+}
+
+#[test]
 fn unreadable_or_unsupported_input_exits_2_saying_why() {
     let good = File::json(order_schema("number", None));
     let broken = File::text("{ not json");

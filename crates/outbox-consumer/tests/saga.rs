@@ -2,7 +2,13 @@
 //! instance, the emitted events and the step's record; timeouts fire once; nothing a saga
 //! receives is dropped silently.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    io,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use outbox::Event;
@@ -10,8 +16,11 @@ use outbox_consumer::{
     saga::{Saga, SagaHandler, Start, Step, Trigger, TIMEOUT},
     Envelope, HandlerError, Outcome, Processor,
 };
-use outbox_testkit::TestDb;
+use outbox_testkit::{wait_until, TestDb};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
 use uuid::Uuid;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -30,7 +39,8 @@ struct Order {
 /// A checkout: placed → awaiting payment → paid, or cancelled when payment does not come in
 /// time (a payment after that is refunded). `Note` only counts; `Scribble` changes the data
 /// and then ignores the event; `Boom` changes the data and then fails. Orders whose id starts
-/// with `unstartable` cannot be started.
+/// with `unstartable` cannot be started; the timeout step fails for those starting with
+/// `poison` and panics for those starting with `panic`.
 struct Checkout {
     payment_timeout: Duration,
 }
@@ -77,6 +87,9 @@ impl Saga for Checkout {
             (AwaitingPayment, "PaymentTaken") => Step::to(Paid),
             (Cancelled, "PaymentTaken") => Step::ignore("paid after the cancellation")
                 .emit(Event::new("order", &order.id, "RefundPayment")),
+            (AwaitingPayment, TIMEOUT) if order.id.starts_with("panic") => {
+                panic!("react panicked for {}", order.id)
+            }
             (AwaitingPayment, TIMEOUT) if order.id.starts_with("poison") => {
                 return Err(HandlerError::new(
                     "the timeout step cannot run for this order",
@@ -180,6 +193,39 @@ impl Fixture {
         ))
         .bind(id)
         .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Writes an instance as an earlier version of the saga left it, by plain SQL, due a minute
+    /// ago (before any instance the test starts).
+    async fn stored(&self, id: &str, state: &str, data: serde_json::Value) {
+        sqlx::query(&self.db.tables.render(
+            "INSERT INTO {schema}.sagas (saga_type, correlation_id, state, data, deadline) \
+             VALUES ('checkout', $1, $2, $3, now() - interval '1 minute')",
+        ))
+        .bind(id)
+        .bind(state)
+        .bind(data)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    /// The last step recorded for the instance (outcome, from and to state, detail), and how
+    /// many seconds until it is due.
+    async fn last_step(
+        &self,
+        id: &str,
+    ) -> (String, Option<String>, Option<String>, Option<String>, f64) {
+        sqlx::query_as(&self.db.tables.render(
+            "SELECT s.outcome, s.from_state, s.to_state, s.detail, \
+                    extract(epoch FROM g.deadline - now())::float8 \
+             FROM {schema}.saga_steps s JOIN {schema}.sagas g USING (saga_type, correlation_id) \
+             WHERE s.correlation_id = $1 ORDER BY s.id DESC LIMIT 1",
+        ))
+        .bind(id)
+        .fetch_one(&self.db.pool)
         .await
         .unwrap()
     }
@@ -527,6 +573,171 @@ async fn a_failing_timeout_step_is_put_off_and_does_not_hold_back_the_others() {
         wait > first * 1.5,
         "second failure waits about twice the first: {wait}"
     );
+}
+
+/// A log line sink shared with the test.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `future` and returns its output with the log lines it wrote.
+async fn logged<T>(future: impl Future<Output = T>) -> (T, String) {
+    let logs = Logs::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let output = future.with_subscriber(subscriber).await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    (output, text)
+}
+
+/// A row that fails to decode is that instance's failure, not the round's: due first, it would
+/// otherwise end every round before the deferral, and no other timeout of the saga type would
+/// ever fire. The failure is recorded and logged with the saga type, correlation id and serde's
+/// message.
+#[tokio::test]
+async fn an_instance_whose_state_no_longer_decodes_is_put_off_and_the_others_time_out() {
+    let f = fixture(Duration::ZERO).await;
+    f.processor
+        .apply(&envelope(Some("healthy"), "OrderPlaced"))
+        .await
+        .unwrap();
+    // Stored by a version of the saga whose state was called `AwaitingPayout`.
+    let data = json!({"id": "renamed", "notes": 0});
+    f.stored("renamed", "AwaitingPayout", data).await;
+
+    let timeouts = f.saga.timeouts(f.db.pool.clone());
+    let (fired, logs) = logged(timeouts.fire_due()).await;
+    assert_eq!(fired.unwrap(), 1, "the healthy instance timed out");
+    assert_eq!(f.instance("healthy").await.unwrap().state, "Cancelled");
+
+    let error = "saga checkout \"renamed\": stored state does not decode: unknown variant \
+                 `AwaitingPayout`, expected one of `AwaitingPayment`, `Paid`, `Cancelled`";
+    let (outcome, from, to, detail, wait) = f.last_step("renamed").await;
+    assert_eq!(outcome, "timeout_failed");
+    assert_eq!(
+        (from.as_deref(), to.as_deref()),
+        (Some("AwaitingPayout"), Some("AwaitingPayout"))
+    );
+    assert_eq!(detail.as_deref(), Some(error));
+    assert!(wait > 0.0, "due again later, not now: {wait}");
+    let row = f.instance("renamed").await.unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.version),
+        ("AwaitingPayout", 1),
+        "left as it was"
+    );
+    let line = logs
+        .lines()
+        .find(|l| l.contains("saga timeout step failed"))
+        .unwrap_or_else(|| panic!("no WARN line for the failure in:\n{logs}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("saga=\"checkout\""), "{line}");
+    assert!(line.contains("correlation_id=\"renamed\""), "{line}");
+    assert!(line.contains(error), "{line}");
+    assert_eq!(
+        timeouts.fire_due().await.unwrap(),
+        0,
+        "put off, not retried at once"
+    );
+}
+
+/// The same for `data` that no longer decodes (a field added without a default).
+#[tokio::test]
+async fn an_instance_whose_data_no_longer_decodes_is_put_off_and_the_others_time_out() {
+    let f = fixture(Duration::ZERO).await;
+    f.processor
+        .apply(&envelope(Some("healthy"), "OrderPlaced"))
+        .await
+        .unwrap();
+    // Stored before `Order` had its `notes` field.
+    f.stored("stale", "AwaitingPayment", json!({"id": "stale"}))
+        .await;
+
+    let timeouts = f.saga.timeouts(f.db.pool.clone());
+    assert_eq!(timeouts.fire_due().await.unwrap(), 1);
+    assert_eq!(f.instance("healthy").await.unwrap().state, "Cancelled");
+    let (outcome, from, to, detail, wait) = f.last_step("stale").await;
+    assert_eq!(outcome, "timeout_failed");
+    let state = Some("AwaitingPayment");
+    assert_eq!(
+        (from.as_deref(), to.as_deref()),
+        (state, state),
+        "left as it was"
+    );
+    assert_eq!(
+        detail.as_deref(),
+        Some("saga checkout \"stale\": stored data does not decode: missing field `notes`")
+    );
+    assert!(wait > 0.0, "due again later, not now: {wait}");
+    assert_eq!(
+        timeouts.fire_due().await.unwrap(),
+        0,
+        "put off, not retried at once"
+    );
+}
+
+/// A panic in `react` is that instance's failure: unwinding out of `fire_due`, it would end the
+/// task running `run`, and no timeout of the saga type would fire again until a restart.
+#[tokio::test]
+async fn a_panicking_timeout_step_is_put_off_and_the_scheduler_goes_on() {
+    let f = fixture(Duration::ZERO).await;
+    f.processor
+        .apply(&envelope(Some("panic-1"), "OrderPlaced"))
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let scheduler = tokio::spawn(
+        f.saga
+            .timeouts(f.db.pool.clone())
+            .interval(Duration::from_millis(20))
+            .run(stop.clone()),
+    );
+    wait_until(
+        "the panicking instance put off",
+        Duration::from_secs(10),
+        || async {
+            f.steps("panic-1")
+                .await
+                .iter()
+                .any(|s| s.1 == "timeout_failed")
+        },
+    )
+    .await;
+    // An instance due after the panic: the same task fires its timeout.
+    f.processor
+        .apply(&envelope(Some("after-panic"), "OrderPlaced"))
+        .await
+        .unwrap();
+    wait_until(
+        "the next timeout fired",
+        Duration::from_secs(10),
+        || async { f.instance("after-panic").await.unwrap().state == "Cancelled" },
+    )
+    .await;
+    assert!(!scheduler.is_finished(), "the scheduler still runs");
+    let (outcome, _, _, detail, _) = f.last_step("panic-1").await;
+    assert_eq!(outcome, "timeout_failed");
+    assert_eq!(
+        detail.as_deref(),
+        Some("saga checkout \"panic-1\": timeout step panicked: react panicked for panic-1")
+    );
+    stop.cancel();
+    scheduler
+        .await
+        .expect("the scheduler ends when stopped, not by a panic");
 }
 
 #[tokio::test]

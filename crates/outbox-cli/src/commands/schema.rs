@@ -1,7 +1,8 @@
 //! `outbox schema check`: is the next version of an event type backward compatible with the
 //! previous one (the additive-only rule of `outbox::compat`)? For CI: exit code 0 when
 //! compatible, 1 when not (every problem printed, one a line, with its JSON path), 2 when an
-//! input cannot be read or compared.
+//! input cannot be read or compared (not JSON, a keyword the check does not judge, a document
+//! that could be a schema or an example).
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -31,8 +32,9 @@ struct CheckArgs {
     /// The next version, in the same forms.
     #[arg(long)]
     next: PathBuf,
-    /// How to read both files: `auto` (a schema when it declares `$schema` or is made of
-    /// schema keywords with a valid `type`), `schema` or `example`.
+    /// How to read both files: `auto` (a schema when it declares `$schema` or every key at
+    /// its root is a JSON Schema keyword, one of them telling; an example when none is; a
+    /// document that could be either is refused with exit 2), `schema` or `example`.
     #[arg(long, value_enum, default_value = "auto")]
     format: FormatArg,
 }

@@ -1,8 +1,9 @@
 //! Deadlines: a scheduler finds instances whose state timed out and runs the [`TIMEOUT`] step
 //! for each, one transaction per instance, through the same machinery as events.
 
-use std::{sync::Arc, time::Duration};
+use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
+use futures::FutureExt;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -20,9 +21,10 @@ pub const TIMEOUT_RETRY_LONGEST: Duration = Duration::from_secs(600);
 
 /// Fires the deadlines of one saga type. Any number may run at once (one per consumer
 /// process, say): an instance is locked with `SKIP LOCKED` and its deadline checked again under
-/// the lock, so each timeout fires once. An instance whose timeout step fails is retried after
-/// a backoff ([`TIMEOUT_RETRY_FIRST`], doubling, at most [`TIMEOUT_RETRY_LONGEST`]) and never holds back the
-/// timeouts of the others.
+/// the lock, so each timeout fires once. An instance whose timeout step fails (its stored state
+/// or data no longer decodes, `react` returns an error or panics, its writes fail) is retried
+/// after a backoff ([`TIMEOUT_RETRY_FIRST`], doubling, at most [`TIMEOUT_RETRY_LONGEST`]) and
+/// never holds back the timeouts of the others.
 pub struct SagaTimeouts<S: Saga> {
     pool: PgPool,
     runtime: Arc<Runtime<S>>,
@@ -48,7 +50,11 @@ impl<S: Saga> SagaTimeouts<S> {
     }
 
     /// Fires every deadline that has passed now; returns how many fired (failed steps, put
-    /// off, are not counted).
+    /// off, are not counted). Whatever fails for one instance (its row no longer decodes, its
+    /// step returns an error or panics, its writes or commit fail) puts that instance off and
+    /// the round goes on; only a failure of the infrastructure
+    /// ([`HandlerError::is_infrastructure`]: the database unreachable) ends the round with
+    /// an error, leaving the rest for the next one.
     pub async fn fire_due(&self) -> Result<usize, HandlerError> {
         let rt = &*self.runtime;
         let mut fired = 0;
@@ -61,62 +67,124 @@ impl<S: Saga> SagaTimeouts<S> {
             let full = due.len() as i64 == self.batch;
             let mut progressed = false;
             for correlation_id in due {
-                let mut tx = self.pool.begin().await?;
-                let Some(instance) = rt.load_due(&mut tx, &correlation_id).await? else {
-                    continue; // another scheduler or a step has it, or it moved on
-                };
-                match rt
-                    .step(&mut tx, &correlation_id, instance, &Trigger::Timeout)
-                    .await
-                {
-                    Ok(_) => {
-                        tx.commit().await?;
+                match self.fire(&correlation_id).await {
+                    Ok(true) => {
                         fired += 1;
+                        progressed = true;
                     }
-                    // This instance's step fails (its `react`, its data, a concurrent change):
-                    // it is put off with a backoff and the round goes on with the others. A
-                    // failing database fails the deferral too, and with it the round.
-                    Err(error) => {
-                        // Rolled back before the deferral, which needs the row lock it holds.
-                        tx.rollback().await?;
-                        self.defer(&correlation_id, &error).await?;
-                    }
+                    // Another scheduler or a step has it, or it moved on.
+                    Ok(false) => {}
+                    Err(error) if error.is_infrastructure() => return Err(error),
+                    Err(error) => progressed |= self.defer(&correlation_id, &error).await?,
                 }
-                progressed = true;
             }
+            // A full batch may hide more due instances behind it; a batch where nothing fired
+            // or was put off would only be read again.
             if !full || !progressed {
                 return Ok(fired);
             }
         }
     }
 
-    /// Puts off the timeout of an instance whose step failed, and records the failure.
-    async fn defer(&self, correlation_id: &str, error: &HandlerError) -> Result<(), HandlerError> {
+    /// Runs the timeout step of one instance in a transaction of its own: `Ok(true)` when it
+    /// fired, `Ok(false)` when the instance is no longer due or another scheduler holds it.
+    /// A panic in the saga's code fails the step like an error.
+    async fn fire(&self, correlation_id: &str) -> Result<bool, HandlerError> {
         let rt = &*self.runtime;
-        let failures: Option<i64> = sqlx::query_scalar(&rt.defer)
-            .bind(rt.saga.name())
+        let mut tx = self.pool.begin().await?;
+        let step = AssertUnwindSafe(async {
+            // Decoding the row is part of the step: a row that no longer decodes fails this
+            // instance only.
+            let Some(instance) = rt.load_due(&mut tx, correlation_id).await? else {
+                return Ok(false);
+            };
+            rt.step(&mut tx, correlation_id, instance, &Trigger::Timeout)
+                .await
+                .map(|_| true)
+        })
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            Err(HandlerError::new(format!(
+                "saga {} {correlation_id:?}: timeout step {}",
+                rt.saga.name(),
+                crate::panic::message(panic)
+            )))
+        });
+        match step {
+            Ok(fired) => {
+                tx.commit().await?;
+                Ok(fired)
+            }
+            Err(error) => {
+                // Rolled back before the deferral, which needs the row lock it holds. A
+                // rollback that fails has lost its connection, and the server rolls back.
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::debug!(saga = rt.saga.name(), correlation_id, error = %rollback,
+                        "saga timeout step: rollback failed");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Puts off the timeout of an instance whose step failed, and records the failure (the
+    /// error in a `timeout_failed` step, and a WARN line with the saga type, the correlation id
+    /// and the error). Returns whether the instance was put off: not when it is no longer due.
+    /// A deferral that fails is logged and the round goes on (the instance, still due, is
+    /// tried again next round), unless the database is unreachable.
+    async fn defer(
+        &self,
+        correlation_id: &str,
+        error: &HandlerError,
+    ) -> Result<bool, HandlerError> {
+        let rt = &*self.runtime;
+        let saga = rt.saga.name();
+        let deferred: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(&rt.defer)
+            .bind(saga)
             .bind(correlation_id)
             .bind(error.to_string())
             .bind(TIMEOUT_RETRY_FIRST.as_secs_f64())
             .bind(TIMEOUT_RETRY_LONGEST.as_secs_f64())
             .bind(TIMEOUT)
             .fetch_optional(&self.pool)
-            .await?;
-        if let Some(before) = failures {
-            tracing::warn!(saga = rt.saga.name(), correlation_id, %error, failures = before + 1,
-                "saga timeout step failed; retried after a backoff, other timeouts go on");
+            .await;
+        match deferred {
+            Ok(Some(before)) => {
+                tracing::warn!(saga, correlation_id, %error, failures = before + 1,
+                    "saga timeout step failed; retried after a backoff, other timeouts go on");
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(failed) => {
+                let failed = HandlerError::from(failed);
+                if failed.is_infrastructure() {
+                    return Err(failed);
+                }
+                tracing::error!(saga, correlation_id, %error, deferral = %failed,
+                    "saga timeout step failed and could not be put off; tried again next round");
+                Ok(false)
+            }
         }
-        Ok(())
     }
 
-    /// Fires deadlines until `stop`. A failing round is logged and retried next interval.
+    /// Fires deadlines until `stop`. A failing round is logged and retried next interval; so
+    /// is a round that panics outside any one instance's step, so the task ends only when
+    /// stopped.
     pub async fn run(self, stop: CancellationToken) {
+        let saga = self.runtime.saga.name();
         loop {
-            match self.fire_due().await {
-                Ok(0) => {}
-                Ok(n) => tracing::debug!(saga = self.runtime.saga.name(), fired = n, "{TIMEOUT}"),
-                Err(e) => tracing::warn!(saga = self.runtime.saga.name(), error = %e,
-                    "saga timeouts: round failed, retrying"),
+            match AssertUnwindSafe(self.fire_due()).catch_unwind().await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => tracing::debug!(saga, fired = n, "{TIMEOUT}"),
+                Ok(Err(e)) => {
+                    tracing::warn!(saga, error = %e, "saga timeouts: round failed, retrying")
+                }
+                Err(panic) => tracing::error!(
+                    saga,
+                    error = crate::panic::message(panic),
+                    "saga timeouts: round failed, retrying"
+                ),
             }
             tokio::select! {
                 () = stop.cancelled() => return,

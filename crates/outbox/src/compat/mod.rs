@@ -7,22 +7,29 @@
 //!
 //! * a field removed (`$.total: removed`);
 //! * a type changed (`$.total: type changed from number to string`, the `decimal` → `string`
-//!   change of the source documents), including a type dropped from or added to a union, and
-//!   a `type` or `items` removed (anything allowed now);
+//!   change of the source documents), including a type dropped from or added to a union
+//!   (OpenAPI's `nullable: true` adds `null`), a `type` or `items` removed (anything allowed
+//!   now), and a `type` or `items` added where anything was allowed (a `type` only when it
+//!   excludes a value the previous `enum` listed);
 //! * an optional field made required, a new field added as required, or a required field
-//!   made optional (consumers of N expect it);
+//!   made optional (consumers of N expect it), whether or not `properties` describes it;
 //! * an `enum` narrowed (values removed), widened (consumers of N meet values they do not
 //!   know), removed, or added where any value was allowed;
+//! * a `format` changed, added (stored events need not match it) or removed (consumers of N
+//!   expect it);
 //! * `additionalProperties` turned to `false`, or a field added where it was `false`.
 //!
 //! Added optional fields (where other properties were allowed) and annotations (`title`,
-//! `description`, …) are compatible. Every problem is reported, not only the first.
+//! `description`, `x-` extensions, …) are compatible. Every problem is reported, not only the
+//! first.
 //!
-//! Either side is a JSON Schema (draft 7 / 2020-12, the subset `type`, `properties`,
-//! `required`, `items`, `enum`, `additionalProperties` plus annotations; other keywords such
-//! as `$ref` or `oneOf` are refused as bad input rather than ignored) or an example payload,
-//! whose shape is inferred (every number is a `number`, `null` says nothing, no field is
-//! required, arrays take their first element's shape).
+//! Either side is a JSON Schema (draft 4 to 2020-12 or OpenAPI's schema object, the subset
+//! `type`, `properties`, `required`, `items`, `enum`, `additionalProperties` (true or false),
+//! `format`, `nullable` plus annotations; every other keyword, such as `$ref`, `oneOf` or
+//! `minimum`, is refused as bad input rather than ignored) or an example payload, whose shape
+//! is inferred (every number is a `number`, `null` says nothing, no field is required, arrays
+//! take their first element's shape). [`Format::Auto`] tells them apart by the keys at the
+//! root and refuses a document that could be either, and a schema compared with an example.
 //!
 //! ```
 //! use outbox::compat::check;
@@ -37,12 +44,14 @@
 //! assert_eq!(report.to_string(), "$.total: type changed from number to string");
 //! ```
 
+mod detect;
 mod shape;
 
 use std::{collections::BTreeSet, fmt};
 
 use serde_json::Value;
 
+use detect::Reading;
 use shape::{Kind, Shape};
 
 /// One incompatibility, at a JSON path (`$.customer.email`, `$.lines[*].sku`).
@@ -95,8 +104,13 @@ pub struct BadInput(pub String);
 /// How to read a document.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Format {
-    /// A JSON Schema when it declares `$schema` or is an object of schema keywords with a
-    /// valid `type`; an example payload otherwise.
+    /// A JSON Schema when it declares `$schema`, or when every key at its root is a JSON
+    /// Schema keyword (`x-` extensions included) and one of them holds what only a schema holds
+    /// there (a JSON type under `type`, schemas under `properties` or `items`, names under
+    /// `required`, …); an example payload when no key at its root is a keyword, or the
+    /// keyword-named ones are payload fields (`"type": "order"`) beside others. Anything else
+    /// is bad input saying why: `{}`, `{"type": "order"}`, `true`, a schema keyword beside a
+    /// key that is none. Both documents must read the same way.
     #[default]
     Auto,
     /// A JSON Schema.
@@ -113,19 +127,33 @@ pub fn check(previous: &Value, next: &Value) -> Result<Report, BadInput> {
 /// Compares the `next` version of an event type with the `previous` one.
 pub fn check_as(previous: &Value, next: &Value, format: Format) -> Result<Report, BadInput> {
     let read = |document: &Value, which: &str| {
-        let schema = match format {
-            Format::Auto => Shape::looks_like_schema(document),
-            Format::Schema => true,
-            Format::Example => false,
+        let reading = match format {
+            Format::Auto => detect::reading(document).map_err(|reason| {
+                BadInput(format!(
+                    "{which}: $: cannot tell a JSON Schema from an example payload: {reason}; \
+                     say which with --format schema or --format example"
+                ))
+            })?,
+            Format::Schema => Reading::Schema,
+            Format::Example => Reading::Example,
         };
-        if schema {
-            Shape::from_schema(document, "$").map_err(|e| BadInput(format!("{which}: {}", e.0)))
-        } else {
-            Ok(Shape::infer(document))
-        }
+        let shape = match reading {
+            Reading::Schema => Shape::from_schema(document, "$")
+                .map_err(|e| BadInput(format!("{which}: {}", e.0)))?,
+            Reading::Example => Shape::infer(document),
+        };
+        Ok((reading, shape))
     };
-    let previous = read(previous, "previous")?;
-    let next = read(next, "next")?;
+    let (previous_reading, previous) = read(previous, "previous")?;
+    let (next_reading, next) = read(next, "next")?;
+    if previous_reading != next_reading {
+        return Err(BadInput(format!(
+            "previous reads as {} and next as {}: compare like with like, or say how to read \
+             both with --format schema or --format example",
+            previous_reading.name(),
+            next_reading.name()
+        )));
+    }
     let mut report = Report::default();
     compare("$", &previous, &next, &mut report.problems);
     Ok(report)
@@ -145,6 +173,46 @@ fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Proble
         // `enum` lists what it allows (the enum rules judge that).
         (Some(old), None) if !next.inferred && next.values.is_none() => {
             let message = format!("type removed: any type allowed now (was {})", names(old));
+            push(problems, path, message);
+        }
+        // A type where any was allowed narrows what is accepted; where an `enum` said what
+        // was allowed, only when it excludes one of the listed values.
+        (None, Some(new)) if !previous.inferred => match &previous.values {
+            None => {
+                let message = format!("type added: only {} allowed now (any type was)", names(new));
+                push(problems, path, message);
+            }
+            Some(values) => {
+                if let Some(excluded) = values.iter().find(|v| !Kind::admits(new, v)) {
+                    let message = format!(
+                        "type added: only {} allowed now (the enum allowed {excluded})",
+                        names(new)
+                    );
+                    push(problems, path, message);
+                }
+            }
+        },
+        _ => {}
+    }
+    // Any change of `format` breaks one side: values of the previous version need not match
+    // an added or changed one, and its consumers rely on one removed.
+    match (&previous.format, &next.format) {
+        (Some(old), Some(new)) if old != new => {
+            push(
+                problems,
+                path,
+                format!("format changed from {old:?} to {new:?}"),
+            );
+        }
+        (None, Some(new)) => {
+            let message = format!(
+                "format {new:?} added (stored events of the previous version need not match it)"
+            );
+            push(problems, path, message);
+        }
+        (Some(old), None) => {
+            let message =
+                format!("format {old:?} removed (consumers of the previous version expect it)");
             push(problems, path, message);
         }
         _ => {}
@@ -204,6 +272,15 @@ fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Proble
             }
         }
     }
+    // A name in `required` without a schema of its own is a field consumers rely on all the
+    // same.
+    for name in &previous.required {
+        if !previous.properties.contains_key(name) && !next.required.contains(name) {
+            let message = "required field made optional (consumers of the previous version \
+                           expect it)";
+            push(problems, &path_of_property(path, name), message.into());
+        }
+    }
     for (name, _) in next.properties.iter() {
         if !previous.additional && !previous.properties.contains_key(name) {
             let message = "added, but the previous version allowed no other properties (its \
@@ -221,6 +298,10 @@ fn compare(path: &str, previous: &Shape, next: &Shape, problems: &mut Vec<Proble
         (Some(old), Some(new)) => compare(&path_of_items(path), old, new, problems),
         (Some(_), None) if !next.inferred => {
             push(problems, path, "items removed: any item allowed now".into())
+        }
+        (None, Some(new)) if !previous.inferred && **new != Shape::any() => {
+            let message = "items added (stored events of the previous version need not match it)";
+            push(problems, path, message.into());
         }
         _ => {}
     }

@@ -1,4 +1,5 @@
-//! The shape of a payload, read from a JSON Schema (a subset) or inferred from an example.
+//! The shape of a payload, read from a JSON Schema (a subset) or inferred from an example, and
+//! the keywords of JSON Schema: judged, ignored or refused.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,7 +20,7 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    fn parse(name: &str) -> Option<Self> {
+    pub(super) fn parse(name: &str) -> Option<Self> {
         Some(match name {
             "null" => Self::Null,
             "boolean" => Self::Boolean,
@@ -41,6 +42,19 @@ impl Kind {
             Self::String => "string",
             Self::Array => "array",
             Self::Object => "object",
+        }
+    }
+
+    /// Whether a value of one of `kinds` can be `value` (a whole number is an `integer` as
+    /// well as a `number`).
+    pub(super) fn admits(kinds: &BTreeSet<Self>, value: &Value) -> bool {
+        match value {
+            Value::Number(n) => {
+                let whole =
+                    n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0);
+                kinds.contains(&Self::Number) || (whole && kinds.contains(&Self::Integer))
+            }
+            other => kinds.contains(&Self::of(other).unwrap_or(Self::Null)),
         }
     }
 
@@ -73,29 +87,55 @@ pub(super) struct Shape {
     pub items: Option<Box<Shape>>,
     /// Allowed values, when listed.
     pub values: Option<Vec<Value>>,
+    /// The `format` strings must have (`date-time`, `email`, …), when one is named.
+    pub format: Option<String>,
     /// Inferred from an example: a missing type or item shape says nothing (a `null`, an empty
     /// array), where in a schema it allows anything.
     pub inferred: bool,
 }
 
-/// Keywords read by [`Shape::from_schema`].
-const READ: &[&str] = &[
+/// Keywords [`Shape::from_schema`] reads and the comparison judges.
+const JUDGED: &[&str] = &[
     "type",
     "properties",
     "required",
     "items",
     "enum",
     "additionalProperties",
+    "format",
+    "nullable",
 ];
 
-/// JSON Schema keywords outside the supported subset: a document using them is a schema (and
-/// refused as one), never an example payload whose comparison would pass breaking changes.
-const UNSUPPORTED: &[&str] = &[
+/// Keywords that only describe, ignored (as are `x-` extensions): they change nothing a
+/// payload must be.
+const ANNOTATIONS: &[&str] = &[
+    "$schema",
+    "$id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "example",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "externalDocs",
+];
+
+/// The other keywords of JSON Schema (draft 4 to 2020-12) and of OpenAPI's schema object:
+/// they constrain payloads in ways the comparison does not judge, so a schema using them is
+/// refused as bad input, never compared as if they were absent.
+const REFUSED: &[&str] = &[
     "$ref",
     "$defs",
     "definitions",
     "$anchor",
     "$dynamicRef",
+    "$dynamicAnchor",
+    "$recursiveRef",
+    "$recursiveAnchor",
+    "$vocabulary",
     "allOf",
     "anyOf",
     "oneOf",
@@ -108,10 +148,14 @@ const UNSUPPORTED: &[&str] = &[
     "propertyNames",
     "dependentRequired",
     "dependentSchemas",
+    "dependencies",
     "unevaluatedProperties",
     "unevaluatedItems",
     "prefixItems",
+    "additionalItems",
     "contains",
+    "minContains",
+    "maxContains",
     "minimum",
     "maximum",
     "exclusiveMinimum",
@@ -125,54 +169,23 @@ const UNSUPPORTED: &[&str] = &[
     "uniqueItems",
     "minProperties",
     "maxProperties",
+    "contentEncoding",
+    "contentMediaType",
+    "contentSchema",
+    "discriminator",
+    "xml",
 ];
 
-/// Keywords that only annotate (ignored without changing the meaning).
-const ANNOTATIONS: &[&str] = &[
-    "$schema",
-    "$id",
-    "$comment",
-    "title",
-    "description",
-    "default",
-    "examples",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "format",
-];
+/// Whether `key` is a keyword of JSON Schema or of OpenAPI's schema object (judged, ignored
+/// or refused), an `x-` extension included.
+pub(super) fn is_keyword(key: &str) -> bool {
+    key.starts_with("x-")
+        || JUDGED.contains(&key)
+        || ANNOTATIONS.contains(&key)
+        || REFUSED.contains(&key)
+}
 
 impl Shape {
-    /// Whether `document` reads as a JSON Schema rather than an example payload: it declares
-    /// `$schema`, or it is an object of schema keywords with a valid `type`.
-    pub(super) fn looks_like_schema(document: &Value) -> bool {
-        let Some(object) = document.as_object() else {
-            return false;
-        };
-        if object.contains_key("$schema") {
-            return true;
-        }
-        let valid_type = match object.get("type") {
-            Some(Value::String(t)) => Kind::parse(t).is_some(),
-            Some(Value::Array(ts)) => {
-                !ts.is_empty()
-                    && ts
-                        .iter()
-                        .all(|t| t.as_str().and_then(Kind::parse).is_some())
-            }
-            _ => false,
-        };
-        let keyword = |k: &String| {
-            READ.contains(&k.as_str())
-                || ANNOTATIONS.contains(&k.as_str())
-                || UNSUPPORTED.contains(&k.as_str())
-        };
-        // `$`-keywords of JSON Schema do not name payload fields.
-        let dollar = ["$ref", "$defs", "$id", "$anchor", "$dynamicRef"];
-        object.keys().any(|k| dollar.contains(&k.as_str()))
-            || (valid_type && object.keys().all(keyword))
-    }
-
     /// Reads a schema of the supported subset; anything else is bad input naming its path.
     pub(super) fn from_schema(schema: &Value, path: &str) -> Result<Self, BadInput> {
         let bad = |message: String| BadInput(format!("{path}: {message}"));
@@ -181,13 +194,15 @@ impl Shape {
             Value::Object(object) => object,
             other => return Err(bad(format!("a schema must be an object, found {other}"))),
         };
-        if let Some(keyword) = object
-            .keys()
-            .find(|k| !READ.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()))
-        {
+        if let Some(keyword) = object.keys().find(|k| {
+            !JUDGED.contains(&k.as_str())
+                && !ANNOTATIONS.contains(&k.as_str())
+                && !k.starts_with("x-")
+        }) {
             return Err(bad(format!(
-                "keyword {keyword:?} is not supported (supported: {})",
-                READ.join(", ")
+                "keyword {keyword:?} is not supported (judged: {}; annotations and x- \
+                 extensions are ignored)",
+                JUDGED.join(", ")
             )));
         }
         let mut shape = Self::any();
@@ -211,6 +226,23 @@ impl Shape {
                 )))
             }
         };
+        // OpenAPI's `nullable: true` adds `null` to the types (`"type": "string", "nullable":
+        // true` is `"type": ["string", "null"]`); without a `type`, any type is allowed already.
+        match object.get("nullable") {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => {
+                if let Some(types) = &mut shape.types {
+                    types.insert(Kind::Null);
+                }
+            }
+            Some(_) => return Err(bad("nullable must be true or false".into())),
+        }
+        if let Some(format) = object.get("format") {
+            let format = format
+                .as_str()
+                .ok_or_else(|| bad(format!("format must be a string, found {format}")))?;
+            shape.format = Some(format.to_owned());
+        }
         if let Some(properties) = object.get("properties") {
             let properties = properties
                 .as_object()
@@ -272,7 +304,8 @@ impl Shape {
         shape
     }
 
-    fn any() -> Self {
+    /// The shape of a schema that allows anything (`{}`, `true`).
+    pub(super) fn any() -> Self {
         Self {
             additional: true,
             ..Self::default()

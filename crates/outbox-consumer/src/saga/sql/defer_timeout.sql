@@ -1,4 +1,5 @@
--- A timeout step that failed: its instance is not left due (where it would fail first in every
+-- A timeout step that failed (its row no longer decodes, the saga's code returned an error or
+-- panicked, its writes failed): its instance is not left due (where it would fail first in every
 -- round and hold back the timeouts behind it), but due again after a backoff that doubles with
 -- each consecutive failure ($4 seconds, then 2 × $4, … at most $5), and the failure is recorded
 -- as a step (`timeout_failed`, the error in `detail`) for `outbox sagas show`. Only an instance
