@@ -611,7 +611,7 @@ async fn logged<T>(future: impl Future<Output = T>) -> (T, String) {
 async fn an_instance_whose_state_no_longer_decodes_is_put_off_and_the_others_time_out() {
     let f = fixture(Duration::ZERO).await;
     f.processor
-        .apply(&envelope(Some("healthy"), "OrderPlaced"))
+        .apply(&envelope(Some("healthy"), "OrderPlaced").to_message())
         .await
         .unwrap();
     // Stored by a version of the saga whose state was called `AwaitingPayout`.
@@ -659,7 +659,7 @@ async fn an_instance_whose_state_no_longer_decodes_is_put_off_and_the_others_tim
 async fn an_instance_whose_data_no_longer_decodes_is_put_off_and_the_others_time_out() {
     let f = fixture(Duration::ZERO).await;
     f.processor
-        .apply(&envelope(Some("healthy"), "OrderPlaced"))
+        .apply(&envelope(Some("healthy"), "OrderPlaced").to_message())
         .await
         .unwrap();
     // Stored before `Order` had its `notes` field.
@@ -695,7 +695,7 @@ async fn an_instance_whose_data_no_longer_decodes_is_put_off_and_the_others_time
 async fn a_panicking_timeout_step_is_put_off_and_the_scheduler_goes_on() {
     let f = fixture(Duration::ZERO).await;
     f.processor
-        .apply(&envelope(Some("panic-1"), "OrderPlaced"))
+        .apply(&envelope(Some("panic-1"), "OrderPlaced").to_message())
         .await
         .unwrap();
     let stop = CancellationToken::new();
@@ -718,7 +718,7 @@ async fn a_panicking_timeout_step_is_put_off_and_the_scheduler_goes_on() {
     .await;
     // An instance due after the panic: the same task fires its timeout.
     f.processor
-        .apply(&envelope(Some("after-panic"), "OrderPlaced"))
+        .apply(&envelope(Some("after-panic"), "OrderPlaced").to_message())
         .await
         .unwrap();
     wait_until(
