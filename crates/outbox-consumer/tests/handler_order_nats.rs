@@ -383,3 +383,63 @@ async fn a_database_outage_keeps_at_most_max_in_hand_messages() {
     task.await.unwrap().unwrap();
     fx.cleanup("in-hand").await;
 }
+
+/// The runner keeps its own inbox bounded: this consumer's rows older than the retention go,
+/// the rows of events it still holds stay (they are their claim on the event), and another
+/// consumer's rows are not its to delete.
+#[tokio::test]
+async fn the_runner_purges_its_own_inbox_after_the_retention() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    db.exec(
+        "INSERT INTO {schema}.inbox (consumer, event_id, event_type, processed_at)
+         SELECT c, 'old-' || c || '-' || n, 'T', now() - interval '2 days'
+         FROM unnest(ARRAY['retention', 'other']) c, generate_series(1, 2500) n",
+    )
+    .await;
+    let handler = Arc::new(Sequencer::install(&db).await);
+    let processor = Processor::new(db.pool.clone(), &db.tables, "retention", handler)
+        .with_version_gate(VersionGate::starting_at(1));
+    // Version 2 of `g` is held (version 1 never comes): its inbox row must survive.
+    fx.version("g", 2).await;
+    let metrics = processor.metrics().clone();
+    let config = ConsumerConfig {
+        inbox_retention: Some(Duration::from_secs(3600)),
+        purge_interval: Duration::from_millis(200),
+        ..fx.config("retention", 5)
+    };
+    let consumer = NatsConsumer::connect(NatsSource::new(NATS_URL, &fx.stream), config, processor)
+        .await
+        .unwrap();
+    let (stop, task) = fx.start(consumer);
+    wait_until("the held event", WAIT, || async {
+        held_rows(&db).await == 1
+    })
+    .await;
+    // Held an hour ago, as far as retention can tell.
+    db.exec("UPDATE {schema}.inbox SET processed_at = now() - interval '2 days' WHERE event_id NOT LIKE 'old-%'")
+        .await;
+    let count = |consumer: &'static str| {
+        let db = &db;
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                &db.tables
+                    .render("SELECT count(*) FROM {schema}.inbox WHERE consumer = $1"),
+            )
+            .bind(consumer)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        }
+    };
+    wait_until("the old rows purged", WAIT, || async {
+        count("retention").await == 1
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(count("other").await, 2500, "another consumer's rows stay");
+    assert_eq!(held_rows(&db).await, 1);
+    assert_eq!(metrics.count("retention", Count::InboxPurged), 2500);
+    fx.cleanup("retention").await;
+}

@@ -253,8 +253,9 @@ impl ConsumerVersions {
             actor,
             reason,
             |current, to| match current {
-                Some(applied) if applied >= to => Err(format!(
-                    "it applied version {applied} already: a seed never moves an aggregate back"
+                Some(done) if done >= to => Err(format!(
+                    "its versions up to {done} are done already: a seed never moves an \
+                     aggregate back"
                 )),
                 _ => Ok(()),
             },
@@ -284,8 +285,8 @@ impl ConsumerVersions {
                 actor,
                 reason,
                 |current, to| match current {
-                    Some(applied) if applied >= to => Err(format!(
-                        "version {to} is not past the last applied, {applied}: nothing to skip"
+                    Some(done) if done >= to => Err(format!(
+                        "its versions up to {done} are done already: nothing to skip up to {to}"
                     )),
                     _ => Ok(()),
                 },
