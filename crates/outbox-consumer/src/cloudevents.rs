@@ -22,9 +22,11 @@
 //! | `aggregateversion` (extension) | `aggregate-version` |
 //!
 //! The spec makes `source` + `id` unique per event, not `id` alone: two producers may number
-//! their events alike. So a CloudEvent's inbox key (`Envelope::message_id`) is both,
-//! `ce:{characters in source}:{source}{id}` (or `ce:` and a UUIDv5 of that key when it is
-//! longer than the inbox's 255 characters), and `source` is required.
+//! their events alike. So a CloudEvent whose `id` is not a UUID has both as its inbox key
+//! (`Envelope::message_id`), `ce:{characters in source}:{source}{id}` (or `ce:` and a UUIDv5
+//! of that key when it is longer than the inbox's 255 characters). A UUID `id` is unique by
+//! construction and is the key alone, as in the relay's native envelope, so one event sent in
+//! both envelopes is applied once. `source` is required.
 
 use std::collections::BTreeMap;
 

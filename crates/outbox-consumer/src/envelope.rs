@@ -156,9 +156,15 @@ fn copy_marker(headers: &BTreeMap<String, String>) -> Result<Option<i32>, Decode
 const MESSAGE_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_4d49_8000_6d65_7373_6167);
 
 impl Fields {
-    /// A CloudEvent's inbox key: its `source` and `id` (the spec's unique pair). The event id
-    /// stays a UUID `id` as sent; another `id` gets a UUIDv5 of the key.
+    /// A CloudEvent's inbox key. The spec makes `source` + `id` unique, not `id` alone: an `id`
+    /// that is not a UUID (a producer's own numbering) is keyed with its source, and gets a
+    /// UUIDv5 of that key as its event id. A UUID `id` is unique by construction and keyed
+    /// alone, as the relay's native message of the same event is (an event the relay sends
+    /// again after switching envelopes is still recognised).
     fn key_by_source(&mut self, source: &str) {
+        if Uuid::parse_str(&self.message_id).is_ok() {
+            return;
+        }
         let key = format!("ce:{}:{source}{}", source.chars().count(), self.message_id);
         let hashed = || format!("ce:{}", Uuid::new_v5(&MESSAGE_ID_NAMESPACE, key.as_bytes()));
         let key = if key.chars().count() > outbox::MAX_MESSAGE_ID_CHARS || key.contains('\0') {
@@ -166,9 +172,7 @@ impl Fields {
         } else {
             key
         };
-        if Uuid::parse_str(&self.message_id).is_err() {
-            self.event_id = Uuid::new_v5(&MESSAGE_ID_NAMESPACE, key.as_bytes());
-        }
+        self.event_id = Uuid::new_v5(&MESSAGE_ID_NAMESPACE, key.as_bytes());
         self.message_id = key;
     }
 }
@@ -217,13 +221,25 @@ impl Fields {
                 DecodeError(format!("schema-version {v:?} is not a positive integer"))
             })?,
         };
+        // The largest bigint has no successor: no gate could ever wait past it.
         let aggregate_version =
             match get(header::AGGREGATE_VERSION) {
                 None => None,
-                Some(v) => Some(v.parse().map_err(|_| {
-                    DecodeError(format!("aggregate-version {v:?} is not an integer"))
-                })?),
+                Some(v) => Some(v.parse().ok().filter(|v: &i64| *v < i64::MAX).ok_or_else(
+                    || {
+                        DecodeError(format!(
+                            "aggregate-version {v:?} is not an integer below {}",
+                            i64::MAX
+                        ))
+                    },
+                )?),
             };
+        // The aggregate keys a lane, a lock and a table row: text without NUL.
+        for name in [header::AGGREGATE_TYPE, header::AGGREGATE_ID] {
+            if get(name).is_some_and(|v| v.contains('\0')) {
+                return Err(DecodeError(format!("{name} contains NUL")));
+            }
+        }
         // RFC 3339, or the signed years chrono writes past 9999 and before year 1
         // (`+10000-01-01T…`), which PostgreSQL's timestamptz can hold.
         let occurred_at = get(header::OCCURRED_AT)

@@ -39,6 +39,8 @@ enum Kind {
     Message,
     Infrastructure,
     Permanent,
+    /// Permanent: a version below its aggregate's start, never this consumer's to apply.
+    BelowStart,
     Conflict,
 }
 
@@ -70,6 +72,15 @@ impl HandlerError {
         }
     }
 
+    /// A version below its aggregate's start: permanent, and the event's place rather than its
+    /// failure (its aggregate's start stays where it is).
+    pub(crate) fn below_start(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            kind: Kind::BelowStart,
+        }
+    }
+
     /// A concurrent first event of the same aggregate created its state row meanwhile: the
     /// processor tries again at once.
     pub(crate) fn conflict() -> Self {
@@ -91,7 +102,11 @@ impl HandlerError {
 
     /// Whether no retry can cure it: the message is dead-lettered at once.
     pub fn is_permanent(&self) -> bool {
-        self.kind == Kind::Permanent
+        matches!(self.kind, Kind::Permanent | Kind::BelowStart)
+    }
+
+    pub(crate) fn is_below_start(&self) -> bool {
+        self.kind == Kind::BelowStart
     }
 
     pub(crate) fn is_conflict(&self) -> bool {
@@ -100,7 +115,10 @@ impl HandlerError {
 
     /// Whether the failure spends one of the message's attempts: an outage does not.
     pub fn counts_as_attempt(&self) -> bool {
-        matches!(self.kind, Kind::Message | Kind::Permanent)
+        matches!(
+            self.kind,
+            Kind::Message | Kind::Permanent | Kind::BelowStart
+        )
     }
 }
 

@@ -18,6 +18,7 @@
 //! | `outbox_consumer_handler_seconds{consumer}` | histogram | one attempt, inbox check to commit |
 //! | `outbox_consumer_held{consumer}` | gauge | events held now (the sweeper reads it from the database every `sweep_interval`) |
 //! | `outbox_consumer_held_waiting{consumer}` | gauge | of those, waiting for an earlier event of their aggregate (a gap) rather than for a retry |
+//! | `outbox_consumer_held_dead{consumer}` | gauge | of those, given up (dead) and waiting for their dead letter to be stored: not 0 means the dead-letter destination is failing |
 //! | `outbox_consumer_held_oldest_seconds{consumer}` | gauge | how long the oldest held event has been held, by the database's clock (0 when none) |
 //! | `outbox_consumer_in_hand{consumer}` | gauge | messages in the runner's memory, running or queued behind their aggregate |
 
@@ -57,6 +58,7 @@ pub struct ConsumerMetrics {
     handler_seconds: Latencies,
     held: Gauges64,
     held_waiting: Gauges64,
+    held_dead: Gauges64,
     held_oldest_seconds: Seconds,
     in_hand: Gauges64,
 }
@@ -76,6 +78,7 @@ impl Default for ConsumerMetrics {
             inbox_purged: Counters::default(),
             held: Gauges64::default(),
             held_waiting: Gauges64::default(),
+            held_dead: Gauges64::default(),
             held_oldest_seconds: Seconds::default(),
             in_hand: Gauges64::default(),
             handler_seconds: Latencies::new_with_constructor(|| {
@@ -175,6 +178,11 @@ impl ConsumerMetrics {
             self.held_waiting.clone(),
         );
         r.register(
+            "outbox_consumer_held_dead",
+            "Held events given up, waiting for their dead letter to be stored",
+            self.held_dead.clone(),
+        );
+        r.register(
             "outbox_consumer_held_oldest_seconds",
             "Age of the oldest held event, by the database's clock; 0 when none is held",
             self.held_oldest_seconds.clone(),
@@ -224,6 +232,7 @@ impl ConsumerMetrics {
             handler_seconds: self.handler_seconds.get_or_create(&label).clone(),
             held: self.held.get_or_create(&label).clone(),
             held_waiting: self.held_waiting.get_or_create(&label).clone(),
+            held_dead: self.held_dead.get_or_create(&label).clone(),
             held_oldest_seconds: self.held_oldest_seconds.get_or_create(&label).clone(),
             in_hand: self.in_hand.get_or_create(&label).clone(),
         }
@@ -255,6 +264,11 @@ impl ConsumerMetrics {
         )
     }
 
+    /// `consumer`'s held events given up, their dead letter not stored yet.
+    pub fn held_dead(&self, consumer: &str) -> i64 {
+        self.held_dead.get_or_create(&label(consumer)).get()
+    }
+
     /// Messages in `consumer`'s runner's memory now.
     pub fn in_hand(&self, consumer: &str) -> i64 {
         self.in_hand.get_or_create(&label(consumer)).get()
@@ -277,6 +291,7 @@ pub(crate) struct Counts {
     handler_seconds: Histogram,
     held: Gauge,
     held_waiting: Gauge,
+    held_dead: Gauge,
     held_oldest_seconds: Gauge<f64, AtomicU64>,
     in_hand: Gauge,
 }
@@ -305,6 +320,7 @@ impl Counts {
     pub(crate) fn set_held(&self, gauges: &Gauges) {
         self.held.set(gauges.held);
         self.held_waiting.set(gauges.waiting);
+        self.held_dead.set(gauges.dead);
         self.held_oldest_seconds.set(gauges.oldest_seconds);
     }
 

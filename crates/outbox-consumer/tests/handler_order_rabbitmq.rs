@@ -1,6 +1,6 @@
 //! Once and in order at the handler, through the RabbitMQ runner (real RabbitMQ and
-//! PostgreSQL): a gap wider than the prefetch window, the CloudEvents envelope's lanes, and a
-//! quorum queue's delivery limit.
+//! PostgreSQL): a gap wider than the prefetch window, the CloudEvents envelope's lanes, a
+//! quorum queue's delivery limit, and the dead-letter queue's type.
 
 mod common;
 
@@ -13,7 +13,7 @@ use lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties,
 };
 use outbox_consumer::{
-    rabbitmq::{RabbitMqConsumer, RabbitMqSource},
+    rabbitmq::{QueueType, RabbitMqConsumer, RabbitMqSource},
     ConsumerConfig, Count, Processor, VersionGate,
 };
 use outbox_testkit::{unique, wait_until, TestDb, RABBITMQ_URL};
@@ -237,5 +237,90 @@ async fn a_quorum_queues_delivery_limit_drops_no_waiting_event() {
     stop.cancel();
     task.await.unwrap().unwrap();
     assert_eq!(Ledger::applied(&db).await["x"], vec![1, 2]);
+    fx.cleanup().await;
+}
+
+/// Messages ready in `queue`.
+async fn ready_in(channel: &Channel, queue: &str) -> u32 {
+    channel
+        .queue_declare(
+            queue,
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_or(0, |q| q.message_count())
+}
+
+/// The dead-letter queue is declared with the type asked for, not the virtual host's default: a
+/// quorum one takes the dead letter (and refuses to be declared classic), and a runner asking
+/// for another type than the queue has is told so by name instead of using it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_queue_has_the_type_asked_for() {
+    let db = TestDb::new(2).await;
+    let fx = Fixture::new().await;
+    let handler = Arc::new(Sequencer::install(&db).await);
+    let source = |kind| RabbitMqSource {
+        dead_letter_queue_type: kind,
+        ..RabbitMqSource::new(RABBITMQ_URL, &fx.queue)
+    };
+    let processor = Processor::new(db.pool.clone(), &db.tables, "typed", handler.clone());
+    let consumer =
+        RabbitMqConsumer::connect(source(QueueType::Quorum), fx.config("typed", 3), processor)
+            .await
+            .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    // No event id: it cannot be decoded, and is dead-lettered at once.
+    fx.publish(vec![("event-type".into(), "Broken".into())], "{}")
+        .await;
+    let dead = format!("{}.dead", fx.queue);
+    wait_until("the dead letter stored", WAIT, || async {
+        ready_in(&fx.channel, &dead).await == 1
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+
+    let mut classic = FieldTable::default();
+    classic.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("classic")),
+    );
+    let other = fx._conn.create_channel().await.unwrap();
+    let redeclared = other
+        .queue_declare(
+            &dead,
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            classic,
+        )
+        .await;
+    assert!(
+        redeclared.is_err(),
+        "the dead-letter queue is a quorum queue"
+    );
+
+    let processor = Processor::new(db.pool.clone(), &db.tables, "typed", handler);
+    let refused =
+        RabbitMqConsumer::connect(source(QueueType::Classic), fx.config("typed", 3), processor)
+            .await
+            .err()
+            .expect("a classic dead-letter queue is refused where a quorum one is");
+    assert!(
+        refused.to_string().contains(&dead)
+            && refused.to_string().contains("dead_letter_queue_type"),
+        "{refused}"
+    );
+    assert_eq!(
+        ready_in(&fx.channel, &dead).await,
+        1,
+        "the dead letter kept"
+    );
     fx.cleanup().await;
 }

@@ -196,16 +196,19 @@ pub async fn run(args: Args) -> CommandResult {
                     (Some(kind), Some(id)) => format!("{kind} {id:?} v{}", opt(h.version)),
                     _ => "(no aggregate)".into(),
                 };
+                let next = if h.dead {
+                    "given up, dead letter not stored yet".into()
+                } else {
+                    format!(
+                        "next {}",
+                        h.next_attempt_at
+                            .map_or("when its turn comes".into(), |t| t.to_rfc3339())
+                    )
+                };
                 writeln!(
                     out,
-                    "{} {} {aggregate}: held {:.0}s, {} attempt(s), next {}: {}",
-                    h.event_id,
-                    h.event_type,
-                    h.held_seconds,
-                    h.attempts,
-                    h.next_attempt_at
-                        .map_or("when its turn comes".into(), |t| t.to_rfc3339()),
-                    h.reason
+                    "{} {} {aggregate}: held {:.0}s, {} attempt(s), {next}: {}",
+                    h.event_id, h.event_type, h.held_seconds, h.attempts, h.reason
                 )?;
             }
             print(&out);

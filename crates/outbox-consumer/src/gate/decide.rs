@@ -19,7 +19,7 @@ impl Start {
     /// The version the gate waits for next, if it knows one.
     pub(crate) fn expected(&self, state: &State) -> Option<i64> {
         match (state.version, state.first_version, self) {
-            (Some(last), _, _) => Some(last + 1),
+            (Some(last), _, _) => Some(last.saturating_add(1)),
             (None, Some(first), _) => Some(first),
             (None, None, Start::At(first)) => Some(*first),
             (None, None, Start::FirstSeen { .. }) => None,

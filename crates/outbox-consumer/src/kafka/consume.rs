@@ -183,10 +183,12 @@ impl Runs {
                 start.push((lane.clone(), next));
                 break;
             }
+            tracing::debug!(ticket = ?next.delivery.ticket, "kafka: stale record dropped");
             self.held -= 1;
         }
         while let Some((lane, message)) = self.waiting.pop_front() {
             if !lock(offsets).is_current(&message.delivery.ticket) {
+                tracing::debug!(ticket = ?message.delivery.ticket, "kafka: stale record dropped");
                 self.held -= 1;
                 continue;
             }

@@ -34,6 +34,7 @@ use std::{
 };
 
 use futures::StreamExt;
+use rdkafka::message::Message as _;
 use rdkafka::{
     admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
     client::DefaultClientContext,
@@ -72,6 +73,10 @@ pub struct KafkaSource {
     pub brokers: String,
     /// Topics to consume (the relay's destinations).
     pub topics: Vec<String>,
+    /// The consumer group; `None`: the consumer's name (one group per consumer, as one durable
+    /// consumer per consumer on NATS). Another group reads every record again, applying each
+    /// once through the inbox of the same consumer name.
+    pub group_id: Option<String>,
     /// Where dead letters go; `None`: `{consumer}.dead`. Created (1 partition, the broker's
     /// default replication) when missing.
     pub dead_letter_topic: Option<String>,
@@ -89,6 +94,7 @@ impl KafkaSource {
         Self {
             brokers: brokers.into(),
             topics: topics.iter().map(|t| t.to_string()).collect(),
+            group_id: None,
             dead_letter_topic: None,
             commit_interval: Duration::from_secs(1),
             properties: BTreeMap::new(),
@@ -162,7 +168,10 @@ impl KafkaConsumer {
         let offsets = Arc::new(Mutex::new(Offsets::default()));
         let consumer: StreamConsumer<Context> = source
             .client_config()
-            .set("group.id", &config.name)
+            .set(
+                "group.id",
+                source.group_id.as_deref().unwrap_or(&config.name),
+            )
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
@@ -211,7 +220,15 @@ impl KafkaConsumer {
         let stream = self.consumer.stream().map(|next| match next {
             Ok(message) => match KafkaDelivery::of(&message, &self.offsets) {
                 Some(delivery) => Receive::Record(delivery),
-                None => Receive::Skipped,
+                None => {
+                    tracing::debug!(
+                        topic = message.topic(),
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        "kafka: record of a partition not assigned here: skipped"
+                    );
+                    Receive::Skipped
+                }
             },
             Err(KafkaError::MessageConsumptionFatal(code)) => Receive::Fatal(code.to_string()),
             Err(e) => Receive::Transient(e.to_string()),

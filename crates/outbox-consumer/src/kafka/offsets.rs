@@ -67,6 +67,16 @@ impl Offsets {
     /// assigned.
     pub(crate) fn received(&mut self, partition: Partition, offset: i64) -> Option<Ticket> {
         let owned = self.owned.get_mut(&partition)?;
+        if owned.next.is_some_and(|next| offset != next) {
+            // Kafka skips the offsets of transaction markers and compacted records, and a
+            // client may see a batch again; anything else is the broker's doing.
+            tracing::debug!(
+                ?partition,
+                expected = owned.next,
+                offset,
+                "kafka: offsets not contiguous"
+            );
+        }
         owned.in_hand.insert(offset);
         owned.next = Some(owned.next.map_or(offset + 1, |next| next.max(offset + 1)));
         Some(Ticket {

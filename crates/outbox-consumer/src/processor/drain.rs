@@ -28,12 +28,17 @@ use crate::{
 /// sweep stores it.
 const BURY_GRACE: Duration = Duration::from_secs(30);
 
+/// How long a held event is put off after its try met an outage.
+const OUTAGE_DELAY: Duration = Duration::from_secs(1);
+
 /// Due aggregates taken per sweep; a full batch is followed at once by the next.
 const DUE_BATCH: i64 = 64;
 
 /// Tries started and never ended (the process stopped or crashed during each) after which a
-/// held event is dead-lettered.
-pub(crate) const UNFINISHED_TRIES: i32 = 5;
+/// held event is dead-lettered. A try that meets an outage is not counted, unless the database
+/// itself is the one down (its count cannot be taken back then): a few database outages in
+/// the middle of one event's tries are not enough to dead-letter it.
+pub(crate) const UNFINISHED_TRIES: i32 = 10;
 
 /// Where a consumer's dead letters go: its broker's dead-letter destination (each runner has
 /// one), or what a program that applies messages itself chooses.
@@ -65,6 +70,8 @@ enum Choice {
     Try(Held),
     /// Dead-letter this event: it failed for good.
     Dead(Held, String),
+    /// Dead-letter this event: below its aggregate's start (its start stays).
+    BelowStart(Held, String),
     /// One event cleared (a stale version): look again.
     Again,
 }
@@ -82,25 +89,36 @@ impl Processor {
     ) -> Result<bool, HandlerError> {
         use futures::StreamExt;
         let retry = Retry { config, dead };
-        let due = self.store().due(&self.pool, DUE_BATCH).await?;
-        let full = due.len() as i64 == DUE_BATCH;
+        let (due, full) = self.due_now().await?;
         futures::stream::iter(due)
             .for_each_concurrent(config.concurrency, |due| {
                 let retry = &retry;
-                async move {
-                    let result = match &due {
-                        Due::Aggregate(aggregate) => self.drain(aggregate, retry).await,
-                        Due::Lone(id) => self.drain_lone(*id, retry).await,
-                        Due::Dead(id) => self.send_dead(*id, retry).await,
-                    };
-                    if let Err(error) = result {
-                        tracing::warn!(%error, consumer = self.name(), ?due,
-                            "held events not applied yet; tried again at the next sweep");
-                    }
-                }
+                async move { self.apply_one(&due, retry).await }
             })
             .await;
         Ok(full)
+    }
+
+    /// What is due now, up to one batch, the longest due first; and whether the batch is full
+    /// (more may be due).
+    pub(crate) async fn due_now(&self) -> Result<(Vec<Due>, bool), HandlerError> {
+        let due = self.store().due(&self.pool, DUE_BATCH).await?;
+        let full = due.len() as i64 == DUE_BATCH;
+        Ok((due, full))
+    }
+
+    /// Applies one due thing: an aggregate's due events, an event without an aggregate, or a
+    /// given-up event's dead letter. A failure is logged: it stays due for a later sweep.
+    pub(crate) async fn apply_one(&self, due: &Due, retry: &Retry<'_>) {
+        let result = match due {
+            Due::Aggregate(aggregate) => self.drain(aggregate, retry).await,
+            Due::Lone(id) => self.drain_lone(*id, retry).await,
+            Due::Dead(id) => self.send_dead(*id, retry).await,
+        };
+        if let Err(error) = result {
+            tracing::warn!(%error, consumer = self.name(), ?due,
+                "held events not applied yet; tried again at the next sweep");
+        }
     }
 
     /// Applies `aggregate`'s held events whose turn has come, in order, until one must wait
@@ -118,7 +136,12 @@ impl Processor {
                 Choice::Again => true,
                 Choice::Dead(held, reason) => {
                     let attempts = held.attempts as u32;
-                    self.bury(Some(aggregate), &held, &reason, attempts, retry)
+                    self.bury(Some(aggregate), &held, &reason, attempts, true, retry)
+                        .await?
+                }
+                Choice::BelowStart(held, reason) => {
+                    let attempts = held.attempts as u32;
+                    self.bury(Some(aggregate), &held, &reason, attempts, false, retry)
                         .await?
                 }
                 Choice::Try(held) => self.try_held(Some(aggregate), held, retry).await?,
@@ -134,9 +157,9 @@ impl Processor {
     pub(crate) async fn drain_lone(&self, id: i64, retry: &Retry<'_>) -> Result<(), HandlerError> {
         match self.chosen(None, Some(id), retry.config).await? {
             Choice::Nothing | Choice::Again => Ok(()),
-            Choice::Dead(held, reason) => {
+            Choice::Dead(held, reason) | Choice::BelowStart(held, reason) => {
                 let attempts = held.attempts as u32;
-                self.bury(None, &held, &reason, attempts, retry)
+                self.bury(None, &held, &reason, attempts, false, retry)
                     .await
                     .map(drop)
             }
@@ -189,7 +212,7 @@ impl Processor {
                 self.counts.add(Count::Duplicates);
                 Choice::Again
             }
-            Ok(Some((held, Decision::BelowStart(why)))) => Choice::Dead(held, why),
+            Ok(Some((held, Decision::BelowStart(why)))) => Choice::BelowStart(held, why),
             Ok(Some((_, Decision::Hold { .. } | Decision::Wait(_)))) | Ok(None) => Choice::Nothing,
             Err(e) => {
                 let _ = tx.rollback().await;
@@ -232,8 +255,11 @@ impl Processor {
             return Ok(None);
         };
         let decision = decide::held(start, &state, held.version, held.settled);
-        if let (Decision::Wait(reason), Some(_)) = (&decision, expected) {
-            store.wait(tx, aggregate, reason).await?;
+        if let Decision::Wait(reason) = &decision {
+            match expected {
+                Some(_) => store.wait(tx, aggregate, reason).await?,
+                None => store.settle(tx, aggregate, self.settle()).await?,
+            }
         }
         Ok(Some((held, decision)))
     }
@@ -265,8 +291,10 @@ impl Processor {
         let mut tx = self.pool.begin().await?;
         let result = async {
             match self.choose(&mut tx, aggregate, Some(held.id)).await? {
-                Some((now, Decision::Apply)) if now.id == held.id => {}
-                // Another runner took it, or the aggregate moved on: choose again.
+                Some((now, Decision::Apply))
+                    if now.id == held.id && !(now.later && now.attempts > 0) => {}
+                // Another runner took it (or failed it, and it waits for its backoff), or the
+                // aggregate moved on: choose again.
                 _ => return Ok(None),
             }
             let event = held
@@ -295,13 +323,18 @@ impl Processor {
         .await;
         self.counts.observe_handler(started.elapsed().as_secs_f64());
         match result {
-            Ok(Some(())) => {
-                tx.commit().await?;
-                self.counts.add(Count::Handled);
-                Ok(true)
-            }
+            Ok(Some(())) => match tx.commit().await {
+                Ok(()) => {
+                    self.counts.add(Count::Handled);
+                    Ok(true)
+                }
+                // A deferred constraint, a serialisation failure or a lost connection at
+                // COMMIT: the try failed like any other (an outage is not counted).
+                Err(e) => self.failed_held(aggregate, &held, e.into(), retry).await,
+            },
             Ok(None) => {
                 tx.rollback().await?;
+                self.store().untry(&self.pool, held.id, None).await?;
                 Ok(true)
             }
             Err(e) => {
@@ -322,12 +355,27 @@ impl Processor {
     ) -> Result<bool, HandlerError> {
         self.count_result(Err(&error));
         if error.is_infrastructure() {
+            // Not the event's failure, nor a crash: the try does not count, and the event is
+            // put off while the outage lasts (when the database is the one down, this fails
+            // too, and the try stays counted: a rare miscount, see UNFINISHED_TRIES).
+            let _ = self
+                .store()
+                .untry(&self.pool, held.id, Some(OUTAGE_DELAY))
+                .await;
             return Err(error);
         }
         if error.is_permanent() {
             let attempts = held.attempts as u32 + 1;
+            let keep_start = !error.is_below_start();
             return self
-                .bury(aggregate, held, error.message(), attempts, retry)
+                .bury(
+                    aggregate,
+                    held,
+                    error.message(),
+                    attempts,
+                    keep_start,
+                    retry,
+                )
                 .await;
         }
         let attempts = held.attempts as u32 + 1;
@@ -345,7 +393,7 @@ impl Processor {
             .await?;
         if attempts >= retry.config.max_attempts {
             return self
-                .bury(aggregate, held, error.message(), attempts, retry)
+                .bury(aggregate, held, error.message(), attempts, true, retry)
                 .await;
         }
         Ok(false)
@@ -356,22 +404,26 @@ impl Processor {
     /// replay of its dead letter that comes back at once is applied, never taken for a
     /// duplicate; then the dead letter is stored and the row deleted. When the dead letter
     /// cannot be stored (or the runner stops first), the row stays, dead, and a sweep stores
-    /// it later. Returns whether the drain goes on: an aggregate the gate orders waits for the
-    /// replay; one it does not goes on with its next event.
+    /// it later. With `keep_start` (the event's own failure, not its place below its
+    /// aggregate's start), an aggregate the gate has not started starts no later than it.
+    /// Returns whether the drain goes on: an aggregate the gate orders waits for the replay;
+    /// one it does not goes on with its next event.
     async fn bury(
         &self,
         aggregate: Option<&Aggregate>,
         held: &Held,
         reason: &str,
         attempts: u32,
+        keep_start: bool,
         retry: &Retry<'_>,
     ) -> Result<bool, HandlerError> {
         let attempts = attempts.max(1);
         let mut tx = self.pool.begin().await?;
         let marked = async {
+            let start = held.version.filter(|_| keep_start && self.gate.is_some());
             let marked = self
                 .store()
-                .bury(&mut tx, held.id, aggregate, reason, BURY_GRACE)
+                .bury(&mut tx, held.id, aggregate, start, reason, BURY_GRACE)
                 .await?;
             // The next one due now, so that it is found even if this runner stops here.
             if let (true, Some(aggregate)) = (marked, aggregate) {
@@ -424,10 +476,10 @@ impl Processor {
             Err(e) => {
                 tracing::warn!(consumer = self.name(), error = %e,
                     "dead letter not stored; a sweep stores it later");
-                let why = format!("{reason} (storing its dead letter failed: {e})");
+                let error = format!("storing its dead letter failed: {e}");
                 let _ = self
                     .store()
-                    .later(&self.pool, held.id, retry.config.backoff(attempts), &why)
+                    .later(&self.pool, held.id, retry.config.backoff(attempts), &error)
                     .await;
             }
         }

@@ -311,7 +311,7 @@ impl Processor {
                     }))
                 }
                 decide::Decision::Stale => Ok(None),
-                decide::Decision::BelowStart(why) => Err(HandlerError::permanent(why)),
+                decide::Decision::BelowStart(why) => Err(HandlerError::below_start(why)),
                 decide::Decision::Wait(why) => {
                     unreachable!("a delivery is never told to wait: {why}")
                 }
@@ -386,6 +386,20 @@ impl Processor {
             }
         })
         .await
+    }
+
+    /// A delivery of `event` is given up before anything held it: when the gate orders its
+    /// aggregate and has not started it, the aggregate starts no later than its version.
+    pub(crate) async fn keep_start(&self, event: &Envelope) -> Result<(), HandlerError> {
+        let (Some(_), Some(aggregate), Some(version)) =
+            (&self.gate, Aggregate::of(event), event.aggregate_version)
+        else {
+            return Ok(());
+        };
+        let mut conn = self.pool.acquire().await?;
+        self.store()
+            .keep_start(&mut conn, &aggregate, version)
+            .await
     }
 
     /// `event` upcast to its current version, if it is not (a no-op for events upcast on

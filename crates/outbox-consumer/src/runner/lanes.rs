@@ -100,15 +100,17 @@ pub(crate) enum Lane {
 }
 
 impl Lane {
-    /// The lane of a decoded event: its aggregate (a CloudEvent from another producer may
-    /// carry a `subject` without an aggregate type: the subject alone then), else its own.
+    /// The lane of a decoded event: its aggregate (the processor's rule: an id, and a type
+    /// when it gives one), else a lane of its own.
     pub(crate) fn of<D>(message: &Received<D>, alone: &mut u64) -> Self {
-        match &message.decoded {
-            Ok(event) => match (&event.aggregate_type, &event.aggregate_id) {
-                (kind, Some(id)) => Self::Aggregate(kind.clone().unwrap_or_default(), id.clone()),
-                _ => Self::alone(alone),
-            },
-            Err(_) => Self::alone(alone),
+        match message
+            .decoded
+            .as_ref()
+            .ok()
+            .and_then(crate::store::Aggregate::of)
+        {
+            Some(aggregate) => Self::Aggregate(aggregate.kind, aggregate.id),
+            None => Self::alone(alone),
         }
     }
 

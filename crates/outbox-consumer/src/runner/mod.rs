@@ -177,9 +177,13 @@ impl<S: DeadLetters> Worker<S> {
                 }
             }
             Err(e) if e.is_infrastructure() => delivery.release().await,
-            Err(e) if e.is_permanent() => {
+            // Below its aggregate's start: its place, not its failure, so the start stays.
+            Err(e) if e.is_below_start() => {
                 self.dead_letter_and_ack(delivery, e.message(), 1, shutdown)
                     .await
+            }
+            Err(e) if e.is_permanent() => {
+                self.give_up(delivery, &event, e.message(), shutdown).await
             }
             Err(e) => self.hold_failed(delivery, &event, e, shutdown).await,
         }
@@ -228,7 +232,7 @@ impl<S: DeadLetters> Worker<S> {
         shutdown: &CancellationToken,
     ) {
         if self.config.max_attempts <= 1 {
-            self.dead_letter_and_ack(delivery, error.message(), 1, shutdown)
+            self.give_up(delivery, event, error.message(), shutdown)
                 .await;
             return;
         }
@@ -257,8 +261,7 @@ impl<S: DeadLetters> Worker<S> {
             Err(e) if e.is_infrastructure() => delivery.release().await,
             Err(e) => {
                 let reason = format!("{}; holding it failed: {e}", error.message());
-                self.dead_letter_and_ack(delivery, &reason, 1, shutdown)
-                    .await;
+                self.give_up(delivery, event, &reason, shutdown).await;
             }
         }
     }
@@ -298,6 +301,33 @@ impl<S: DeadLetters> Worker<S> {
         if let Err(error) = self.processor.drain(aggregate, &self.retry()).await {
             tracing::warn!(%error, consumer = self.processor.name(), aggregate_type = %aggregate.kind,
                 aggregate_id = %aggregate.id, "held events not applied yet; the sweeper retries");
+        }
+    }
+
+    /// Gives up a decoded delivery after its first attempt: its aggregate, if the gate orders
+    /// it and has not started it, starts no later than its version (so that it waits for the
+    /// replay instead of starting past it, as for a held event given up), then the message is
+    /// dead-lettered and acknowledged. Released when the start cannot be recorded before the
+    /// runner stops.
+    async fn give_up<D: Delivery>(
+        &self,
+        delivery: D,
+        event: &Envelope,
+        reason: &str,
+        shutdown: &CancellationToken,
+    ) {
+        let kept = self
+            .outage("keep start", &delivery, event, shutdown, || {
+                self.processor.keep_start(event)
+            })
+            .await;
+        match kept {
+            Err(e) if e.is_infrastructure() => delivery.release().await,
+            // Recorded, or not the gate's to record: dead-letter it either way.
+            _ => {
+                self.dead_letter_and_ack(delivery, reason, 1, shutdown)
+                    .await
+            }
         }
     }
 

@@ -6,29 +6,54 @@
 //! Every runner of a consumer sweeps; the aggregate's state row lock (and the held row's, for
 //! events without an aggregate) makes each held event applied once, in order.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
+use futures::{stream::FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::Worker;
-use crate::DeadLetters;
+use crate::{store::Due, DeadLetters};
 
 /// Inbox rows deleted per statement.
 const PURGE_BATCH: i64 = 1000;
 
 impl<S: DeadLetters> Worker<S> {
-    /// Sweeps every `config.sweep_interval` until `shutdown`.
+    /// Sweeps every `config.sweep_interval` until `shutdown`, then lets the drains it started
+    /// finish. A sweep reads the gauges, then starts the due aggregates that are not draining
+    /// already (at most `config.concurrency` at once) without waiting for them: an aggregate
+    /// whose handler is slow holds its own drain, never another aggregate's nor the gauges.
     pub(crate) async fn sweep(&self, shutdown: &CancellationToken) {
+        let retry = self.retry();
         let mut last_purge: Option<Instant> = None;
+        let mut draining: HashSet<Due> = HashSet::new();
+        let mut running = FuturesUnordered::new();
         loop {
-            let full = match self.sweep_once().await {
-                Ok(full) => full,
+            self.update_gauges().await;
+            let mut full = false;
+            match self.processor.due_now().await {
+                Ok((due, more)) => {
+                    full = more;
+                    for due in due {
+                        if draining.len() >= self.config.concurrency {
+                            break;
+                        }
+                        if draining.insert(due.clone()) {
+                            let retry = &retry;
+                            running.push(async move {
+                                self.processor.apply_one(&due, retry).await;
+                                due
+                            });
+                        }
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(%error, consumer = self.processor.name(),
                         "sweeping held events failed; trying again");
-                    false
                 }
-            };
+            }
             if let Some(retention) = self.config.inbox_retention {
                 let due = last_purge.is_none_or(|at| at.elapsed() >= self.config.purge_interval);
                 if due {
@@ -36,23 +61,37 @@ impl<S: DeadLetters> Worker<S> {
                     self.purge_inbox(retention).await;
                 }
             }
-            if full {
-                continue;
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(self.config.sweep_interval) => {}
+            // The next sweep: after the interval, or (a full batch: more is due) as soon as
+            // a drain finishes.
+            let next = tokio::time::sleep(self.config.sweep_interval);
+            tokio::pin!(next);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => {
+                        while let Some(due) = running.next().await {
+                            draining.remove(&due);
+                        }
+                        return;
+                    }
+                    Some(due) = running.next(), if !running.is_empty() => {
+                        draining.remove(&due);
+                        if full {
+                            break;
+                        }
+                    }
+                    () = &mut next => break,
+                }
             }
         }
     }
 
-    /// Applies what is due now (up to one batch) and updates the gauges. Returns whether the
-    /// batch was full (more may be due).
-    pub(crate) async fn sweep_once(&self) -> Result<bool, crate::HandlerError> {
-        let full = self.processor.apply_due(&self.config, &self.dead).await?;
-        let gauges = self.processor.store().gauges(self.processor.pool()).await?;
-        self.processor.counts().set_held(&gauges);
-        Ok(full)
+    /// Reads the held gauges from the database.
+    async fn update_gauges(&self) {
+        match self.processor.store().gauges(self.processor.pool()).await {
+            Ok(gauges) => self.processor.counts().set_held(&gauges),
+            Err(error) => tracing::warn!(%error, consumer = self.processor.name(),
+                "reading the held gauges failed; read again at the next sweep"),
+        }
     }
 
     async fn purge_inbox(&self, retention: Duration) {

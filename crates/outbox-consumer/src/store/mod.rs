@@ -28,12 +28,16 @@ pub(crate) struct Statements {
     pick_fifo: String,
     pick_lone: String,
     start_try: String,
+    untry: String,
     applied: String,
     bury: String,
     buried: String,
     pick_dead: String,
     dropped: String,
     uncount: String,
+    forget: String,
+    keep_start: String,
+    settle: String,
     mark_due: String,
     failed: String,
     later: String,
@@ -59,12 +63,16 @@ impl Statements {
             pick_fifo: r(include_str!("sql/pick_fifo.sql")),
             pick_lone: r(include_str!("sql/pick_lone.sql")),
             start_try: r(include_str!("sql/start_try.sql")),
+            untry: r(include_str!("sql/untry.sql")),
             applied: r(include_str!("sql/applied.sql")),
             bury: r(include_str!("sql/bury.sql")),
             buried: r(include_str!("sql/buried.sql")),
             pick_dead: r(include_str!("sql/pick_dead.sql")),
             dropped: r(include_str!("sql/dropped.sql")),
             uncount: r(include_str!("sql/uncount.sql")),
+            forget: r(include_str!("sql/forget.sql")),
+            keep_start: r(include_str!("sql/keep_start.sql")),
+            settle: r(include_str!("sql/settle.sql")),
             mark_due: r(include_str!("sql/mark_due.sql")),
             failed: r(include_str!("sql/failed.sql")),
             later: r(include_str!("sql/later.sql")),
@@ -84,15 +92,15 @@ pub(crate) struct Aggregate {
 }
 
 impl Aggregate {
-    /// The event's aggregate, when it names one.
+    /// The event's aggregate, when it names one: its id, and its type (empty when it gives
+    /// none: a CloudEvent from another producer with a `subject` and no `aggregatetype`). The
+    /// runners' lanes follow the same rule.
     pub(crate) fn of(event: &Envelope) -> Option<Self> {
-        match (&event.aggregate_type, &event.aggregate_id) {
-            (Some(kind), Some(id)) => Some(Self {
-                kind: kind.clone(),
-                id: id.clone(),
-            }),
-            _ => None,
-        }
+        let id = event.aggregate_id.as_ref()?;
+        Some(Self {
+            kind: event.aggregate_type.clone().unwrap_or_default(),
+            id: id.clone(),
+        })
     }
 }
 
@@ -140,8 +148,9 @@ pub(crate) struct Held {
 
 impl Held {
     fn of(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
-        let headers: sqlx::types::Json<std::collections::BTreeMap<String, String>> =
-            row.try_get("headers")?;
+        let headers: Vec<u8> = row.try_get("headers")?;
+        let headers =
+            serde_json::from_slice(&headers).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         let payload: Vec<u8> = row.try_get("payload")?;
         let key: Option<Vec<u8>> = row.try_get("record_key")?;
         Ok(Self {
@@ -150,7 +159,7 @@ impl Held {
             message: Message {
                 destination: row.try_get("destination")?,
                 key: key.map(Bytes::from),
-                headers: headers.0,
+                headers,
                 payload: Bytes::from(payload),
             },
             later: row.try_get::<Option<bool>, _>("later")?.unwrap_or(false),
@@ -193,7 +202,7 @@ pub(crate) struct Gauges {
 
 /// Something held and due: an aggregate, an event without one, or a given-up event whose dead
 /// letter is still to be stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Due {
     Aggregate(Aggregate),
     Lone(i64),
@@ -216,7 +225,8 @@ impl Store<'_> {
         event: &Envelope,
     ) -> Result<(bool, State), HandlerError> {
         outbox::check_inbox_message(&event.message_id, Some(&event.event_type))?;
-        let lock = Aggregate::of(event).is_some();
+        let aggregate = Aggregate::of(event);
+        let lock = aggregate.is_some();
         let sql = if lock {
             &self.sql.admit_locked
         } else {
@@ -226,10 +236,8 @@ impl Store<'_> {
             .bind(self.consumer)
             .bind(&event.message_id)
             .bind(&event.event_type);
-        if lock {
-            query = query
-                .bind(event.aggregate_type.as_deref())
-                .bind(event.aggregate_id.as_deref());
+        if let Some(aggregate) = &aggregate {
+            query = query.bind(&aggregate.kind).bind(&aggregate.id);
         }
         let row = query.fetch_one(&mut *conn).await?;
         let new: bool = row.try_get("new")?;
@@ -295,16 +303,18 @@ impl Store<'_> {
         known: bool,
         hold: Hold<'_>,
     ) -> Result<bool, HandlerError> {
+        let aggregate = Aggregate::of(event);
         let inserted: Option<i64> = sqlx::query_scalar(&self.sql.hold)
             .bind(self.consumer)
             .bind(&event.message_id)
             .bind(event.event_id)
             .bind(&event.event_type)
-            .bind(event.aggregate_type.as_deref())
-            .bind(event.aggregate_id.as_deref())
+            .bind(aggregate.as_ref().map(|a| a.kind.as_str()))
+            .bind(aggregate.as_ref().map(|a| a.id.as_str()))
             .bind(event.aggregate_version)
             .bind(&message.destination)
-            .bind(sqlx::types::Json(&message.headers))
+            // JSON in bytes: a header may hold a NUL, which jsonb and text refuse.
+            .bind(serde_json::to_vec(&message.headers).expect("a map of strings serialises"))
             .bind(message.payload.as_ref())
             .bind(message.key.as_deref())
             .bind(hold.due_in.map(|d| d.as_secs_f64()))
@@ -313,7 +323,7 @@ impl Store<'_> {
             .bind(hold.reason)
             .fetch_optional(&mut *conn)
             .await?;
-        let (Some(_), Some(aggregate)) = (inserted, Aggregate::of(event)) else {
+        let (Some(_), Some(aggregate)) = (inserted, aggregate) else {
             return Ok(true);
         };
         let sql = if known {
@@ -385,6 +395,22 @@ impl Store<'_> {
         Ok(())
     }
 
+    /// A try of held event `id` counted as started did not happen, or met an outage (then it
+    /// is put off `outage`).
+    pub(crate) async fn untry(
+        &self,
+        pool: &sqlx::PgPool,
+        id: i64,
+        outage: Option<Duration>,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.untry)
+            .bind(id)
+            .bind(outage.map(|d| d.as_secs_f64()))
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
     /// Held event `id` leaves (see [`Leaving`]); one event of `aggregate` less held.
     pub(crate) async fn leave(
         &self,
@@ -404,7 +430,19 @@ impl Store<'_> {
         // Counted down only for a row this call deleted: two runners letting one event go
         // (a dead letter stored twice) count it once.
         if let (1, Some(aggregate)) = (deleted, aggregate) {
-            sqlx::query(&self.sql.uncount)
+            self.uncount(conn, aggregate).await?;
+        }
+        Ok(())
+    }
+
+    /// One event of `aggregate` less held; its state row goes when it tracks nothing else.
+    async fn uncount(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &Aggregate,
+    ) -> Result<(), HandlerError> {
+        for sql in [&self.sql.uncount, &self.sql.forget] {
+            sqlx::query(sql)
                 .bind(self.consumer)
                 .bind(&aggregate.kind)
                 .bind(&aggregate.id)
@@ -415,12 +453,14 @@ impl Store<'_> {
     }
 
     /// Gives held event `id` up, to be dead-lettered for `reason` (see `bury.sql`): one event of
-    /// `aggregate` less held. `Ok(false)`: another runner gave it up first.
+    /// `aggregate` less held; an aggregate the gate orders and has not started (`start`, the
+    /// event's version) starts no later than it. `Ok(false)`: another runner gave it up first.
     pub(crate) async fn bury(
         &self,
         conn: &mut PgConnection,
         id: i64,
         aggregate: Option<&Aggregate>,
+        start: Option<i64>,
         reason: &str,
         grace: Duration,
     ) -> Result<bool, HandlerError> {
@@ -431,14 +471,30 @@ impl Store<'_> {
             .fetch_one(&mut *conn)
             .await?;
         if let (1, Some(aggregate)) = (marked, aggregate) {
-            sqlx::query(&self.sql.uncount)
-                .bind(self.consumer)
-                .bind(&aggregate.kind)
-                .bind(&aggregate.id)
-                .execute(&mut *conn)
-                .await?;
+            if let Some(version) = start {
+                self.keep_start(&mut *conn, aggregate, version).await?;
+            }
+            self.uncount(conn, aggregate).await?;
         }
         Ok(marked == 1)
+    }
+
+    /// A given-up event of `aggregate` at `version`: an aggregate the gate has not started
+    /// starts no later than it (see `keep_start.sql`).
+    pub(crate) async fn keep_start(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &Aggregate,
+        version: i64,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.keep_start)
+            .bind(self.consumer)
+            .bind(&aggregate.kind)
+            .bind(&aggregate.id)
+            .bind(version)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
 
     /// A given-up event's dead letter is stored: its row goes.
@@ -497,19 +553,37 @@ impl Store<'_> {
         Ok(attempts.unwrap_or(0).max(0) as u32)
     }
 
-    /// Held event `id` is tried again after `delay`, for `reason`.
+    /// Given-up event `id`'s dead letter is tried again after `delay`; `error` says what
+    /// failed.
     pub(crate) async fn later(
         &self,
         pool: &sqlx::PgPool,
         id: i64,
         delay: Duration,
-        reason: &str,
+        error: &str,
     ) -> Result<(), HandlerError> {
         sqlx::query(&self.sql.later)
             .bind(id)
             .bind(delay.as_secs_f64())
-            .bind(reason)
+            .bind(error)
             .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    /// A settling first-seen aggregate's due events wait until `settle` after its first hold.
+    pub(crate) async fn settle(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &Aggregate,
+        settle: Duration,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.settle)
+            .bind(self.consumer)
+            .bind(&aggregate.kind)
+            .bind(&aggregate.id)
+            .bind(settle.as_secs_f64())
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }

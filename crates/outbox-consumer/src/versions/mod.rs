@@ -61,6 +61,9 @@ pub struct HeldEvent {
     pub last_error: Option<String>,
     /// Why it is held.
     pub reason: String,
+    /// Given up: its dead letter is still to be stored (the runner keeps trying; not 0 for
+    /// long means the dead-letter destination is failing).
+    pub dead: bool,
 }
 
 /// Which aggregates a command looks at.
@@ -108,8 +111,11 @@ pub struct ConsumerVersions {
     list: String,
     held: String,
     lock: String,
+    lowest: String,
     starts: String,
+    ensure: String,
     set_version: String,
+    release: String,
     audit: String,
 }
 
@@ -134,8 +140,11 @@ impl ConsumerVersions {
             list: r(include_str!("sql/list.sql")),
             held: r(include_str!("sql/held.sql")),
             lock: r(include_str!("sql/lock.sql")),
+            lowest: r(include_str!("sql/lowest.sql")),
             starts: r(include_str!("sql/starts.sql")),
+            ensure: r(include_str!("sql/ensure.sql")),
             set_version: r(include_str!("sql/set_version.sql")),
+            release: r(include_str!("sql/release.sql")),
             audit: r(include_str!("sql/audit.sql")),
         }
     }
@@ -193,6 +202,7 @@ impl ConsumerVersions {
                     tries: row.try_get("tries")?,
                     last_error: row.try_get("last_error")?,
                     reason: row.try_get("reason")?,
+                    dead: row.try_get("dead")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
@@ -236,16 +246,18 @@ impl ConsumerVersions {
                             || row.try_get::<String, _>("aggregate_id").ok().as_ref()
                                 == filter.aggregate_id.as_ref()
                     })
+                    // Where each starts is read again under its lock (below).
                     .map(|row| {
                         Ok((
                             row.try_get("aggregate_type")?,
                             row.try_get("aggregate_id")?,
-                            row.try_get::<Option<i64>, _>("lowest_held")?.map(|v| v - 1),
+                            None,
                         ))
                     })
                     .collect::<Result<_, sqlx::Error>>()?
             }
         };
+        let from_held = matches!(seed, Seed::LowestHeld);
         self.change(
             targets,
             dry_run,
@@ -253,11 +265,13 @@ impl ConsumerVersions {
             actor,
             reason,
             |current, to| match current {
+                // Started meanwhile: nothing to seed.
+                Some(_) if from_held => Ok(false),
                 Some(done) if done >= to => Err(format!(
                     "its versions up to {done} are done already: a seed never moves an \
                      aggregate back"
                 )),
-                _ => Ok(()),
+                _ => Ok(true),
             },
         )
         .await
@@ -288,7 +302,7 @@ impl ConsumerVersions {
                     Some(done) if done >= to => Err(format!(
                         "its versions up to {done} are done already: nothing to skip up to {to}"
                     )),
-                    _ => Ok(()),
+                    _ => Ok(true),
                 },
             )
             .await?;
@@ -297,7 +311,8 @@ impl ConsumerVersions {
 
     /// Sets each target's version under its state row's lock, in one transaction, then
     /// audits. A target without a version (`None`) takes the one before its lowest held
-    /// event.
+    /// event, read under the lock. `allowed` says whether a target changes (`Ok(false)`:
+    /// left as it is) or refuses the whole change.
     async fn change(
         &self,
         targets: Vec<(String, String, Option<i64>)>,
@@ -305,11 +320,17 @@ impl ConsumerVersions {
         action: &str,
         actor: &str,
         reason: &str,
-        allowed: impl Fn(Option<i64>, i64) -> Result<(), String>,
+        allowed: impl Fn(Option<i64>, i64) -> Result<bool, String>,
     ) -> Result<Vec<Change>, Error> {
         let mut tx = self.pool.begin().await?;
         let mut changes = Vec::new();
         for (kind, id, to) in targets {
+            sqlx::query(&self.ensure)
+                .bind(&self.consumer)
+                .bind(&kind)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
             let row = sqlx::query(&self.lock)
                 .bind(&self.consumer)
                 .bind(&kind)
@@ -321,23 +342,50 @@ impl ConsumerVersions {
                 .map(|r| r.try_get("version"))
                 .transpose()?
                 .flatten();
-            let lowest: Option<i64> = row
-                .as_ref()
-                .map(|r| r.try_get("lowest_held"))
-                .transpose()?
-                .flatten();
+            let lowest: Option<i64> = sqlx::query_scalar(&self.lowest)
+                .bind(&self.consumer)
+                .bind(&kind)
+                .bind(&id)
+                .fetch_one(&mut *tx)
+                .await?;
+            if to.is_none() && lowest == Some(i64::MIN) {
+                return Err(Error::Refused(format!(
+                    "{kind} {id:?}: its lowest held version is {}: no version before it to \
+                     start from",
+                    i64::MIN
+                )));
+            }
             let Some(to) = to.or(lowest.map(|v| v - 1)) else {
+                if current.is_some() {
+                    // Started meanwhile, nothing held any more (a seed from what is held).
+                    continue;
+                }
                 return Err(Error::Refused(format!(
                     "{kind} {id:?}: nothing held to start from; name the version (--to / --version)"
                 )));
             };
-            allowed(current, to).map_err(|why| Error::Refused(format!("{kind} {id:?}: {why}")))?;
+            if to >= i64::MAX - 1 {
+                return Err(Error::Refused(format!(
+                    "{kind} {id:?}: version {to} leaves no version after it"
+                )));
+            }
+            let change = allowed(current, to)
+                .map_err(|why| Error::Refused(format!("{kind} {id:?}: {why}")))?;
+            if !change {
+                continue;
+            }
             if !dry_run {
                 sqlx::query(&self.set_version)
                     .bind(&self.consumer)
                     .bind(&kind)
                     .bind(&id)
                     .bind(to)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&self.release)
+                    .bind(&self.consumer)
+                    .bind(&kind)
+                    .bind(&id)
                     .execute(&mut *tx)
                     .await?;
             }

@@ -16,9 +16,10 @@ CREATE TABLE {schema}.consumer_held (
     aggregate_type  text,
     aggregate_id    text,
     version         bigint,
-    -- The message as received, to apply it later and to dead-letter it whole.
+    -- The message as received, to apply it later and to dead-letter it whole; its headers as
+    -- a JSON object in bytes (a header value may hold a NUL, which jsonb refuses).
     destination     text        NOT NULL,
-    headers         jsonb       NOT NULL,
+    headers         bytea       NOT NULL,
     payload         bytea       NOT NULL,
     record_key      bytea,
     held_at         timestamptz NOT NULL DEFAULT now(),
