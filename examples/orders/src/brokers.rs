@@ -1,5 +1,6 @@
-//! The broker side of the scenario: a stream (NATS) or an exchange with one queue per consumer
-//! (RabbitMQ), named after the scenario's schema, and the consumer runners.
+//! The broker side of the scenario: a stream (NATS), an exchange with one queue per consumer
+//! (RabbitMQ) or a topic per event type read by one consumer group per consumer (Kafka), named
+//! after the scenario's schema, and the consumer runners.
 
 use std::{sync::Arc, time::Duration};
 
@@ -43,6 +44,12 @@ pub(crate) struct Broker {
 }
 
 enum Kind {
+    #[cfg(feature = "kafka")]
+    Kafka {
+        brokers: String,
+        prefix: String,
+        topics: Vec<String>,
+    },
     Nats {
         url: String,
         stream: String,
@@ -73,6 +80,18 @@ impl Broker {
     ) -> Result<Self, BoxError> {
         let name = tables.schema().as_str();
         let consumers: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
+        #[cfg(feature = "kafka")]
+        if let Some(brokers) = url.strip_prefix("kafka://") {
+            let topics = kafka::create_topics(brokers, name).await?;
+            return Ok(Self {
+                kind: Kind::Kafka {
+                    brokers: brokers.to_owned(),
+                    prefix: name.to_owned(),
+                    topics,
+                },
+                consumers,
+            });
+        }
         let kind = if url.starts_with("nats://") {
             let js = jetstream::new(async_nats::connect(url).await?);
             let stream = name.to_uppercase();
@@ -123,7 +142,9 @@ impl Broker {
                 _connection: connection,
             }
         } else {
-            return Err(format!("broker URL must be nats:// or amqp://, got {url:?}").into());
+            return Err(
+                format!("broker URL must be nats://, amqp:// or kafka://, got {url:?}").into(),
+            );
         };
         Ok(Self { kind, consumers })
     }
@@ -131,6 +152,10 @@ impl Broker {
     /// The broker and what the run uses on it, in words.
     pub(crate) fn describe(&self) -> String {
         match &self.kind {
+            #[cfg(feature = "kafka")]
+            Kind::Kafka {
+                brokers, topics, ..
+            } => format!("Kafka {brokers} ({} topics)", topics.len()),
             Kind::Nats { url, stream, .. } => format!("NATS JetStream {url} (stream {stream})"),
             Kind::RabbitMq { url, exchange, .. } => {
                 format!("RabbitMQ {} (exchange {exchange})", redact_url(url))
@@ -141,6 +166,21 @@ impl Broker {
     /// A publisher for a new relay.
     pub(crate) async fn publisher(&self) -> Result<Arc<dyn Publisher>, BoxError> {
         Ok(match &self.kind {
+            #[cfg(feature = "kafka")]
+            Kind::Kafka { brokers, .. } => Arc::new(
+                outbox_relay::publishers::kafka::KafkaPublisher::connect(
+                    outbox_relay::publishers::kafka::KafkaConfig {
+                        brokers: brokers.clone(),
+                        // One record per batch. tansu 0.6 (the Kafka-protocol broker of the
+                        // tests) answers a fetch from inside a record batch with the next
+                        // batch, so a consumer restarting from a committed offset inside one
+                        // would never see the rest of it. Kafka returns the batch itself.
+                        properties: [("batch.num.messages".to_owned(), "1".to_owned())].into(),
+                        ..Default::default()
+                    },
+                )
+                .await?,
+            ),
             Kind::Nats { url, stream, .. } => Arc::new(
                 NatsPublisher::connect(NatsConfig {
                     url: url.clone(),
@@ -197,6 +237,30 @@ impl Broker {
     ) -> Result<JoinHandle<()>, BoxError> {
         let name = config.name.clone();
         Ok(match &self.kind {
+            #[cfg(feature = "kafka")]
+            Kind::Kafka {
+                brokers,
+                prefix,
+                topics,
+            } => {
+                let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+                let source = outbox_consumer::kafka::KafkaSource {
+                    // One group and one dead-letter topic per run and consumer: runs in
+                    // parallel share the broker.
+                    group_id: Some(format!("{prefix}.{name}")),
+                    dead_letter_topic: Some(format!("{prefix}.{name}.dead")),
+                    commit_interval: Duration::from_millis(200),
+                    ..outbox_consumer::kafka::KafkaSource::new(brokers, &topics)
+                };
+                let consumer =
+                    outbox_consumer::kafka::KafkaConsumer::connect(source, config, processor)
+                        .await?;
+                tokio::spawn(async move {
+                    if let Err(e) = consumer.run(stop).await {
+                        eprintln!("consumer {name} stopped: {e}");
+                    }
+                })
+            }
             Kind::Nats { url, stream, .. } => {
                 let source = NatsSource {
                     ack_wait,
@@ -226,6 +290,15 @@ impl Broker {
     /// Deletes what [`Broker::set_up`] and the consumers created.
     pub(crate) async fn clean_up(self) {
         match self.kind {
+            #[cfg(feature = "kafka")]
+            Kind::Kafka {
+                brokers,
+                prefix,
+                mut topics,
+            } => {
+                topics.extend(self.consumers.iter().map(|c| format!("{prefix}.{c}.dead")));
+                kafka::delete_topics(&brokers, &topics).await;
+            }
             Kind::Nats { stream, js, .. } => {
                 let _ = js.delete_stream(&stream).await;
                 for consumer in &self.consumers {
@@ -249,6 +322,73 @@ impl Broker {
                     .exchange_delete(&exchange, ExchangeDeleteOptions::default())
                     .await;
             }
+        }
+    }
+}
+
+/// The run's Kafka topics.
+#[cfg(feature = "kafka")]
+mod kafka {
+    use rdkafka::{
+        admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
+        client::DefaultClientContext,
+        ClientConfig,
+    };
+
+    use crate::BoxError;
+
+    /// Every event type the scenarios write (the relay never creates a topic: a missing one is
+    /// a permanent failure).
+    const EVENT_TYPES: [&str; 14] = [
+        "OrderCreated",
+        "ReserveInventory",
+        "InventoryReserved",
+        "InventoryRejected",
+        "ReleaseInventory",
+        "ProcessPayment",
+        "PaymentRequested",
+        "PaymentSucceeded",
+        "PaymentFailed",
+        "ShipOrder",
+        "OrderShipped",
+        "CompleteOrder",
+        "CancelOrder",
+        "OrderCancelled",
+    ];
+
+    fn admin(brokers: &str) -> Result<AdminClient<DefaultClientContext>, BoxError> {
+        Ok(ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()?)
+    }
+
+    /// Creates `{prefix}.order.{event type}` for each event type, two partitions each (the
+    /// relay's routing: `{schema}.{aggregate_type}.{event_type}`); returns their names.
+    pub(super) async fn create_topics(
+        brokers: &str,
+        prefix: &str,
+    ) -> Result<Vec<String>, BoxError> {
+        let topics: Vec<String> = EVENT_TYPES
+            .iter()
+            .map(|t| format!("{prefix}.order.{t}"))
+            .collect();
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| NewTopic::new(t, 2, TopicReplication::Fixed(1)))
+            .collect();
+        for result in admin(brokers)?
+            .create_topics(&new, &AdminOptions::new())
+            .await?
+        {
+            result.map_err(|(topic, code)| format!("create topic {topic}: {code}"))?;
+        }
+        Ok(topics)
+    }
+
+    pub(super) async fn delete_topics(brokers: &str, topics: &[String]) {
+        if let Ok(admin) = admin(brokers) {
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
         }
     }
 }

@@ -56,9 +56,10 @@ async fn fulfil_on(
     );
     if mode == Mode::Orchestrated {
         // Each back-order's first timeout step failed, and was retried to its cancellation.
-        assert_eq!(
-            report.timeout_step_failures as i64,
-            ending_in(7),
+        // More may have: an order slowed by the database restart past its inventory deadline
+        // times out too (its first timeout step fails, and its retry finds it moved on).
+        assert!(
+            report.timeout_step_failures as i64 >= ending_in(7),
             "{report}"
         );
     }
@@ -76,9 +77,22 @@ async fn choreographed_orders_survive_crashes_through_nats() {
     fulfil(NATS_URL, Mode::Choreographed, 12).await;
 }
 
+/// On a PostgreSQL of its own, restarted a third of the way through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn orchestrated_order_saga_survives_crashes_through_rabbitmq() {
-    fulfil(RABBITMQ_URL, Mode::Orchestrated, 13).await;
+async fn orchestrated_order_saga_survives_crashes_and_a_database_restart_through_rabbitmq() {
+    let report = fulfil_restarting(RABBITMQ_URL, 13).await;
+    assert_eq!(report.saga_mismatches, 0);
+}
+
+/// Through Kafka: every event type on a topic of its own, so one order's events span topics
+/// that Kafka does not order between; consumer groups of the run's own; on a PostgreSQL of
+/// its own, restarted a third of the way through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orchestrated_order_saga_survives_crashes_and_a_database_restart_through_kafka() {
+    let brokers =
+        std::env::var("OUTBOX_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let report = fulfil_restarting(&format!("kafka://{brokers}"), 15).await;
+    assert_eq!(report.saga_mismatches, 0);
 }
 
 /// The same run on a PostgreSQL of its own, restarted (crashed, then started again) a third of
@@ -86,6 +100,12 @@ async fn orchestrated_order_saga_survives_crashes_through_rabbitmq() {
 /// out, and the end state is the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orchestrated_order_saga_survives_a_database_restart_through_nats() {
+    let report = fulfil_restarting(NATS_URL, 14).await;
+    assert_eq!(report.saga_mismatches, 0);
+}
+
+/// An orchestrated run through `broker_url` on a private PostgreSQL restarted once mid-flow.
+async fn fulfil_restarting(broker_url: &str, seed: u64) -> Report {
     let server = Arc::new(tokio::sync::Mutex::new(PrivatePostgres::start().await));
     let url = server.lock().await.url();
     let restart = {
@@ -99,7 +119,7 @@ async fn orchestrated_order_saga_survives_a_database_restart_through_nats() {
             })
         }))
     };
-    let report = fulfil_on(&url, Some(restart), NATS_URL, Mode::Orchestrated, 14).await;
+    let report = fulfil_on(&url, Some(restart), broker_url, Mode::Orchestrated, seed).await;
     assert_eq!(report.database_restarts, 1, "{report}");
-    assert_eq!(report.saga_mismatches, 0);
+    report
 }

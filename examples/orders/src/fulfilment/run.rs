@@ -273,6 +273,9 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
         }
         if Instant::now() > deadline {
             eprintln!("order fulfilment: gave up waiting after {:?}", s.patience);
+            if let Ok(why) = unsettled(pool, tables).await {
+                eprintln!("order fulfilment: still open: {why}");
+            }
             break;
         }
         let more_crashes = !writer.is_finished() || relay_kills < 3 || consumer_kills < 8;
@@ -333,6 +336,28 @@ async fn placed(pool: &PgPool, tables: &Tables) -> Result<i64, sqlx::Error> {
 /// Every order completed or cancelled (and, orchestrated, every saga finished), every event
 /// published, and every consumer through every event (each records every event it receives in
 /// its inbox, the ones it ignores too).
+/// What keeps a run from settling, in words: per consumer, the events its inbox lacks (the
+/// first few), and what it holds.
+async fn unsettled(pool: &PgPool, tables: &Tables) -> Result<String, sqlx::Error> {
+    let missing: Vec<(String, i64, Vec<String>)> = sqlx::query_as(&tables.render(
+        "SELECT c.consumer, count(*), (array_agg(e.event_type || ' ' || e.aggregate_id || ' ' \
+                 || e.event_id::text ORDER BY e.id))[1:3] \
+         FROM (SELECT DISTINCT consumer FROM {schema}.inbox) c \
+         CROSS JOIN {schema}.{events} e \
+         WHERE NOT EXISTS (SELECT 1 FROM {schema}.inbox i \
+                           WHERE i.consumer = c.consumer AND i.event_id = e.event_id::text) \
+         GROUP BY c.consumer",
+    ))
+    .fetch_all(pool)
+    .await?;
+    let held: Vec<(String, i64)> = sqlx::query_as(
+        &tables.render("SELECT consumer, count(*) FROM {schema}.consumer_held GROUP BY consumer"),
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(format!("not in the inbox: {missing:?}; held: {held:?}"))
+}
+
 async fn settled(
     pool: &PgPool,
     tables: &Tables,
