@@ -2,7 +2,7 @@ use outbox::{
     postgres::{MigrateOptions, PgOutbox},
     Event, Tables,
 };
-use sqlx::{postgres::PgPoolOptions, Connection, PgPool};
+use sqlx::{postgres::PgPoolOptions, PgPool};
 
 /// The shared test database (`OUTBOX_TEST_DATABASE_URL`, default the local `test` database).
 pub fn database_url() -> String {
@@ -47,11 +47,10 @@ impl TestDb {
     /// Creates and migrates a new schema on the server at `url`.
     pub async fn on(url: &str, options: MigrateOptions) -> Self {
         let schema = crate::unique("t");
-        // A task aborted mid-begin returns its connection inside a transaction: close it
-        // (rolling back) rather than pool it holding locks.
         let pool = PgPoolOptions::new()
             .max_connections(20)
-            .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
+            // Tests abort tasks (a killed consumer, relay or writer) in their transactions.
+            .after_release(|conn, _| Box::pin(outbox::postgres::outside_transaction(conn)))
             .connect(url)
             .await
             .expect("connect to the test database");

@@ -3,6 +3,7 @@
 pub mod cdc;
 mod inbox;
 mod migrate;
+mod release;
 pub mod time_partitions;
 
 use sqlx::{types::Json, PgConnection};
@@ -11,6 +12,7 @@ use uuid::Uuid;
 pub use crate::Seen;
 pub use inbox::PgInbox;
 pub use migrate::{MigrateOptions, DEFAULT_PARTITIONS, MIGRATIONS};
+pub use release::outside_transaction;
 
 use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
 

@@ -76,6 +76,8 @@ impl Scenario {
 pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
     let pool = PgPoolOptions::new()
         .max_connections(24)
+        // Relays and consumers are killed by aborting their tasks, in their transactions.
+        .after_release(|conn, _| Box::pin(outbox::postgres::outside_transaction(conn)))
         .connect(&s.database_url)
         .await?;
     let schema = format!("saga_{:08x}", rand::random::<u32>());
