@@ -215,6 +215,10 @@ impl Fields {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| DecodeError("no event-type header".into()))?
             .to_owned();
+        // The inbox records the type: one it cannot store is refused here, not retried.
+        if let Err(e) = outbox::check_inbox_message(&message_id, Some(&event_type)) {
+            return Err(DecodeError(format!("event-type: {e}")));
+        }
         let schema_version = match get(header::SCHEMA_VERSION) {
             None => 1,
             Some(v) => v.parse().ok().filter(|v: &i32| *v >= 1).ok_or_else(|| {

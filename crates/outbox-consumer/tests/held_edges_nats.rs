@@ -764,3 +764,64 @@ async fn cloudevents_with_a_subject_and_no_aggregate_type_are_applied_in_version
         "gated as an aggregate without a type: {x:?}"
     );
 }
+
+/// A version the inbox cannot record (an event type of 300 characters) is dead-lettered at
+/// once and leaves its aggregate's start alone: version 1, the gate's start, arriving after it
+/// is applied (an event given up before the gate let it through never moves the start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_later_version_leaves_the_start_to_version_1() {
+    let db = TestDb::new(4).await;
+    let fx = Fixture::new().await;
+    let name = "refused";
+    let processor = Processor::new(
+        db.pool.clone(),
+        &db.tables,
+        name,
+        Arc::new(Ledger::install(&db).await),
+    )
+    .with_version_gate(VersionGate::starting_at(1));
+    let metrics = processor.metrics().clone();
+    let runner = fx
+        .start(
+            NatsSource::new(NATS_URL, &fx.stream),
+            config(name),
+            processor,
+        )
+        .await;
+    let mut refused = common::versioned_headers(Uuid::now_v7(), "x", 2);
+    refused.retain(|(k, _)| *k != "event-type");
+    refused.push(("event-type", "T".repeat(300)));
+    fx.publish(&refused).await;
+    wait_until("version 2 dead-lettered", WAIT, || async {
+        metrics.count(name, Count::DeadLettered) == 1 && fx.settled(name).await
+    })
+    .await;
+    let tools = tools(&db, name);
+    assert!(
+        tools
+            .list(&everything())
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.first_version.is_none()),
+        "no start recorded"
+    );
+    fx.publish(&common::versioned_headers(Uuid::now_v7(), "x", 1))
+        .await;
+    wait_until("version 1 applied", WAIT, || async {
+        Ledger::count(&db).await == 1 && fx.settled(name).await
+    })
+    .await;
+    runner.stop().await;
+    assert_eq!(
+        Ledger::applied(&db).await,
+        HashMap::from([("x".to_owned(), vec![1])])
+    );
+    assert_eq!(
+        metrics.count(name, Count::DeadLettered),
+        1,
+        "only version 2"
+    );
+    let mut dead = fx.js.get_stream(fx.dead_stream(name)).await.unwrap();
+    assert_eq!(dead.info().await.unwrap().state.messages, 1);
+}

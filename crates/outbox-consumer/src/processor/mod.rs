@@ -388,18 +388,30 @@ impl Processor {
         .await
     }
 
-    /// A delivery of `event` is given up before anything held it: when the gate orders its
-    /// aggregate and has not started it, the aggregate starts no later than its version.
+    /// A delivery of `event` is given up before anything held it: when it is the one its
+    /// aggregate would start with now (the gate lets it through and nothing of the aggregate
+    /// is applied), the aggregate starts no later than its version, so that it waits for the
+    /// replay instead of starting past it. An event the gate would hold (a later version, a
+    /// first-seen aggregate still settling) leaves the start where it is.
     pub(crate) async fn keep_start(&self, event: &Envelope) -> Result<(), HandlerError> {
-        let (Some(_), Some(aggregate), Some(version)) =
+        let (Some(start), Some(aggregate), Some(version)) =
             (&self.gate, Aggregate::of(event), event.aggregate_version)
         else {
             return Ok(());
         };
-        let mut conn = self.pool.acquire().await?;
-        self.store()
-            .keep_start(&mut conn, &aggregate, version)
-            .await
+        let store = self.store();
+        let mut tx = self.pool.begin().await?;
+        let state = store
+            .lock_state(&mut tx, &aggregate)
+            .await?
+            .unwrap_or_default();
+        if state.version.is_none()
+            && decide::live(Some(start), &state, Some(version)) == decide::Decision::Apply
+        {
+            store.keep_start(&mut tx, &aggregate, version).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     /// `event` upcast to its current version, if it is not (a no-op for events upcast on
