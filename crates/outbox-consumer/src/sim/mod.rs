@@ -325,10 +325,15 @@ async fn run_seed(seed: u64, scenario: Scenario) -> Counts {
         let mut quiet = 0;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         while quiet < 5 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{what} seed {seed}: never settled"
-            );
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "{what} seed {seed}: never settled; broker settled {}, consumer busy {}, \
+                     held {:?}",
+                    model.settled(),
+                    world.busy().await,
+                    world.held().await
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
             let replayed = replay(&model, &letters, &fates, &mut replays);
             quiet = if replayed == 0 && model.settled() && !world.busy().await {
