@@ -328,10 +328,11 @@ async fn run_seed(seed: u64, scenario: Scenario) -> Counts {
             if tokio::time::Instant::now() >= deadline {
                 panic!(
                     "{what} seed {seed}: never settled; broker settled {}, consumer busy {}, \
-                     held {:?}",
+                     held {:?}, versions {:?}",
                     model.settled(),
                     world.busy().await,
-                    world.held().await
+                    world.held().await,
+                    world.versions().await
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
