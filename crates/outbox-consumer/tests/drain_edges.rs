@@ -7,22 +7,20 @@
 mod common;
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::BTreeMap,
     future::Future,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
-use common::{held_rows, Ledger};
+use common::{held_rows, Ledger, Scripted, Step};
 use futures::future::BoxFuture;
 use outbox_consumer::{
     versions::{self, Change, ConsumerVersions, Filter, Seed},
-    ConsumerConfig, Count, DeadLetters, Envelope, Handler, HandlerError, Message, Outcome,
-    Processor, VersionGate,
+    ConsumerConfig, Count, DeadLetters, Envelope, Message, Outcome, Processor, VersionGate,
 };
 use outbox_testkit::{wait_until, TestDb};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -45,125 +43,6 @@ fn event(aggregate: &str, version: Option<i64>) -> Envelope {
         destination: "order.OrderChanged".into(),
         headers: BTreeMap::new(),
         payload: Bytes::from_static(b"{}"),
-    }
-}
-
-/// What the scripted handler does on a call.
-#[derive(Clone, Copy, Debug)]
-enum Step {
-    Fail,
-    Permanent,
-    Outage,
-    /// Writes a row that breaks a deferred unique constraint: the handler returns `Ok` and
-    /// the transaction fails at its COMMIT.
-    FailAtCommit,
-}
-
-/// Records (aggregate id, version) in the ledger; per (aggregate, version), a script of
-/// failures consumed call by call (then success), and the headers of its last call.
-struct Scripted {
-    record_sql: String,
-    break_at_commit_sql: String,
-    script: Mutex<HashMap<(String, i64), VecDeque<Step>>>,
-    calls: Mutex<HashMap<(String, i64), u32>>,
-    headers: Mutex<HashMap<(String, i64), BTreeMap<String, String>>>,
-}
-
-impl Scripted {
-    async fn install(db: &TestDb) -> Self {
-        Ledger::install(db).await;
-        // Checked at COMMIT: what `Step::FailAtCommit` writes twice.
-        db.exec(
-            "CREATE TABLE {schema}.once \
-             (k int CONSTRAINT once_k UNIQUE DEFERRABLE INITIALLY DEFERRED)",
-        )
-        .await;
-        Self {
-            record_sql: db
-                .tables
-                .render("INSERT INTO {schema}.ledger (aggregate_id, version) VALUES ($1, $2)"),
-            break_at_commit_sql: db
-                .tables
-                .render("INSERT INTO {schema}.once (k) VALUES (1), (1)"),
-            script: Mutex::new(HashMap::new()),
-            calls: Mutex::new(HashMap::new()),
-            headers: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn script(self, aggregate: &str, version: i64, steps: &[Step]) -> Self {
-        self.script
-            .lock()
-            .unwrap()
-            .insert((aggregate.into(), version), steps.iter().copied().collect());
-        self
-    }
-
-    fn calls(&self, aggregate: &str, version: i64) -> u32 {
-        self.calls
-            .lock()
-            .unwrap()
-            .get(&(aggregate.to_owned(), version))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Header `name` as the handler last saw it on `aggregate`'s `version`.
-    fn header(&self, aggregate: &str, version: i64, name: &str) -> Option<String> {
-        self.headers
-            .lock()
-            .unwrap()
-            .get(&(aggregate.to_owned(), version))
-            .and_then(|headers| headers.get(name).cloned())
-    }
-}
-
-impl Handler for Scripted {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        event: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let key = (
-                event.aggregate_id.clone().unwrap_or_default(),
-                event.aggregate_version.unwrap_or(-1),
-            );
-            *self.calls.lock().unwrap().entry(key.clone()).or_insert(0) += 1;
-            self.headers
-                .lock()
-                .unwrap()
-                .insert(key.clone(), event.headers.clone());
-            let step = self
-                .script
-                .lock()
-                .unwrap()
-                .get_mut(&key)
-                .and_then(VecDeque::pop_front);
-            match step {
-                Some(Step::Fail) => return Err(HandlerError::new(format!("{key:?} fails"))),
-                Some(Step::Permanent) => {
-                    return Err(HandlerError::permanent(format!("{key:?} is poison")))
-                }
-                Some(Step::Outage) => {
-                    return Err(HandlerError::infrastructure(
-                        "payments API unreachable (connection refused)",
-                    ))
-                }
-                Some(Step::FailAtCommit) => {
-                    sqlx::query(&self.break_at_commit_sql)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                None => {}
-            }
-            sqlx::query(&self.record_sql)
-                .bind(&key.0)
-                .bind(key.1)
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
-        })
     }
 }
 

@@ -8,7 +8,7 @@
 mod common;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -21,15 +21,14 @@ use async_nats::{
     },
     HeaderMap,
 };
-use common::{held_rows, Ledger, Sequencer};
-use futures::{future::BoxFuture, StreamExt};
+use common::{held_rows, Ledger, Scripted, Sequencer, Step};
+use futures::StreamExt;
 use outbox_consumer::{
     nats::{NatsConsumer, NatsSource},
     versions::{ConsumerVersions, Filter},
-    ConsumerConfig, Count, Envelope, Handler, HandlerError, Processor, VersionGate,
+    ConsumerConfig, Count, Processor, VersionGate,
 };
 use outbox_testkit::{unique, wait_until, TestDb, NATS_URL};
-use sqlx::PgConnection;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
@@ -182,101 +181,6 @@ fn unversioned(kind: &str, id: Option<&str>) -> Vec<(&'static str, String)> {
         headers.push(("aggregate-id", id.to_owned()));
     }
     headers
-}
-
-/// What the scripted handler does on a call.
-#[derive(Clone, Copy, Debug)]
-enum Step {
-    /// Fails; the event is held and tried again.
-    Fail,
-    /// Fails for good; the event is dead-lettered at once.
-    Permanent,
-    /// Waits until the test releases it (at most [`WAIT`]), then records the event: a
-    /// handler waiting on a lock or on a dependency without a timeout.
-    Hang,
-}
-
-/// Records (aggregate id, version) in the ledger of [`Ledger`]; per (aggregate, version), a
-/// script of steps consumed call by call (then success).
-struct Scripted {
-    record_sql: String,
-    script: Mutex<HashMap<(String, i64), VecDeque<Step>>>,
-    calls: Mutex<HashMap<(String, i64), u32>>,
-    /// Ends every hang, current and to come.
-    release: CancellationToken,
-}
-
-impl Scripted {
-    async fn install(db: &TestDb) -> Self {
-        Ledger::install(db).await;
-        Self {
-            record_sql: db
-                .tables
-                .render("INSERT INTO {schema}.ledger (aggregate_id, version) VALUES ($1, $2)"),
-            script: Mutex::new(HashMap::new()),
-            calls: Mutex::new(HashMap::new()),
-            release: CancellationToken::new(),
-        }
-    }
-
-    /// Version `version` of `aggregate` (-1: no version) takes `steps`, one per call.
-    fn script(self, aggregate: &str, version: i64, steps: &[Step]) -> Self {
-        self.script
-            .lock()
-            .unwrap()
-            .insert((aggregate.into(), version), steps.iter().copied().collect());
-        self
-    }
-
-    /// Calls so far of version `version` of `aggregate` (-1: no version).
-    fn calls(&self, aggregate: &str, version: i64) -> u32 {
-        self.calls
-            .lock()
-            .unwrap()
-            .get(&(aggregate.to_owned(), version))
-            .copied()
-            .unwrap_or(0)
-    }
-}
-
-impl Handler for Scripted {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        event: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let key = (
-                event.aggregate_id.clone().unwrap_or_default(),
-                event.aggregate_version.unwrap_or(-1),
-            );
-            *self.calls.lock().unwrap().entry(key.clone()).or_insert(0) += 1;
-            let step = self
-                .script
-                .lock()
-                .unwrap()
-                .get_mut(&key)
-                .and_then(VecDeque::pop_front);
-            match step {
-                Some(Step::Fail) => {
-                    return Err(HandlerError::new(format!("{} fails", key.0)));
-                }
-                Some(Step::Permanent) => {
-                    return Err(HandlerError::permanent(format!("{} is poison", key.0)));
-                }
-                Some(Step::Hang) => {
-                    let _ = tokio::time::timeout(WAIT, self.release.cancelled()).await;
-                }
-                None => {}
-            }
-            sqlx::query(&self.record_sql)
-                .bind(&key.0)
-                .bind(key.1)
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
-        })
-    }
 }
 
 fn tools(db: &TestDb, name: &str) -> ConsumerVersions {

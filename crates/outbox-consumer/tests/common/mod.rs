@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap, VecDeque},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use outbox_consumer::{Count, Envelope, Handler, HandlerError, Processor};
 use outbox_testkit::{wait_until, PrivatePostgres, TestDb};
 use sqlx::{postgres::PgPoolOptions, PgConnection};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// Reserves `qty` of `sku` (from the JSON payload) and logs the event id in `applied`
@@ -514,4 +515,139 @@ pub fn cloudevent_headers(
         headers.push((format!("{prefix}aggregateversion"), version.to_string()));
     }
     headers
+}
+
+/// What [`Scripted`] does on a call.
+#[derive(Clone, Copy, Debug)]
+pub enum Step {
+    /// Fails; the event is held and tried again.
+    Fail,
+    /// Fails for good; the event is dead-lettered at once.
+    Permanent,
+    /// Its dependency is down: an outage, not an attempt.
+    Outage,
+    /// Writes a row that breaks a deferred unique constraint: the handler returns `Ok` and
+    /// the transaction fails at its COMMIT.
+    FailAtCommit,
+    /// Waits until the test releases it (at most a minute), then records the event: a handler
+    /// waiting on a lock or on a dependency without a timeout.
+    Hang,
+}
+
+/// Records (aggregate id, version) in the ledger of [`Ledger`]; per (aggregate, version; -1
+/// for no version), a script of steps consumed call by call (then success), and the headers
+/// of its last call.
+pub struct Scripted {
+    record_sql: String,
+    break_at_commit_sql: String,
+    script: Mutex<HashMap<(String, i64), VecDeque<Step>>>,
+    calls: Mutex<HashMap<(String, i64), u32>>,
+    headers: Mutex<HashMap<(String, i64), BTreeMap<String, String>>>,
+    /// Ends every hang, current and to come.
+    pub release: CancellationToken,
+}
+
+impl Scripted {
+    pub async fn install(db: &TestDb) -> Self {
+        Ledger::install(db).await;
+        // Checked at COMMIT: what `Step::FailAtCommit` writes twice.
+        db.exec(
+            "CREATE TABLE {schema}.once \
+             (k int CONSTRAINT once_k UNIQUE DEFERRABLE INITIALLY DEFERRED)",
+        )
+        .await;
+        Self {
+            record_sql: db
+                .tables
+                .render("INSERT INTO {schema}.ledger (aggregate_id, version) VALUES ($1, $2)"),
+            break_at_commit_sql: db
+                .tables
+                .render("INSERT INTO {schema}.once (k) VALUES (1), (1)"),
+            script: Mutex::new(HashMap::new()),
+            calls: Mutex::new(HashMap::new()),
+            headers: Mutex::new(HashMap::new()),
+            release: CancellationToken::new(),
+        }
+    }
+
+    /// Version `version` of `aggregate` takes `steps`, one per call.
+    pub fn script(self, aggregate: &str, version: i64, steps: &[Step]) -> Self {
+        self.script
+            .lock()
+            .unwrap()
+            .insert((aggregate.into(), version), steps.iter().copied().collect());
+        self
+    }
+
+    /// Calls so far of version `version` of `aggregate`.
+    pub fn calls(&self, aggregate: &str, version: i64) -> u32 {
+        self.calls
+            .lock()
+            .unwrap()
+            .get(&(aggregate.to_owned(), version))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Header `name` as the handler last saw it on `aggregate`'s `version`.
+    pub fn header(&self, aggregate: &str, version: i64, name: &str) -> Option<String> {
+        self.headers
+            .lock()
+            .unwrap()
+            .get(&(aggregate.to_owned(), version))
+            .and_then(|headers| headers.get(name).cloned())
+    }
+}
+
+impl Handler for Scripted {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        event: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let key = (
+                event.aggregate_id.clone().unwrap_or_default(),
+                event.aggregate_version.unwrap_or(-1),
+            );
+            *self.calls.lock().unwrap().entry(key.clone()).or_insert(0) += 1;
+            self.headers
+                .lock()
+                .unwrap()
+                .insert(key.clone(), event.headers.clone());
+            let step = self
+                .script
+                .lock()
+                .unwrap()
+                .get_mut(&key)
+                .and_then(VecDeque::pop_front);
+            match step {
+                Some(Step::Fail) => return Err(HandlerError::new(format!("{key:?} fails"))),
+                Some(Step::Permanent) => {
+                    return Err(HandlerError::permanent(format!("{key:?} is poison")))
+                }
+                Some(Step::Outage) => {
+                    return Err(HandlerError::infrastructure(
+                        "payments API unreachable (connection refused)",
+                    ))
+                }
+                Some(Step::FailAtCommit) => {
+                    sqlx::query(&self.break_at_commit_sql)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Some(Step::Hang) => {
+                    let limit = Duration::from_secs(60);
+                    let _ = tokio::time::timeout(limit, self.release.cancelled()).await;
+                }
+                None => {}
+            }
+            sqlx::query(&self.record_sql)
+                .bind(&key.0)
+                .bind(key.1)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+    }
 }
