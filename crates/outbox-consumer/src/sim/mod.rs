@@ -328,11 +328,12 @@ async fn run_seed(seed: u64, scenario: Scenario) -> Counts {
             if tokio::time::Instant::now() >= deadline {
                 panic!(
                     "{what} seed {seed}: never settled; broker settled {}, consumer busy {}, \
-                     held {:?}, versions {:?}",
+                     held {:?}, versions {:?}, sessions in a transaction {:?}",
                     model.settled(),
                     world.busy().await,
                     world.held().await,
-                    world.versions().await
+                    world.versions().await,
+                    world.sessions().await
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -145,9 +145,13 @@ impl World {
         let options = PgConnectOptions::from_str(&database_url())
             .expect("url")
             .application_name(&app);
+        // A crash drops the runner's futures, one of them perhaps inside `BEGIN`: the guard
+        // keeps the transaction sqlx does not know of out of the pool (see
+        // `outbox::postgres::outside_transaction`), as a service that aborts tasks must.
         let pool = PgPoolOptions::new()
             .max_connections(12)
             .acquire_timeout(Duration::from_secs(2))
+            .after_release(|conn, _| Box::pin(outbox::postgres::outside_transaction(conn)))
             .connect_with(options)
             .await
             .expect("pool");
@@ -260,6 +264,21 @@ impl World {
 
     /// Whether a held event is due now or soon (a retry, a settling aggregate): the consumer
     /// still has work it will do without help.
+    /// The consumer's database sessions that are inside a transaction: state, how long, what
+    /// they wait on, their last statement (to tell a stuck drain's cause).
+    pub(super) async fn sessions(&self) -> Vec<(String, f64, Option<String>, String)> {
+        sqlx::query_as(
+            "SELECT state, extract(epoch FROM now() - xact_start)::float8,
+                    wait_event_type || ':' || wait_event, left(query, 200)
+             FROM pg_stat_activity
+             WHERE application_name = $1 AND xact_start IS NOT NULL",
+        )
+        .bind(&self.app)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap_or_default()
+    }
+
     pub(super) async fn busy(&self) -> bool {
         self.held().await.iter().any(|(_, _, due, _)| *due)
     }
