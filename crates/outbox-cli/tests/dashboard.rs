@@ -129,7 +129,10 @@ async fn the_api_reads_without_a_token_and_refuses_unauthorised_actions() {
     )
     .await
     .unwrap();
-    assert_eq!((status, reply.as_str()), (200, r#"{"replayed":1}"#));
+    assert_eq!(
+        (status, reply.as_str()),
+        (200, r#"{"not_replayed":[],"replayed":1}"#)
+    );
     assert_eq!(db.count("dead").await, 1);
     drop(relay);
     let _ = std::fs::remove_file(config);

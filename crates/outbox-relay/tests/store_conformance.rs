@@ -123,7 +123,7 @@ impl Backend {
                 let now = world.now();
                 let mut s = world.lock();
                 let db_now = now + s.skew_ms;
-                ids.iter().filter(|id| s.db.replay(**id, db_now)).count() as i64
+                s.db.replay(ids, db_now)
             }
             (None, _) => unreachable!("a database backend has its admin"),
         }
@@ -630,6 +630,114 @@ async fn a_skipped_dead_head_stays_dead_and_lets_the_rest_go_in_order(b: Backend
     assert_eq!(s.backlog().await.unwrap().dead, 1);
 }
 
+/// Aggregate a: its first event dies (parking it) and is skipped, then its second dies and
+/// parks it. The operator replays the first.
+async fn parked_twice(b: &Backend) -> (Vec<(i32, i64)>, i64, i64) {
+    let s = &b.store;
+    b.enqueue(&events("a", 4)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let first = kill_head(s, &fences, "a").await;
+    assert_eq!(b.skip(&[first]).await, 1);
+    let second = kill_head(s, &fences, "a").await;
+    assert!(second > first);
+    assert_eq!(versions(s, &fences, "a").await, Vec::<i64>::new(), "parked");
+    (fences, first, second)
+}
+
+async fn a_replay_before_another_dead_letter_leaves_its_park_in_place(b: Backend) {
+    let s = &b.store;
+    let (fences, first, second) = parked_twice(&b).await;
+    // Alone, the first is not replayed: the park records one dead event (the second), and
+    // the first failing again would take it over.
+    assert_eq!(b.replay(&[first]).await, 0);
+    assert_eq!(b.status_of(first).await, "dead");
+    assert_eq!(
+        versions(s, &fences, "a").await,
+        Vec::<i64>::new(),
+        "still parked on the second: nothing of a passes it"
+    );
+    // Skipping the second lets the rest go, without the first.
+    assert_eq!(b.skip(&[second]).await, 1);
+    assert_eq!(versions(s, &fences, "a").await, vec![3, 4]);
+}
+
+async fn a_replay_of_both_dead_letters_resumes_the_aggregate_in_order(b: Backend) {
+    let s = &b.store;
+    let (fences, first, second) = parked_twice(&b).await;
+    assert_eq!(b.replay(&[first, second]).await, 2);
+    assert_eq!(versions(s, &fences, "a").await, vec![1, 2, 3, 4]);
+}
+
+async fn a_dead_letter_that_never_parked_is_not_replayed_before_a_park(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 3)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    // The first dies without parking (on_dead = skip), the second dies and parks.
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let first = claim(s, &parts, 100).await[0].id;
+    let dead = |id| Failure {
+        id,
+        error: "permanent: rejected".into(),
+        backoff: Duration::ZERO,
+        dead: true,
+        permanent: true,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[dead(first)], false)
+            .await
+            .unwrap(),
+        1
+    );
+    let second = kill_head(s, &fences, "a").await;
+    assert!(second > first);
+    // The first comes before the park: not replayed. After replaying the second alone, the
+    // aggregate resumes from it; the first stays dead.
+    assert_eq!(b.replay(&[first]).await, 0);
+    assert_eq!(b.replay(&[second]).await, 1);
+    assert_eq!(versions(s, &fences, "a").await, vec![2, 3]);
+    assert_eq!(b.status_of(first).await, "dead");
+}
+
+async fn a_replay_after_the_parked_event_waits_behind_it(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 3)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let (first, second) = (rows[0].id, rows[1].id);
+    let dead = |id| Failure {
+        id,
+        error: "permanent: rejected".into(),
+        backoff: Duration::ZERO,
+        dead: true,
+        permanent: true,
+    };
+    // The second dies without parking (on_dead = skip), then the first dies and parks.
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[dead(second)], false)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[dead(first)], true)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(versions(s, &fences, "a").await, Vec::<i64>::new(), "parked");
+    // The second, after the park, is replayed and waits behind the first.
+    assert_eq!(b.replay(&[second]).await, 1);
+    assert_eq!(b.status_of(second).await, "pending");
+    assert_eq!(
+        versions(s, &fences, "a").await,
+        Vec::<i64>::new(),
+        "still parked"
+    );
+    assert_eq!(b.replay(&[first]).await, 1);
+    assert_eq!(versions(s, &fences, "a").await, vec![1, 2, 3]);
+}
+
 async fn a_skip_with_nothing_behind_drops_the_hold_for_later_events(b: Backend) {
     let s = &b.store;
     b.enqueue(&events("a", 1)).await;
@@ -691,5 +799,9 @@ conformance!(
     a_replayed_dead_head_resumes_its_aggregate_from_it_in_order,
     a_skipped_dead_head_stays_dead_and_lets_the_rest_go_in_order,
     a_skip_with_nothing_behind_drops_the_hold_for_later_events,
+    a_replay_before_another_dead_letter_leaves_its_park_in_place,
+    a_replay_of_both_dead_letters_resumes_the_aggregate_in_order,
+    a_dead_letter_that_never_parked_is_not_replayed_before_a_park,
+    a_replay_after_the_parked_event_waits_behind_it,
     replay_and_skip_leave_rows_that_are_not_dead_alone,
 );

@@ -1,6 +1,6 @@
 //! The operators' statements on the model (`crates/outbox-relay/src/admin/sql/postgres.sql`,
 //! and `sqlite.sql`, which the store conformance suite holds to the same results):
-//! `replay` and `skip` of one dead event, each applied atomically, whether relays run or not.
+//! `replay` of dead events and `skip` of one, each applied atomically, whether relays run or not.
 
 use crate::db::{Db, Key, Status};
 
@@ -13,25 +13,50 @@ impl Db {
             .map(|(id, _)| *id)
     }
 
-    /// `replay` of dead row `id`: pending again, its counters reset; its aggregate's hold on
-    /// its first pending row, due at once. Says whether it was dead.
-    pub fn replay(&mut self, id: i64, db_now: i64) -> bool {
-        let Some(row) = self.rows.get(&id) else {
-            return false;
+    /// `replay` of dead rows `ids`: pending again, their counters reset; each aggregate's hold
+    /// on its first pending row, due at once, unless the aggregate is parked on a dead row
+    /// the replay leaves dead: then it stays parked, and the rows before that one are not
+    /// replayed. Returns how many were replayed.
+    pub fn replay(&mut self, ids: &[i64], db_now: i64) -> i64 {
+        let dead = |db: &Self, id: &i64| {
+            db.rows
+                .get(id)
+                .is_some_and(|r| r.status == Status::Dead && db.visible(r))
         };
-        if row.status != Status::Dead || !self.visible(row) {
-            return false;
+        // The parks the replay leaves in place.
+        let kept: Vec<(Key, i64)> = self
+            .holds
+            .iter()
+            .filter(|(key, h)| {
+                h.held_until.is_none()
+                    && !ids.contains(&h.event_id)
+                    && dead(self, &h.event_id)
+                    && &self.rows[&h.event_id].key == *key
+            })
+            .map(|(key, h)| (key.clone(), h.event_id))
+            .collect();
+        let parked_after = |key: &Key, id: i64| kept.iter().any(|(k, e)| k == key && *e > id);
+        let parked = |key: &Key| kept.iter().any(|(k, _)| k == key);
+        let mut resumed: Vec<Key> = Vec::new();
+        let mut replayed = 0;
+        for id in ids {
+            if !dead(self, id) || parked_after(&self.rows[id].key, *id) {
+                continue;
+            }
+            let row = self.rows.get_mut(id).expect("found");
+            row.status = Status::Pending;
+            row.attempts = 0;
+            row.permanent_failures = 0;
+            replayed += 1;
+            if !parked(&row.key) && !resumed.contains(&row.key) {
+                resumed.push(row.key.clone());
+            }
         }
-        let row = self.rows.get_mut(&id).expect("found");
-        row.status = Status::Pending;
-        row.attempts = 0;
-        row.permanent_failures = 0;
-        let key = row.key.clone();
-        let head = self
-            .first_pending(&key)
-            .expect("the replayed row is pending");
-        self.upsert_hold(&key, head, Some(db_now));
-        true
+        for key in resumed {
+            let head = self.first_pending(&key).expect("a replayed row is pending");
+            self.upsert_hold(&key, head, Some(db_now));
+        }
+        replayed
     }
 
     /// `skip` of dead row `id`: when it holds its aggregate's hold, the hold moves to the first

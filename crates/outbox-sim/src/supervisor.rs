@@ -238,7 +238,7 @@ fn operate(s: &mut crate::world::State, now: i64) {
     let id = candidates[s.between(0, candidates.len() as i64 - 1) as usize];
     let db_now = now + s.skew_ms;
     if s.chance(0.5) {
-        if s.db.replay(id, db_now) {
+        if s.db.replay(&[id], db_now) == 1 {
             s.stats.replays += 1;
             s.trace(now, || format!("OPERATOR replay {id}"));
         }

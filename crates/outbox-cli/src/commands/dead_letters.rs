@@ -215,6 +215,24 @@ pub async fn run(args: Args) -> CommandResult {
                 replayed += admin.replay(part, &actor, &reason).await?;
             }
             super::print(&format!("replayed {replayed} dead letters\n"));
+            if (replayed as usize) < ids.len() {
+                // Still dead: rows before the dead event that parks their aggregate (see
+                // `Admin::replay`), or rows another operator changed meanwhile.
+                let filter = DeadLetterFilter {
+                    ids: Some(ids.clone()),
+                    limit: Some(ids.len() as i64),
+                    ..Default::default()
+                };
+                let kept = admin.dead_letters(&filter).await?;
+                if !kept.is_empty() {
+                    super::print(&format!(
+                        "{}{} dead letters not replayed: each comes before the dead letter \
+                         that parks its aggregate; replay them together with it\n",
+                        table(&kept),
+                        kept.len()
+                    ));
+                }
+            }
         }
         Action::Skip {
             db,

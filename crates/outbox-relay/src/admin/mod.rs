@@ -255,8 +255,10 @@ impl Admin {
     }
 
     /// Makes dead events pending again (attempts reset): each aggregate concerned resumes
-    /// from its first pending row, in id order, at once. Returns how many were replayed.
-    /// Recorded in the audit table.
+    /// from its first pending row, in id order, at once. An aggregate parked on a dead event
+    /// not among `ids` stays parked: its events after that one are replayed and wait behind
+    /// it, those before it stay dead (the park records one dead event per aggregate). Returns
+    /// how many were replayed. Recorded in the audit table.
     pub async fn replay(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.replay(ids, actor, reason).await,

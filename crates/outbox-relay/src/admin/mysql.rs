@@ -161,10 +161,11 @@ impl MySqlAdmin {
         }
         let mut tx = self.pool.begin().await?;
         let result = async {
-            let replayed: Vec<i64> =
-                bind_list(sqlx::query_scalar(&self.listed("dead_of", ids.len())), ids)
-                    .fetch_all(&mut *tx)
-                    .await?;
+            // `{ids}` twice: the rows asked for, and the parks the replay leaves in place.
+            let dead_of = self.listed("dead_of", ids.len());
+            let replayed: Vec<i64> = bind_list(bind_list(sqlx::query_scalar(&dead_of), ids), ids)
+                .fetch_all(&mut *tx)
+                .await?;
             if replayed.is_empty() {
                 return Ok(0);
             }

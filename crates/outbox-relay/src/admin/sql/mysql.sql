@@ -51,8 +51,20 @@ LIMIT ?;
 -- name: payload
 SELECT payload FROM {events} WHERE id = ?;
 -- name: dead_of
--- The dead rows among {ids}, locked.
-SELECT id FROM {events} WHERE id IN ({ids}) AND status = 'dead' ORDER BY id FOR UPDATE;
+-- The dead rows among {ids} to replay, locked: all but those before the dead event their
+-- aggregate is parked on, when the replay leaves that one dead (see `replay` in
+-- postgres.sql: the park records one dead event per aggregate).
+SELECT e.id FROM {events} e
+WHERE e.id IN ({ids}) AND e.status = 'dead'
+  AND NOT EXISTS (
+      SELECT 1 FROM {holds} h
+      JOIN {events} d ON d.id = h.event_id
+      WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
+        AND h.held_until IS NULL AND d.status = 'dead' AND h.event_id > e.id
+        AND d.aggregate_type = h.aggregate_type AND d.aggregate_id = h.aggregate_id
+        AND h.event_id NOT IN ({ids})
+  )
+ORDER BY e.id FOR UPDATE;
 -- name: replay
 -- Dead events become pending again, attempts and permanent failures reset. {ids}
 UPDATE {events}
@@ -62,7 +74,8 @@ WHERE id IN ({ids}) AND status = 'dead';
 -- Each aggregate of the replayed rows {ids} gets its hold on its first pending row (a
 -- replayed one, or one pending before), due at once: it resumes with that row, in id order,
 -- through the claim's due path. As on PostgreSQL, a hold moves rather than goes: it is the
--- record that the aggregate has events waiting in the table.
+-- record that the aggregate has events waiting in the table. An aggregate parked on a dead
+-- event the replay left dead stays parked.
 INSERT INTO {holds} (aggregate_type, aggregate_id, `partition`, event_id, held_until, created_at)
 SELECT head.aggregate_type, head.aggregate_id, head.`partition`, head.id,
        CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)
@@ -71,6 +84,13 @@ JOIN {events} head ON head.id = (
     SELECT min(f.id) FROM {events} f
     WHERE f.aggregate_type = r.aggregate_type AND f.aggregate_id = r.aggregate_id
       AND f.status = 'pending')
+WHERE NOT EXISTS (
+    SELECT 1 FROM {holds} h
+    JOIN {events} d ON d.id = h.event_id
+    WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id
+      AND h.held_until IS NULL AND d.status = 'dead'
+      AND d.aggregate_type = h.aggregate_type AND d.aggregate_id = h.aggregate_id
+)
 ON DUPLICATE KEY UPDATE event_id = VALUES(event_id), `partition` = VALUES(`partition`),
     held_until = VALUES(held_until), created_at = VALUES(created_at);
 -- name: skip_targets

@@ -51,23 +51,57 @@ SELECT payload FROM {schema}.{events} WHERE id = $1;
 -- concerned gets its hold on its first pending row, due at once: it resumes with that row,
 -- in id order (the polling claim's due path, the CDC source's table path). A hold is the
 -- record that an aggregate has events waiting in the table, so it moves rather than goes: a
--- CDC relay that was stopped meanwhile finds it when it starts. Audited in the same
--- statement. $1 ids, $2 actor, $3 reason
-WITH replayed AS (
-    UPDATE {schema}.{events}
+-- CDC relay that was stopped meanwhile finds it when it starts.
+-- An aggregate parked on a dead event this replay leaves dead stays parked on it: its
+-- replayed events after that one wait behind it, and one before it is not replayed (`kept`:
+-- the park records one dead event per aggregate, so a replayed event that failed again there
+-- would take the park over and a later skip would let the aggregate pass the other one).
+-- Replaying both together, or the parking one first, resumes the aggregate in id order.
+-- Audited in the same statement. $1 ids, $2 actor, $3 reason
+WITH asked AS (
+    SELECT e.id, e.aggregate_type, e.aggregate_id
+    FROM {schema}.{events} e
+    WHERE e.id = ANY($1) AND e.status = 'dead'
+), kept AS (
+    -- The parks this replay leaves in place: on a dead event it does not replay.
+    SELECT h.aggregate_type, h.aggregate_id, h.event_id
+    FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM asked) a
+    JOIN {schema}.holds h
+      ON h.aggregate_type = a.aggregate_type AND h.aggregate_id = a.aggregate_id
+    JOIN {schema}.{events} d
+      ON d.id = h.event_id AND d.aggregate_type = h.aggregate_type
+     AND d.aggregate_id = h.aggregate_id
+    WHERE h.held_until IS NULL AND d.status = 'dead' AND NOT h.event_id = ANY($1)
+), replayed AS (
+    UPDATE {schema}.{events} e
     SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
-    WHERE id = ANY($1) AND status = 'dead'
-    RETURNING id, partition, aggregate_type, aggregate_id
+    FROM asked a
+    WHERE e.id = a.id AND e.status = 'dead'
+      AND NOT EXISTS (
+          SELECT 1 FROM kept k
+          WHERE k.aggregate_type = a.aggregate_type AND k.aggregate_id = a.aggregate_id
+            AND k.event_id > a.id
+      )
+    RETURNING e.id, e.partition, e.aggregate_type, e.aggregate_id
+), resumed AS (
+    -- The aggregates that resume: every one replayed into, unless it stays parked.
+    SELECT DISTINCT r.aggregate_type, r.aggregate_id
+    FROM replayed r
+    WHERE NOT EXISTS (
+        SELECT 1 FROM kept k
+        WHERE k.aggregate_type = r.aggregate_type AND k.aggregate_id = r.aggregate_id
+    )
 ), heads AS (
     -- The first pending row of each aggregate: a replayed one, or one pending before (this
     -- statement's snapshot still reads the replayed rows as dead).
     SELECT DISTINCT ON (c.aggregate_type, c.aggregate_id)
            c.aggregate_type, c.aggregate_id, c.id, c.partition
     FROM (
-        SELECT id, partition, aggregate_type, aggregate_id FROM replayed
+        SELECT r.id, r.partition, r.aggregate_type, r.aggregate_id
+        FROM replayed r JOIN resumed USING (aggregate_type, aggregate_id)
         UNION ALL
         SELECT p.id, p.partition, p.aggregate_type, p.aggregate_id
-        FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM replayed) r
+        FROM resumed r
         CROSS JOIN LATERAL (
             SELECT e.id, e.partition, e.aggregate_type, e.aggregate_id
             FROM {schema}.{events} e

@@ -67,16 +67,28 @@ LIMIT ?7;
 -- name: payload
 SELECT CAST(payload AS BLOB) FROM {events} WHERE id = ?1;
 -- name: replay
--- Dead events become pending again, attempts and permanent failures reset. ?1 ids (JSON)
+-- Dead events become pending again, attempts and permanent failures reset, all but those
+-- before the dead event their aggregate is parked on, when the replay leaves that one dead
+-- (see `replay` in postgres.sql: the park records one dead event per aggregate). ?1 ids (JSON)
 UPDATE {events}
 SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'dead'
+  AND NOT EXISTS (
+      SELECT 1 FROM {holds} h
+      JOIN {events} d ON d.id = h.event_id
+      WHERE h.aggregate_type = {events}.aggregate_type
+        AND h.aggregate_id = {events}.aggregate_id
+        AND h.held_until IS NULL AND d.status = 'dead' AND h.event_id > {events}.id
+        AND d.aggregate_type = h.aggregate_type AND d.aggregate_id = h.aggregate_id
+        AND h.event_id NOT IN (SELECT value FROM json_each(?1))
+  )
 RETURNING id;
 -- name: hold_heads
 -- Each aggregate of the replayed rows ?1 gets its hold on its first pending row (a replayed
 -- one, or one pending before), due at once: it resumes with that row, in id order, through
 -- the claim's due path. As on PostgreSQL, a hold moves rather than goes: it is the record
--- that the aggregate has events waiting in the table.
+-- that the aggregate has events waiting in the table. An aggregate parked on a dead event
+-- the replay left dead stays parked.
 INSERT INTO {holds} (aggregate_type, aggregate_id, partition, event_id, held_until, created_at)
 SELECT head.aggregate_type, head.aggregate_id, head.partition, head.id,
        CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
@@ -87,7 +99,13 @@ JOIN {events} head ON head.id = (
     SELECT min(f.id) FROM {events} f
     WHERE f.aggregate_type = r.aggregate_type AND f.aggregate_id = r.aggregate_id
       AND f.status = 'pending')
-WHERE true
+WHERE NOT EXISTS (
+    SELECT 1 FROM {holds} h
+    JOIN {events} d ON d.id = h.event_id
+    WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id
+      AND h.held_until IS NULL AND d.status = 'dead'
+      AND d.aggregate_type = h.aggregate_type AND d.aggregate_id = h.aggregate_id
+)
 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
     SET event_id = excluded.event_id, partition = excluded.partition,
         held_until = excluded.held_until, created_at = excluded.created_at;
