@@ -738,6 +738,64 @@ async fn a_replay_after_the_parked_event_waits_behind_it(b: Backend) {
     assert_eq!(versions(s, &fences, "a").await, vec![1, 2, 3]);
 }
 
+/// A row claimed with its aggregate's later rows fails after a later one died and parked
+/// the aggregate (a row that committed late, below rows already claimed): the park stays.
+async fn a_failure_before_the_parked_event_leaves_the_park_in_place(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 4)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let (first, second) = (rows[0].id, rows[1].id);
+    let failed = |id, dead| Failure {
+        id,
+        error: if dead {
+            "permanent: rejected"
+        } else {
+            "unavailable"
+        }
+        .into(),
+        backoff: Duration::ZERO,
+        dead,
+        permanent: dead,
+    };
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[failed(second, true)], true)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[failed(first, false)], true)
+            .await
+            .unwrap(),
+        1
+    );
+    // Whatever becomes of the first, nothing after the second passes it while it is dead.
+    for _ in 0..2 {
+        let claimed = claim(s, &parts, 100).await;
+        let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
+        assert!(
+            claimed.iter().all(|r| r.id <= first),
+            "only the first may go: {claimed:?}"
+        );
+        s.mark_published("r1", &fences, &ids).await.unwrap();
+    }
+    assert_eq!(b.status_of(second).await, "dead");
+    // Skipping the second lets the rest go, the first included if it had not gone.
+    assert_eq!(b.skip(&[second]).await, 1);
+    let mut rest = Vec::new();
+    for _ in 0..3 {
+        let claimed = claim(s, &parts, 100).await;
+        let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
+        rest.extend(claimed.iter().map(|r| r.aggregate_version.unwrap()));
+        s.mark_published("r1", &fences, &ids).await.unwrap();
+    }
+    rest.retain(|v| *v != 1);
+    assert_eq!(rest, vec![3, 4]);
+    assert_eq!(b.status_of(first).await, "published");
+}
+
 async fn a_skip_with_nothing_behind_drops_the_hold_for_later_events(b: Backend) {
     let s = &b.store;
     b.enqueue(&events("a", 1)).await;
@@ -803,5 +861,6 @@ conformance!(
     a_replay_of_both_dead_letters_resumes_the_aggregate_in_order,
     a_dead_letter_that_never_parked_is_not_replayed_before_a_park,
     a_replay_after_the_parked_event_waits_behind_it,
+    a_failure_before_the_parked_event_leaves_the_park_in_place,
     replay_and_skip_leave_rows_that_are_not_dead_alone,
 );

@@ -542,6 +542,18 @@ impl Db {
             row.attempts += 1;
             row.permanent_failures += i32::from(permanent.contains(id));
             row.status = *status;
+            // A park on another dead event stays (mark_failed.sql).
+            let parked = self.holds.get(key).is_some_and(|h| {
+                h.held_until.is_none()
+                    && h.event_id != *id
+                    && self
+                        .rows
+                        .get(&h.event_id)
+                        .is_some_and(|r| r.status == Status::Dead)
+            });
+            if parked {
+                continue;
+            }
             if *status == Status::Pending || park {
                 self.upsert_hold(key, *id, *next);
             } else {

@@ -48,7 +48,8 @@ enum Action {
         /// Show what would be replayed, change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// At most this many events per second (default: all at once).
+        /// About this many events per second, an aggregate's dead letters together (default:
+        /// all at once).
         #[arg(long)]
         rate: Option<u32>,
         /// Why (recorded in the audit table).
@@ -208,7 +209,11 @@ pub async fn run(args: Args) -> CommandResult {
             let ids: Vec<i64> = letters.iter().map(|l| l.id).collect();
             let chunk = rate.map_or(ids.len(), |r| r.max(1) as usize);
             let mut replayed = 0;
-            for (i, part) in ids.chunks(chunk).enumerate() {
+            let keyed: Vec<(i64, &str, &str)> = letters
+                .iter()
+                .map(|l| (l.id, l.aggregate_type.as_str(), l.aggregate_id.as_str()))
+                .collect();
+            for (i, part) in by_aggregate(&keyed, chunk).iter().enumerate() {
                 if i > 0 {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -309,4 +314,50 @@ fn table(letters: &[DeadLetter]) -> String {
         ));
     }
     out
+}
+
+/// The ids of `letters` (id, aggregate type, aggregate id) in chunks of about `size`, each
+/// aggregate's in one chunk (a larger one alone): a replay leaves the dead letters before the
+/// one that parks their aggregate dead unless that one is replayed with them.
+fn by_aggregate(letters: &[(i64, &str, &str)], size: usize) -> Vec<Vec<i64>> {
+    let mut groups: Vec<Vec<i64>> = Vec::new();
+    let mut index: std::collections::HashMap<(&str, &str), usize> = Default::default();
+    for &(id, kind, aggregate) in letters {
+        let at = *index.entry((kind, aggregate)).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[at].push(id);
+    }
+    let mut chunks: Vec<Vec<i64>> = Vec::new();
+    for group in groups {
+        match chunks.last_mut() {
+            Some(last) if last.len() + group.len() <= size.max(1) => last.extend(group),
+            _ => chunks.push(group),
+        }
+    }
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::by_aggregate;
+
+    #[test]
+    fn replay_chunks_keep_each_aggregate_whole() {
+        let letters = [
+            (1, "order", "a"),
+            (2, "order", "b"),
+            (3, "order", "a"),
+            (4, "order", "c"),
+            (5, "order", "c"),
+            (6, "order", "c"),
+        ];
+        assert_eq!(
+            by_aggregate(&letters, 2),
+            vec![vec![1, 3], vec![2], vec![4, 5, 6]]
+        );
+        assert_eq!(by_aggregate(&letters, 100), vec![vec![1, 3, 2, 4, 5, 6]]);
+        assert_eq!(by_aggregate(&letters, 0).len(), 3);
+    }
 }

@@ -610,8 +610,18 @@ impl Store for MySqlStore {
                         .execute(&mut *tx)
                         .await?;
                     n += 1;
+                    let parked: bool = sqlx::query_scalar(self.sql.get("parked_elsewhere"))
+                        .bind(aggregate_type)
+                        .bind(aggregate_id)
+                        .bind(f.id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    // An aggregate parked on another dead event stays parked; this row waits
+                    // for the park to end (see PostgreSQL's mark_failed.sql).
                     if f.dead && !park_on_dead {
-                        self.unhold(&mut tx, aggregate_type, aggregate_id).await?;
+                        if !parked {
+                            self.unhold(&mut tx, aggregate_type, aggregate_id).await?;
+                        }
                         continue;
                     }
                     sqlx::query(self.sql.get("wait_behind"))
@@ -620,6 +630,9 @@ impl Store for MySqlStore {
                         .bind(f.id)
                         .execute(&mut *tx)
                         .await?;
+                    if parked {
+                        continue;
+                    }
                     sqlx::query(self.sql.get("hold"))
                         .bind(aggregate_type)
                         .bind(aggregate_id)

@@ -31,6 +31,7 @@ struct Sql {
     mark_failed: String,
     hold: String,
     unhold: String,
+    parked_elsewhere: String,
     backlog: String,
     partitions: String,
     flag_behind: String,
@@ -68,6 +69,7 @@ impl SqliteStore {
             mark_failed: r("mark_failed"),
             hold: r("hold"),
             unhold: r("unhold"),
+            parked_elsewhere: r("parked_elsewhere"),
             backlog: r("backlog"),
             partitions: r("partitions"),
             flag_behind: r("flag_behind"),
@@ -452,6 +454,17 @@ impl Store for SqliteStore {
                     n += 1;
                     let (aggregate_type, aggregate_id, partition): (String, String, i32) =
                         (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                    let parked: bool = sqlx::query_scalar(&self.sql.parked_elsewhere)
+                        .bind(&aggregate_type)
+                        .bind(&aggregate_id)
+                        .bind(f.id)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    // An aggregate parked on another dead event stays parked; this row waits
+                    // for the park to end (see PostgreSQL's mark_failed.sql).
+                    if f.dead && !park_on_dead && parked {
+                        continue;
+                    }
                     if f.dead && !park_on_dead {
                         sqlx::query(&self.sql.unhold)
                             .bind(&aggregate_type)
@@ -471,6 +484,9 @@ impl Store for SqliteStore {
                         .bind(f.id)
                         .execute(&mut *conn)
                         .await?;
+                    if parked {
+                        continue;
+                    }
                     sqlx::query(&self.sql.hold)
                         .bind(aggregate_type)
                         .bind(aggregate_id)

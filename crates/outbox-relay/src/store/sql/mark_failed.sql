@@ -6,6 +6,10 @@
 -- until its retry (`next_attempt_at`); the other pending rows of a held or parked aggregate are
 -- set waiting behind it ('infinity', see claim.sql), and set free again when the hold is
 -- released (mark_published.sql, or here when a dead head does not park).
+-- An aggregate parked on another dead event stays parked on it: only a row that
+-- committed late, below rows already claimed, can fail there. Its hold is not moved to that
+-- row nor dropped, or the rows after the dead one would flow once that row is published; the
+-- row waits for the park to end (a replay or skip of the dead one moves the hold to it).
 -- Permanent failures are also counted in `permanent_failures` (what `retry.max_attempts`
 -- counts); transient ones only in `attempts`.
 -- $1 ids, $2/$3 (partition, epoch) pairs, $4 relay id, $5 errors, $6 backoff seconds,
@@ -64,11 +68,18 @@ WITH fence AS (
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
         SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
             held_until = EXCLUDED.held_until, created_at = now()
+        -- A park on another dead event stays (see above).
+        WHERE NOT (holds.held_until IS NULL AND holds.event_id <> EXCLUDED.event_id
+                   AND EXISTS (SELECT 1 FROM {schema}.{events} d
+                               WHERE d.id = holds.event_id AND d.status = 'dead'))
 ), unheld AS (
     DELETE FROM {schema}.holds h
     USING done
     WHERE NOT $8::boolean AND done.status = 'dead'
       AND h.aggregate_type = done.aggregate_type AND h.aggregate_id = done.aggregate_id
+      AND NOT (h.held_until IS NULL AND h.event_id <> done.id
+               AND EXISTS (SELECT 1 FROM {schema}.{events} d
+                           WHERE d.id = h.event_id AND d.status = 'dead'))
       AND NOT EXISTS (
           SELECT 1 FROM next_head n
           WHERE n.aggregate_type = done.aggregate_type AND n.aggregate_id = done.aggregate_id

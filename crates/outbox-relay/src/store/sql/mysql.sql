@@ -162,6 +162,13 @@ SET attempts = LEAST(attempts, 2147483646) + 1,
     next_attempt_at = CASE WHEN ? THEN NULL
                            ELSE FROM_UNIXTIME(? / 1000) END
 WHERE id = ?;
+-- name: parked_elsewhere
+-- Whether aggregate (?, ?) is parked on a dead event other than row ? (see PostgreSQL's
+-- mark_failed.sql: that park stays).
+SELECT EXISTS (
+    SELECT 1 FROM {holds} h JOIN {events} d ON d.id = h.event_id
+    WHERE h.aggregate_type = ? AND h.aggregate_id = ? AND h.held_until IS NULL
+      AND h.event_id <> ? AND d.status = 'dead');
 -- name: wait_behind
 -- The rest of a held or parked aggregate waits behind its head. ? type, ? id, ? head id
 UPDATE {events} SET next_attempt_at = '9999-12-31 00:00:00'

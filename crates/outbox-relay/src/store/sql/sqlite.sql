@@ -179,6 +179,13 @@ SET attempts = min(attempts, 2147483646) + 1,
                            ELSE strftime('%Y-%m-%dT%H:%M:%fZ', ?4 / 1000.0, 'unixepoch') END
 WHERE id = ?1 AND status = 'pending'
 RETURNING aggregate_type, aggregate_id, partition;
+-- name: parked_elsewhere
+-- Whether aggregate (?1, ?2) is parked on a dead event other than row ?3 (see PostgreSQL's
+-- mark_failed.sql: that park stays).
+SELECT EXISTS (
+    SELECT 1 FROM {holds} h JOIN {events} d ON d.id = h.event_id
+    WHERE h.aggregate_type = ?1 AND h.aggregate_id = ?2 AND h.held_until IS NULL
+      AND h.event_id <> ?3 AND d.status = 'dead');
 -- name: hold
 INSERT INTO {holds} (aggregate_type, aggregate_id, partition, event_id, held_until, created_at)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
