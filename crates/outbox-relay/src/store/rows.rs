@@ -55,7 +55,40 @@ pub struct ClaimedRow {
     pub row_bytes: i64,
 }
 
+/// The size a text column of a row may have (`claim_columns.sql` reads no more).
+pub(crate) const MAX_TEXT_COLUMN: usize = 4096;
+
+/// The size a row's headers may have (`claim_columns.sql` reads no more).
+pub(crate) const MAX_HEADERS: usize = 65536;
+
 impl ClaimedRow {
+    /// Why this row, read whole (from the CDC stream), is over the sizes a claim reads of
+    /// it (`claim_columns.sql`), in the claim's words; `None` when it is within them. A row
+    /// over them is dead-lettered, whichever source read it.
+    pub(crate) fn over_limits(&self) -> Option<String> {
+        let text = [
+            ("aggregate_type", self.aggregate_type.len()),
+            ("aggregate_id", self.aggregate_id.len()),
+            ("event_type", self.event_type.len()),
+            (
+                "destination",
+                self.destination.as_ref().map_or(0, String::len),
+            ),
+            ("content_type", self.content_type.len()),
+        ];
+        if let Some((column, len)) = text.iter().find(|(_, len)| *len > MAX_TEXT_COLUMN) {
+            return Some(format!(
+                "{column} is {len} bytes, over the limit of {MAX_TEXT_COLUMN} bytes"
+            ));
+        }
+        (self.headers.len() > MAX_HEADERS).then(|| {
+            format!(
+                "headers are {} bytes, over the limit of {MAX_HEADERS} bytes",
+                self.headers.len()
+            )
+        })
+    }
+
     /// Reads a claimed PostgreSQL row. A column the relay cannot decode (text that is not
     /// UTF-8 in a `SQL_ASCII` database, say) makes that row unreadable, not the claim: the row
     /// is dead-lettered with the decoding error, and the other rows go on. Only a row whose id

@@ -118,6 +118,10 @@ WITH asked AS (
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
         SET event_id = EXCLUDED.event_id, partition = EXCLUDED.partition,
             held_until = EXCLUDED.held_until, created_at = now()
+        -- Checked on the hold as committed when the insert met it: a park a relay wrote
+        -- after this statement's snapshot (a dead letter of the aggregate at this moment)
+        -- stays.
+        WHERE holds.held_until IS NOT NULL OR holds.event_id = ANY($1)
 ), audited AS (
     INSERT INTO {schema}.audit (actor, action, event_ids, reason)
     SELECT $2, 'replay', array_agg(id ORDER BY id), $3 FROM replayed HAVING count(*) > 0

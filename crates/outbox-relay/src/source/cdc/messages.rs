@@ -40,26 +40,31 @@ pub(super) fn table_less_row(
 ) -> ClaimedRow {
     let decoded = WalEvent::decode(content).and_then(|w| w.payload_bytes().map(|p| (w, p)));
     match decoded {
-        Ok((w, payload)) => ClaimedRow {
-            id: 0,
-            event_id: w.event_id,
-            aggregate_type: w.aggregate_type,
-            aggregate_id: w.aggregate_id,
-            aggregate_version: w.aggregate_version,
-            event_type: w.event_type,
-            schema_version: w.schema_version,
-            destination: w.destination,
-            payload_size: payload.len() as i64,
-            row_bytes: payload.len() as i64 + 256,
-            payload: Some(payload.into()),
-            content_type: w.content_type,
-            headers: serde_json::to_string(&w.headers).unwrap_or_else(|_| "{}".into()),
-            unreadable: None,
-            occurred_at: w.occurred_at.or(commit_time),
-            partition: 0,
-            attempts: 0,
-            permanent_failures: 0,
-        },
+        Ok((w, payload)) => {
+            let mut row = ClaimedRow {
+                id: 0,
+                event_id: w.event_id,
+                aggregate_type: w.aggregate_type,
+                aggregate_id: w.aggregate_id,
+                aggregate_version: w.aggregate_version,
+                event_type: w.event_type,
+                schema_version: w.schema_version,
+                destination: w.destination,
+                payload_size: payload.len() as i64,
+                row_bytes: payload.len() as i64 + 256,
+                payload: Some(payload.into()),
+                content_type: w.content_type,
+                headers: serde_json::to_string(&w.headers).unwrap_or_else(|_| "{}".into()),
+                unreadable: None,
+                occurred_at: w.occurred_at.or(commit_time),
+                partition: 0,
+                attempts: 0,
+                permanent_failures: 0,
+            };
+            // Over the sizes a claim reads: a dead letter, as a table row would be.
+            row.unreadable = row.over_limits();
+            row
+        }
         Err(reason) => ClaimedRow {
             id: 0,
             event_id: uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, content),

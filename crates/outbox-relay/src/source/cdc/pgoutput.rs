@@ -147,7 +147,7 @@ impl Decoder {
         let id = id.ok_or_else(|| bad("id is NULL or unreadable".into()))?;
         let payload = row.bytes("payload").map_err(&bad)?.unwrap_or_default();
         let payload_size = payload.len() as i64;
-        Ok(ClaimedRow {
+        let mut row = ClaimedRow {
             id,
             event_id: row
                 .uuid("event_id")
@@ -172,7 +172,10 @@ impl Decoder {
             attempts: row.i32("attempts").map_err(&bad)?.unwrap_or(0),
             permanent_failures: row.i32("permanent_failures").map_err(&bad)?.unwrap_or(0),
             row_bytes: payload_size,
-        })
+        };
+        // Over the sizes a claim reads: dead-lettered with the claim's reason.
+        row.unreadable = row.over_limits();
+        Ok(row)
     }
 }
 

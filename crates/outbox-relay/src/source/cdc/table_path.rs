@@ -540,6 +540,35 @@ impl Session {
             .map_err(|e| End::failed("loading holds", e))
     }
 
+    /// Dead-letters table rows that cannot be read whole, by id (parking their aggregates
+    /// under their real keys, as configured).
+    async fn dead_unreadable(&mut self, rows: &[ClaimedRow]) -> Result<(), End> {
+        let failures: Vec<Failure> = rows
+            .iter()
+            .map(|row| {
+                let error = PublishError::permanent(row.unreadable.clone().unwrap_or_default());
+                self.ctx.completer.judge_row(
+                    FailedRow {
+                        id: row.id,
+                        attempts: row.attempts,
+                        permanent_failures: row.permanent_failures,
+                        destination: "",
+                        key: (&row.aggregate_type, &row.aggregate_id),
+                    },
+                    &error,
+                )
+            })
+            .collect();
+        let park = self.ctx.config.on_dead == OnDead::Park;
+        let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
+        self.retry_db(|| store.mark_failed(relay_id, fences, &failures, park))
+            .await?;
+        self.ctx.health.progressed();
+        self.reload_holds()
+            .await
+            .map_err(|e| End::failed("loading holds", e))
+    }
+
     /// Publishes, from the table, the pending rows that may predate the slot.
     pub(super) async fn catch_up(
         &mut self,
@@ -575,6 +604,15 @@ impl Session {
                 break;
             }
             total += rows.len();
+            // A row the claim columns could not read whole (an aggregate key over 4 KiB reads
+            // as a digest, which `pending_of` cannot find it under) is dead-lettered by id
+            // here, not through the table path: else it stayed pending and the catch-up read
+            // it again for ever.
+            let (bad, rows): (Vec<ClaimedRow>, Vec<ClaimedRow>) =
+                rows.into_iter().partition(|r| r.unreadable.is_some());
+            if !bad.is_empty() {
+                self.dead_unreadable(&bad).await?;
+            }
             let keys: Vec<Key> = rows
                 .iter()
                 .map(|r| (r.aggregate_type.clone(), r.aggregate_id.clone()))
