@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Tables};
 use outbox_relay::{
-    admin::Admin,
+    admin::{Admin, Replayed},
     store::{Failure, MySqlStore, PgStore, SqliteStore, Store},
 };
 use outbox_testkit::{MySqlDb, SqliteFile, TestDb};
@@ -651,6 +651,20 @@ async fn a_replay_before_another_dead_letter_leaves_its_park_in_place(b: Backend
     // the first failing again would take it over.
     assert_eq!(b.replay(&[first]).await, 0);
     assert_eq!(b.status_of(first).await, "dead");
+    if let Some(admin) = &b.admin {
+        let report = admin
+            .replay_report(&[first, 999_999], "test", "conformance")
+            .await
+            .unwrap();
+        assert_eq!(
+            report,
+            Replayed {
+                replayed: 0,
+                not_replayed: vec![first],
+            },
+            "what the park rule left is said"
+        );
+    }
     assert_eq!(
         versions(s, &fences, "a").await,
         Vec::<i64>::new(),

@@ -209,6 +209,7 @@ pub async fn run(args: Args) -> CommandResult {
             let ids: Vec<i64> = letters.iter().map(|l| l.id).collect();
             let chunk = rate.map_or(ids.len(), |r| r.max(1) as usize);
             let mut replayed = 0;
+            let mut not_replayed: Vec<i64> = Vec::new();
             let keyed: Vec<(i64, &str, &str)> = letters
                 .iter()
                 .map(|l| (l.id, l.aggregate_type.as_str(), l.aggregate_id.as_str()))
@@ -217,26 +218,22 @@ pub async fn run(args: Args) -> CommandResult {
                 if i > 0 {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
-                replayed += admin.replay(part, &actor, &reason).await?;
+                let done = admin.replay_report(part, &actor, &reason).await?;
+                replayed += done.replayed;
+                not_replayed.extend(done.not_replayed);
             }
             super::print(&format!("replayed {replayed} dead letters\n"));
-            if (replayed as usize) < ids.len() {
-                // Still dead: rows before the dead event that parks their aggregate (see
-                // `Admin::replay`), or rows another operator changed meanwhile.
-                let filter = DeadLetterFilter {
-                    ids: Some(ids.clone()),
-                    limit: Some(ids.len() as i64),
-                    ..Default::default()
-                };
-                let kept = admin.dead_letters(&filter).await?;
-                if !kept.is_empty() {
-                    super::print(&format!(
-                        "{}{} dead letters not replayed: each comes before the dead letter \
-                         that parks its aggregate; replay them together with it\n",
-                        table(&kept),
-                        kept.len()
-                    ));
-                }
+            if !not_replayed.is_empty() {
+                let kept: Vec<DeadLetter> = letters
+                    .into_iter()
+                    .filter(|l| not_replayed.contains(&l.id))
+                    .collect();
+                super::print(&format!(
+                    "{}{} dead letters not replayed: each comes before the dead letter that \
+                     parks its aggregate; replay them together with it\n",
+                    table(&kept),
+                    kept.len()
+                ));
             }
         }
         Action::Skip {

@@ -113,6 +113,16 @@ pub struct AuditEntry {
     pub reason: String,
 }
 
+/// What a replay did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Replayed {
+    /// How many dead events became pending.
+    pub replayed: i64,
+    /// The dead events asked for that stay dead: each comes before the dead event that parks
+    /// its aggregate, which the replay did not include (see [`Admin::replay`]).
+    pub not_replayed: Vec<i64>,
+}
+
 /// Operator actions on one outbox.
 #[derive(Clone, Debug)]
 pub struct Admin {
@@ -260,6 +270,16 @@ impl Admin {
     /// it, those before it stay dead (the park records one dead event per aggregate). Returns
     /// how many were replayed. Recorded in the audit table.
     pub async fn replay(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
+        Ok(self.replay_report(ids, actor, reason).await?.replayed)
+    }
+
+    /// [`Admin::replay`], saying which of `ids` it left dead, and why (see [`Replayed`]).
+    pub async fn replay_report(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<Replayed, sqlx::Error> {
         match &self.backend {
             Backend::Postgres(pg) => pg.replay(ids, actor, reason).await,
             Backend::MySql(my) => my.replay(ids, actor, reason).await,

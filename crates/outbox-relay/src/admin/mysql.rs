@@ -155,9 +155,9 @@ impl MySqlAdmin {
         ids: &[i64],
         actor: &str,
         reason: &str,
-    ) -> Result<i64, sqlx::Error> {
+    ) -> Result<super::Replayed, sqlx::Error> {
         if ids.is_empty() {
-            return Ok(0);
+            return Ok(super::Replayed::default());
         }
         let mut tx = self.pool.begin().await?;
         let result = async {
@@ -166,19 +166,28 @@ impl MySqlAdmin {
             let replayed: Vec<i64> = bind_list(bind_list(sqlx::query_scalar(&dead_of), ids), ids)
                 .fetch_all(&mut *tx)
                 .await?;
-            if replayed.is_empty() {
-                return Ok(0);
-            }
             let n = replayed.len();
-            bind_list(sqlx::query(&self.listed("replay", n)), &replayed)
-                .execute(&mut *tx)
-                .await?;
-            bind_list(sqlx::query(&self.listed("hold_heads", n)), &replayed)
-                .execute(&mut *tx)
-                .await?;
-            self.record(&mut tx, actor, "replay", &replayed, reason)
-                .await?;
-            Ok(n as i64)
+            if n > 0 {
+                bind_list(sqlx::query(&self.listed("replay", n)), &replayed)
+                    .execute(&mut *tx)
+                    .await?;
+                bind_list(sqlx::query(&self.listed("hold_heads", n)), &replayed)
+                    .execute(&mut *tx)
+                    .await?;
+                self.record(&mut tx, actor, "replay", &replayed, reason)
+                    .await?;
+            }
+            // What is still dead of what was asked: what the park rule left.
+            let not_replayed: Vec<i64> = bind_list(
+                sqlx::query_scalar(&self.listed("still_dead", ids.len())),
+                ids,
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+            Ok(super::Replayed {
+                replayed: n as i64,
+                not_replayed,
+            })
         }
         .await;
         crate::store::finish(tx, result).await

@@ -171,13 +171,17 @@ impl PgAdmin {
         ids: &[i64],
         actor: &str,
         reason: &str,
-    ) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.replay)
+    ) -> Result<super::Replayed, sqlx::Error> {
+        let (replayed, not_replayed): (i64, Vec<i64>) = sqlx::query_as(&self.replay)
             .bind(ids)
             .bind(actor)
             .bind(reason)
             .fetch_one(&self.pool)
-            .await
+            .await?;
+        Ok(super::Replayed {
+            replayed,
+            not_replayed,
+        })
     }
 
     /// Abandons dead events: they stay dead but stop parking their aggregates, whose later

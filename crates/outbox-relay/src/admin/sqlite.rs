@@ -29,6 +29,7 @@ struct Sql {
     payload: String,
     replay: String,
     hold_heads: String,
+    still_dead: String,
     skip_targets: String,
     move_hold: String,
     drop_hold: String,
@@ -67,6 +68,7 @@ impl SqliteAdmin {
             payload: r("payload"),
             replay: r("replay"),
             hold_heads: r("hold_heads"),
+            still_dead: r("still_dead"),
             skip_targets: r("skip_targets"),
             move_hold: r("move_hold"),
             drop_hold: r("drop_hold"),
@@ -193,7 +195,7 @@ impl SqliteAdmin {
         ids: &[i64],
         actor: &str,
         reason: &str,
-    ) -> Result<i64, sqlx::Error> {
+    ) -> Result<super::Replayed, sqlx::Error> {
         let mut tx = self.begin_write().await?;
         let mut replayed: Vec<i64> = sqlx::query_scalar(&self.sql.replay)
             .bind(json_ids(ids))
@@ -209,8 +211,16 @@ impl SqliteAdmin {
             self.record(&mut tx, actor, "replay", &replayed, reason)
                 .await?;
         }
+        // What is still dead of what was asked: what the park rule left.
+        let not_replayed: Vec<i64> = sqlx::query_scalar(&self.sql.still_dead)
+            .bind(json_ids(ids))
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
-        Ok(replayed.len() as i64)
+        Ok(super::Replayed {
+            replayed: replayed.len() as i64,
+            not_replayed,
+        })
     }
 
     pub(crate) async fn skip(

@@ -190,23 +190,16 @@ async fn replay(
     };
     match d
         .admin
-        .replay(&action.ids, "dashboard", &action.reason)
+        .replay_report(&action.ids, "dashboard", &action.reason)
         .await
     {
-        Ok(n) => {
-            // The ids still dead: before the dead event that parks their aggregate (see
-            // `Admin::replay`), or changed by another operator meanwhile.
-            let filter = crate::admin::DeadLetterFilter {
-                ids: Some(action.ids.clone()),
-                limit: Some(action.ids.len() as i64),
-                ..Default::default()
-            };
-            let kept: Vec<i64> = match d.admin.dead_letters(&filter).await {
-                Ok(letters) => letters.iter().map(|l| l.id).collect(),
-                Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
-            };
-            Json(serde_json::json!({ "replayed": n, "not_replayed": kept })).into_response()
-        }
+        // `not_replayed`: the ids left dead, each before the dead event that parks its
+        // aggregate (see `Admin::replay`).
+        Ok(done) => Json(serde_json::json!({
+            "replayed": done.replayed,
+            "not_replayed": done.not_replayed,
+        }))
+        .into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
     }
 }

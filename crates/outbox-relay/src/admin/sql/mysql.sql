@@ -70,6 +70,9 @@ ORDER BY e.id FOR UPDATE;
 UPDATE {events}
 SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
 WHERE id IN ({ids}) AND status = 'dead';
+-- name: still_dead
+-- The dead rows among {ids} (after a replay: those it left dead).
+SELECT id FROM {events} WHERE id IN ({ids}) AND status = 'dead' ORDER BY id;
 -- name: hold_heads
 -- Each aggregate of the replayed rows {ids} gets its hold on its first pending row (a
 -- replayed one, or one pending before), due at once: it resumes with that row, in id order,

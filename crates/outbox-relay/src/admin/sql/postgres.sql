@@ -56,7 +56,7 @@ SELECT payload FROM {schema}.{events} WHERE id = $1;
 -- replayed events after that one wait behind it, and one before it is not replayed (`kept`:
 -- the park records one dead event per aggregate, so a replayed event that failed again there
 -- would take the park over and a later skip would let the aggregate pass the other one).
--- Replaying both together, or the parking one first, resumes the aggregate in id order.
+-- Replaying both together resumes the aggregate in id order.
 -- Audited in the same statement. $1 ids, $2 actor, $3 reason
 WITH asked AS (
     SELECT e.id, e.aggregate_type, e.aggregate_id
@@ -126,7 +126,13 @@ WITH asked AS (
     INSERT INTO {schema}.audit (actor, action, event_ids, reason)
     SELECT $2, 'replay', array_agg(id ORDER BY id), $3 FROM replayed HAVING count(*) > 0
 )
-SELECT count(*)::bigint FROM replayed;
+-- How many were replayed, and the dead ones asked for that the park rule left dead.
+SELECT (SELECT count(*) FROM replayed)::bigint,
+       ARRAY(SELECT a.id FROM asked a
+             WHERE EXISTS (SELECT 1 FROM kept k
+                           WHERE k.aggregate_type = a.aggregate_type
+                             AND k.aggregate_id = a.aggregate_id AND k.event_id > a.id)
+             ORDER BY a.id);
 -- name: skip
 -- The dead events stay dead (for the record) but stop parking their aggregates: a hold on one
 -- of them moves to its aggregate's first pending row, due at once (the rows waiting behind

@@ -83,6 +83,10 @@ WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'dead'
         AND h.event_id NOT IN (SELECT value FROM json_each(?1))
   )
 RETURNING id;
+-- name: still_dead
+-- The dead rows among ?1 (JSON ids; after a replay: those it left dead).
+SELECT id FROM {events} WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'dead'
+ORDER BY id;
 -- name: hold_heads
 -- Each aggregate of the replayed rows ?1 gets its hold on its first pending row (a replayed
 -- one, or one pending before), due at once: it resumes with that row, in id order, through
