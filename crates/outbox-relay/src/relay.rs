@@ -64,7 +64,9 @@ impl RelayHandle {
         self.task.abort();
     }
 
-    /// Whether the relay has stopped (it only stops by itself on a panic).
+    /// Whether the relay has stopped: by itself only on a panic or on an error it cannot go
+    /// on from (a CDC slot that belongs to another database); [`RelayHandle::shutdown`] then
+    /// returns the error.
     pub fn is_finished(&self) -> bool {
         self.task.is_finished()
     }

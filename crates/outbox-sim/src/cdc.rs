@@ -221,6 +221,7 @@ impl CdcDb for SimCdc {
                 SlotState {
                     lag_bytes: Some(lag),
                     retained_bytes: Some(lag),
+                    elsewhere: None,
                 }
             }))
         }))

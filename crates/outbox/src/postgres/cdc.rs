@@ -36,6 +36,10 @@ impl CdcNames {
     }
 }
 
+/// A slot as `setup` finds it: WAL status, the process streaming it, its database, and the
+/// database of this connection.
+type SlotRow = (Option<String>, Option<i32>, Option<String>, String);
+
 /// What [`setup`] found or created.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CdcSetup {
@@ -100,13 +104,26 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
     };
     // A slot cannot be created in a transaction that wrote: its own connection, autocommit.
     let mut conn = pool.acquire().await.map_err(Error::Database)?;
-    let found: Option<(Option<String>, Option<i32>)> = sqlx::query_as(
-        "SELECT wal_status, active_pid FROM pg_replication_slots WHERE slot_name = $1",
+    let found: Option<SlotRow> = sqlx::query_as(
+        "SELECT wal_status, active_pid, database::text, current_database()::text
+         FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(names.slot.as_str())
     .fetch_optional(&mut *conn)
     .await
     .map_err(Error::Database)?;
+    // Slots are cluster-wide: one of this name made for an outbox in another database streams
+    // that database's changes, and is never adopted.
+    if let Some((_, _, database, here)) = &found {
+        if database.as_deref() != Some(here.as_str()) {
+            let other = database.as_deref().unwrap_or("(none: a physical slot)");
+            return Err(cdc_error(format!(
+                "replication slot {} already exists and belongs to database {other}, and this                  outbox is in database {here}: give this outbox a slot of its own (--slot NAME,                  then `[cdc] slot = \"NAME\"` for its relays)",
+                names.slot.as_str()
+            )));
+        }
+    }
+    let found = found.map(|(status, active, _, _)| (status, active));
     let mut exists = found.is_some();
     // A slot invalidated by `max_slot_wal_keep_size` is still listed but can never stream
     // again: it is dropped and made anew (the rows it missed are caught up from the table).

@@ -108,12 +108,16 @@ pub struct HoldRow {
 }
 
 /// The replication slot's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SlotState {
     /// WAL written and not yet confirmed (bytes).
     pub lag_bytes: Option<i64>,
     /// WAL the slot retains (bytes).
     pub retained_bytes: Option<i64>,
+    /// The database the slot belongs to when it is not the outbox's, with the outbox's: a
+    /// slot of the same name made for another outbox of the cluster, which this one must not
+    /// adopt.
+    pub elsewhere: Option<(String, String)>,
 }
 
 /// The statements of the CDC source and its replication connection.

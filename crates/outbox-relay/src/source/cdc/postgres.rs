@@ -387,6 +387,9 @@ impl CdcDb for PgCdc {
             Ok(row.map(|r| SlotState {
                 lag_bytes: r.get("lag_bytes"),
                 retained_bytes: r.get("retained_bytes"),
+                elsewhere: r
+                    .get::<Option<String>, _>("elsewhere")
+                    .map(|other| (other, r.get("here"))),
             }))
         })
     }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     context::{retry, ChunkWork, Context, End, Held, Key, Streamed},
-    db::WalStream,
+    db::{SlotState, WalStream},
     inflight::InFlight,
     marks::Marks,
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
@@ -64,6 +64,19 @@ const CHUNK_BYTES: usize = 64 << 20;
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
     let ctx = Arc::new(ctx);
     let names = ctx.config.cdc_names().map_err(Error::Config)?;
+    // A slot of this name made for an outbox in another database of the cluster streams that
+    // database's changes: never adopted (a missing slot or an unreachable database is the
+    // session's to report and retry).
+    if let Ok(Some(SlotState {
+        elsewhere: Some((other, here)),
+        ..
+    })) = ctx.db.slot(names.slot.as_str()).await
+    {
+        return Err(Error::Config(format!(
+            "replication slot {} belongs to database {other}, and this outbox is in database              {here}: give this outbox a slot of its own (`outbox migrate --cdc --slot NAME`,              then `[cdc] slot = \"NAME\"`)",
+            names.slot.as_str()
+        )));
+    }
     tokio::spawn(super::slot::sample_slot(
         ctx.clone(),
         names.slot.as_str().to_owned(),

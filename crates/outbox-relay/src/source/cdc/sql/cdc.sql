@@ -191,11 +191,15 @@ WITH fence AS (
 )
 SELECT fenced.held, free.ok FROM fenced, free;
 -- name: slot
--- The slot's state: who streams it, WAL not yet confirmed, WAL retained.
+-- The slot's state: who streams it, WAL not yet confirmed, WAL retained, and the database it
+-- belongs to when that is not this one (a slot is cluster-wide, its changes one database's).
 SELECT active_pid,
        (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint AS lag_bytes,
        (pg_current_wal_lsn() - restart_lsn)::bigint AS retained_bytes,
-       wal_status
+       wal_status,
+       CASE WHEN database IS DISTINCT FROM current_database()
+            THEN coalesce(database::text, '(none: a physical slot)') END AS elsewhere,
+       current_database()::text AS here
 FROM pg_replication_slots WHERE slot_name = $1;
 -- name: terminate
 -- Ends a walsender still holding the slot for a relay whose lease this one has taken over;

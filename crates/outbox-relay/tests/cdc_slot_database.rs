@@ -1,0 +1,106 @@
+//! Two outboxes in two databases of one PostgreSQL cluster, given the same slot name: the
+//! second neither adopts the first's slot (`migrate --cdc`) nor streams from it (the relay),
+//! and both say which databases are involved.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cdc::{cdc_config, outbox_on, start};
+use outbox::postgres::cdc::{self, CdcNames};
+use outbox_testkit::{cdc_database_url, unique, wait_until, TestDb, NATS_URL};
+use sqlx::{Connection, PgConnection};
+
+/// A database of its own on the CDC server, dropped at the end of the test.
+struct OtherDatabase {
+    name: String,
+    url: String,
+}
+
+impl OtherDatabase {
+    async fn create() -> Self {
+        let name = unique("slotdb");
+        let mut admin = PgConnection::connect(&cdc_database_url()).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let base = cdc_database_url();
+        let at = base.rfind('/').expect("a database in the URL");
+        let url = format!("{}/{name}", &base[..at]);
+        Self { name, url }
+    }
+}
+
+impl Drop for OtherDatabase {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs outside async context guarantees: a thread with its own runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let mut admin = PgConnection::connect(&cdc_database_url()).await.unwrap();
+                let _ = sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+#[tokio::test]
+async fn a_slot_of_another_database_is_neither_adopted_nor_streamed() {
+    let first = outbox_on(&cdc_database_url(), 1).await;
+    // The first outbox's own names: its schema's drop drops its slot, whatever happens.
+    let names = CdcNames::for_tables(&first.tables);
+    cdc::setup(&first.pool, &first.tables, &names)
+        .await
+        .unwrap();
+    let first_db: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(&first.pool)
+        .await
+        .unwrap();
+
+    let other = OtherDatabase::create().await;
+    let second: TestDb = outbox_on(&other.url, 1).await;
+    let refused = cdc::setup(&second.pool, &second.tables, &names)
+        .await
+        .expect_err("the second outbox adopted the first's slot");
+    let message = refused.to_string();
+    assert!(
+        message.contains(&format!("belongs to database {first_db}"))
+            && message.contains(&format!("outbox is in database {}", other.name)),
+        "{message}"
+    );
+
+    // Its relay, told to use that slot, stops with the same reason instead of failing its
+    // sessions for ever while it answers ready.
+    let prefix = unique("p");
+    let publisher = common::nats(NATS_URL, &unique("S")).await;
+    let mut config = cdc_config(&second, &prefix);
+    config.cdc.slot = Some(names.slot.as_str().to_owned());
+    config.cdc.publication = Some(names.publication.as_str().to_owned());
+    let relay = start(&second, publisher, config).await;
+    wait_until("the relay to stop", Duration::from_secs(30), || async {
+        relay.is_finished()
+    })
+    .await;
+    let error = relay
+        .shutdown()
+        .await
+        .expect_err("it stopped with an error");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("belongs to database {first_db}")),
+        "{error}"
+    );
+
+    second.pool.close().await;
+    drop(second);
+    drop(other);
+}
