@@ -37,6 +37,16 @@ async fn a_catch_up_row_with_an_oversized_aggregate_key_is_a_dead_letter_and_the
     let after = write(&db, WriteMode::Table, "new", 2, 2, 10).await;
     // The same row from the stream: a dead letter too.
     let streamed = oversized_key(&db, 6000).await;
+    // Headers over 64 KiB as JSON text that compress to 1 KiB when stored: the stream and the
+    // table path measure them alike (they once judged them apart, and the row went to NATS).
+    let headers: i64 = sqlx::query_scalar(&db.tables.render(
+        "INSERT INTO {schema}.{events} (event_id, aggregate_type, aggregate_id, event_type, \
+         payload, headers) VALUES (gen_random_uuid(), 'order', 'h', 'Placed', '{}', \
+         jsonb_build_object('h', repeat('a', 100000))) RETURNING id",
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     let after = after + write(&db, WriteMode::Table, "newer", 2, 1, 10).await;
     let got = reader.wait_for(before + after, WAIT).await;
     let error = db
@@ -73,6 +83,28 @@ async fn a_catch_up_row_with_an_oversized_aggregate_key_is_a_dead_letter_and_the
         },
     )
     .await;
+    wait_until(
+        "the row with large headers to be a dead letter",
+        WAIT,
+        || async {
+            sqlx::query_scalar::<_, String>(&error)
+                .bind(headers)
+                .fetch_optional(&db.pool)
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    let last_error: String = sqlx::query_scalar(&error)
+        .bind(headers)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        last_error.contains("headers are 100009 bytes"),
+        "{last_error}"
+    );
     relay.shutdown().await.unwrap();
     let report = Report::of(&got);
     assert_eq!(report.unique, before + after, "{report:?}");

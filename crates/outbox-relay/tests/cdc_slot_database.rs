@@ -100,6 +100,50 @@ async fn a_slot_of_another_database_is_neither_adopted_nor_streamed() {
         "{error}"
     );
 
+    // A relay that started while its slot was missing stops once a slot of that name is made
+    // for the other database (it used to fail its sessions for ever).
+    let late = CdcNames::new(
+        &format!("{}_late", first.schema),
+        names.publication.as_str(),
+    )
+    .unwrap();
+    let mut config = cdc_config(&second, &prefix);
+    config.cdc.slot = Some(late.slot.as_str().to_owned());
+    config.cdc.publication = Some(names.publication.as_str().to_owned());
+    let publisher = common::nats(NATS_URL, &unique("S")).await;
+    let relay = start(&second, publisher, config).await;
+    // Past its start (it checks the slot before it waits for its leases): it owns them.
+    let owned = second.tables.render(
+        "SELECT count(*) FILTER (WHERE owner IS NOT NULL AND expires_at > now()) = count(*) \
+             FROM {schema}.leases",
+    );
+    wait_until(
+        "the relay to own its leases",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, bool>(&owned)
+                .fetch_one(&second.pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    cdc::setup(&first.pool, &first.tables, &late).await.unwrap();
+    wait_until("the relay to stop", Duration::from_secs(30), || async {
+        relay.is_finished()
+    })
+    .await;
+    let error = relay
+        .shutdown()
+        .await
+        .expect_err("it stopped with an error");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("belongs to database {first_db}")),
+        "{error}"
+    );
+
     second.pool.close().await;
     drop(second);
     drop(other);

@@ -118,7 +118,9 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
         if database.as_deref() != Some(here.as_str()) {
             let other = database.as_deref().unwrap_or("(none: a physical slot)");
             return Err(cdc_error(format!(
-                "replication slot {} already exists and belongs to database {other}, and this                  outbox is in database {here}: give this outbox a slot of its own (--slot NAME,                  then `[cdc] slot = \"NAME\"` for its relays)",
+                "replication slot {} already exists and belongs to database {other}, and \
+                 this outbox is in database {here}: give this outbox a slot of its own \
+                 (--slot NAME, then `[relay.cdc] slot = \"NAME\"` for its relays)",
                 names.slot.as_str()
             )));
         }

@@ -64,18 +64,8 @@ const CHUNK_BYTES: usize = 64 << 20;
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
     let ctx = Arc::new(ctx);
     let names = ctx.config.cdc_names().map_err(Error::Config)?;
-    // A slot of this name made for an outbox in another database of the cluster streams that
-    // database's changes: never adopted (a missing slot or an unreachable database is the
-    // session's to report and retry).
-    if let Ok(Some(SlotState {
-        elsewhere: Some((other, here)),
-        ..
-    })) = ctx.db.slot(names.slot.as_str()).await
-    {
-        return Err(Error::Config(format!(
-            "replication slot {} belongs to database {other}, and this outbox is in database              {here}: give this outbox a slot of its own (`outbox migrate --cdc --slot NAME`,              then `[cdc] slot = \"NAME\"`)",
-            names.slot.as_str()
-        )));
+    if let Some(error) = slot_elsewhere(&ctx, names.slot.as_str()).await {
+        return Err(error);
     }
     tokio::spawn(super::slot::sample_slot(
         ctx.clone(),
@@ -122,6 +112,11 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             }
             End::Failed(error) => {
                 ctx.metrics.database_errors.inc();
+                // The slot may have been made meanwhile for another database (after this
+                // relay's slot was dropped): its sessions would fail for ever.
+                if let Some(error) = slot_elsewhere(&ctx, names.slot.as_str()).await {
+                    return Err(error);
+                }
                 let delay = pause.next();
                 tracing::warn!(error = %error.chain(), ?delay, "CDC stream failed; reconnecting");
                 tokio::select! {
@@ -132,6 +127,25 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             }
         }
     }
+}
+
+/// The error to stop with when `slot` belongs to another database of the cluster: a slot of
+/// this name made for an outbox there streams that database's changes, and is never adopted.
+/// `None` when it is this database's, missing, or cannot be read now (a missing slot or an
+/// unreachable database is the session's to report and retry).
+async fn slot_elsewhere(ctx: &Context, slot: &str) -> Option<Error> {
+    let Ok(Some(SlotState {
+        elsewhere: Some((other, here)),
+        ..
+    })) = ctx.db.slot(slot).await
+    else {
+        return None;
+    };
+    Some(Error::Config(format!(
+        "replication slot {slot} belongs to database {other}, and this outbox is in database \
+         {here}: give this outbox a slot of its own (`outbox migrate --cdc --slot NAME`, then \
+         `[relay.cdc] slot = \"NAME\"`)"
+    )))
 }
 
 /// Longest wait, on a graceful stop, for the client to report the confirmed position.

@@ -3,7 +3,8 @@
 -- * the payload only when it is at most $N bytes (its size always);
 -- * `headers` as JSON text (the relay parses it: jsonb holds numbers and nesting depths a JSON
 --   parser may refuse, and one such row must not fail the whole claim);
--- * text columns and headers only up to a size limit (4 KiB each, 64 KiB of headers), so a
+-- * text columns and headers only up to a size limit (4 KiB each, 64 KiB of headers as JSON
+--   text: what the CDC stream carries and measures, `ClaimedRow::over_limits`), so a
 --   claim never loads megabytes of metadata: over it, the value is replaced (an aggregate key
 --   by a digest, so that the aggregate keeps one lane) and `unreadable` says which column and
 --   how large; the row is dead-lettered with that reason;
@@ -23,7 +24,7 @@ e.id, e.event_id,
        octet_length(e.payload)::bigint AS payload_size,
        CASE WHEN octet_length(e.content_type) <= 4096 THEN e.content_type ELSE '' END
            AS content_type,
-       CASE WHEN pg_column_size(e.headers) <= 65536 THEN e.headers::text ELSE '{}' END
+       CASE WHEN octet_length(e.headers::text) <= 65536 THEN e.headers::text ELSE '{}' END
            AS headers,
        CASE WHEN octet_length(e.aggregate_type) > 4096
                 THEN format('aggregate_type is %s bytes, over the limit of 4096 bytes',
@@ -40,9 +41,9 @@ e.id, e.event_id,
             WHEN octet_length(e.content_type) > 4096
                 THEN format('content_type is %s bytes, over the limit of 4096 bytes',
                             octet_length(e.content_type))
-            WHEN pg_column_size(e.headers) > 65536
+            WHEN octet_length(e.headers::text) > 65536
                 THEN format('headers are %s bytes, over the limit of 65536 bytes',
-                            pg_column_size(e.headers))
+                            octet_length(e.headers::text))
        END AS unreadable,
        CASE WHEN e.occurred_at > '-infinity' AND e.occurred_at < '262143-01-01 00:00:00+00'
             THEN e.occurred_at END AS occurred_at,
