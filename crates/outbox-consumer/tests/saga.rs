@@ -590,14 +590,23 @@ impl io::Write for Logs {
     }
 }
 
-/// Runs `future` and returns its output with the log lines it wrote.
+/// Runs `future` and returns its output with the log lines it wrote. One at a time, with the
+/// callsites' interest rebuilt once the subscriber exists: tracing caches whether a callsite
+/// is wanted, and a test of this binary running without a subscriber (or another one's
+/// subscriber going away) can leave it cached as unwanted; the line was then missing (seen
+/// once in CI).
 async fn logged<T>(future: impl Future<Output = T>) -> (T, String) {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let logs = Logs::default();
     let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
+    let subscriber = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    tracing::callsite::rebuild_interest_cache();
     let output = future.with_subscriber(subscriber).await;
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     (output, text)
