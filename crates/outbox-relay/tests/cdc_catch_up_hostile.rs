@@ -22,6 +22,25 @@ async fn oversized_key(db: &TestDb, bytes: i32) -> i64 {
     .unwrap()
 }
 
+/// Waits for row `id` to be a dead letter; its `last_error`.
+async fn dead_letter(db: &TestDb, id: i64) -> String {
+    let error = db
+        .tables
+        .render("SELECT last_error FROM {schema}.{events} WHERE id = $1 AND status = 'dead'");
+    let read = || async {
+        sqlx::query_scalar::<_, String>(&error)
+            .bind(id)
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap()
+    };
+    wait_until(&format!("row {id} to be a dead letter"), WAIT, || async {
+        read().await.is_some()
+    })
+    .await;
+    read().await.expect("dead")
+}
+
 #[tokio::test]
 async fn a_catch_up_row_with_an_oversized_aggregate_key_is_a_dead_letter_and_the_rest_flows() {
     let db = outbox_on(&cdc_database_url(), 2).await;
@@ -49,58 +68,13 @@ async fn a_catch_up_row_with_an_oversized_aggregate_key_is_a_dead_letter_and_the
     .unwrap();
     let after = after + write(&db, WriteMode::Table, "newer", 2, 1, 10).await;
     let got = reader.wait_for(before + after, WAIT).await;
-    let error = db
-        .tables
-        .render("SELECT last_error FROM {schema}.{events} WHERE id = $1 AND status = 'dead'");
-    wait_until("the oversized row to be a dead letter", WAIT, || async {
-        sqlx::query_scalar::<_, String>(&error)
-            .bind(huge)
-            .fetch_optional(&db.pool)
-            .await
-            .unwrap()
-            .is_some()
-    })
-    .await;
-    let last_error: String = sqlx::query_scalar(&error)
-        .bind(huge)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let last_error = dead_letter(&db, huge).await;
     assert!(
         last_error.contains("aggregate_id is 5000 bytes"),
         "{last_error}"
     );
-    wait_until(
-        "the streamed oversized row to be a dead letter",
-        WAIT,
-        || async {
-            sqlx::query_scalar::<_, String>(&error)
-                .bind(streamed)
-                .fetch_optional(&db.pool)
-                .await
-                .unwrap()
-                .is_some()
-        },
-    )
-    .await;
-    wait_until(
-        "the row with large headers to be a dead letter",
-        WAIT,
-        || async {
-            sqlx::query_scalar::<_, String>(&error)
-                .bind(headers)
-                .fetch_optional(&db.pool)
-                .await
-                .unwrap()
-                .is_some()
-        },
-    )
-    .await;
-    let last_error: String = sqlx::query_scalar(&error)
-        .bind(headers)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    dead_letter(&db, streamed).await;
+    let last_error = dead_letter(&db, headers).await;
     assert!(
         last_error.contains("headers are 100009 bytes"),
         "{last_error}"

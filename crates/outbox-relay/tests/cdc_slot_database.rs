@@ -52,6 +52,24 @@ impl Drop for OtherDatabase {
     }
 }
 
+/// Waits for `relay` to stop by itself, with an error that names database `other`.
+async fn stops_naming(relay: outbox_relay::RelayHandle, other: &str) {
+    wait_until("the relay to stop", Duration::from_secs(30), || async {
+        relay.is_finished()
+    })
+    .await;
+    let error = relay
+        .shutdown()
+        .await
+        .expect_err("it stopped with an error");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("belongs to database {other}")),
+        "{error}"
+    );
+}
+
 #[tokio::test]
 async fn a_slot_of_another_database_is_neither_adopted_nor_streamed() {
     let first = outbox_on(&cdc_database_url(), 1).await;
@@ -85,20 +103,7 @@ async fn a_slot_of_another_database_is_neither_adopted_nor_streamed() {
     config.cdc.slot = Some(names.slot.as_str().to_owned());
     config.cdc.publication = Some(names.publication.as_str().to_owned());
     let relay = start(&second, publisher, config).await;
-    wait_until("the relay to stop", Duration::from_secs(30), || async {
-        relay.is_finished()
-    })
-    .await;
-    let error = relay
-        .shutdown()
-        .await
-        .expect_err("it stopped with an error");
-    assert!(
-        error
-            .to_string()
-            .contains(&format!("belongs to database {first_db}")),
-        "{error}"
-    );
+    stops_naming(relay, &first_db).await;
 
     // A relay that started while its slot was missing stops once a slot of that name is made
     // for the other database (it used to fail its sessions for ever).
@@ -129,20 +134,7 @@ async fn a_slot_of_another_database_is_neither_adopted_nor_streamed() {
     )
     .await;
     cdc::setup(&first.pool, &first.tables, &late).await.unwrap();
-    wait_until("the relay to stop", Duration::from_secs(30), || async {
-        relay.is_finished()
-    })
-    .await;
-    let error = relay
-        .shutdown()
-        .await
-        .expect_err("it stopped with an error");
-    assert!(
-        error
-            .to_string()
-            .contains(&format!("belongs to database {first_db}")),
-        "{error}"
-    );
+    stops_naming(relay, &first_db).await;
 
     second.pool.close().await;
     drop(second);
