@@ -3,7 +3,7 @@
 //!
 //! | metric | type | meaning |
 //! | --- | --- | --- |
-//! | `outbox_oldest_pending_age_seconds` | gauge | age of the oldest unpublished event (G7) |
+//! | `outbox_oldest_pending_age_seconds` | gauge | how long the oldest unpublished event has waited since it was written, by the database clock (G7) |
 //! | `outbox_pending_events` | gauge | events waiting to be published |
 //! | `outbox_dead_events` | gauge | dead-lettered events |
 //! | `outbox_published_total{destination}` | counter | events acknowledged by the broker |
@@ -23,7 +23,7 @@
 //! | `outbox_cdc_streaming` | gauge | 1 while this relay streams the slot (CDC), else 0 |
 //! | `outbox_cdc_slot_lag_bytes` | gauge | WAL written since the slot's confirmed position |
 //! | `outbox_cdc_slot_retained_wal_bytes` | gauge | WAL the slot keeps on disk |
-//! | `outbox_cdc_slot_lag_seconds` | gauge | age of the oldest commit streamed and not confirmed |
+//! | `outbox_cdc_slot_lag_seconds` | gauge | age of the oldest commit streamed and not confirmed, by the database clock |
 //! | `outbox_cdc_retained_wal_alarm` | gauge | 1 when retained WAL passed 80% of `cdc.max_retained_wal_bytes` |
 //! | `outbox_cdc_spilled_total` | counter | streamed events handed to the table path (failed, or behind a held aggregate) |
 

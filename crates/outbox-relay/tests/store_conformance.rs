@@ -836,6 +836,60 @@ async fn replay_and_skip_leave_rows_that_are_not_dead_alone(b: Backend) {
     assert_eq!(versions(s, &fences, "a").await, vec![2]);
 }
 
+/// Lag is how long an event has waited in the outbox, by the database's clock: a writer's
+/// `occurred_at` far ahead (a skewed clock) or far behind (a backfill) does not move it.
+async fn lag_counts_from_arrival_by_the_database_clock_not_the_writers_time(b: Backend) {
+    let s = &b.store;
+    assert_eq!(
+        s.backlog().await.unwrap().oldest_age,
+        None,
+        "nothing pending, no age"
+    );
+    let now = chrono::Utc::now();
+    b.enqueue(&[
+        Event::new("order", "backfill", "Happened").occurred_at(now - chrono::Duration::hours(2))
+    ])
+    .await;
+    let age = s
+        .backlog()
+        .await
+        .unwrap()
+        .oldest_age
+        .expect("a pending row has an age");
+    assert!(
+        age < Duration::from_secs(600),
+        "an event backfilled with a time two hours ago has not waited that long: {age:?}"
+    );
+    b.enqueue(&[
+        Event::new("order", "ahead", "Happened").occurred_at(now + chrono::Duration::minutes(10))
+    ])
+    .await;
+    if matches!(b.write, Writer::Model(_)) {
+        // The model's clock is virtual: it does not move while this test waits.
+        return;
+    }
+    // Only the row from ten minutes ahead left pending: its wait grows from its arrival.
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let first = rows.iter().map(|r| r.id).min().unwrap();
+    assert_eq!(s.mark_published("r1", &fences, &[first]).await.unwrap(), 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let backlog = s.backlog().await.unwrap();
+        assert_eq!(backlog.pending, 1);
+        let age = backlog.oldest_age.expect("a pending row has an age");
+        if age >= Duration::from_secs(1) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the wait of a row written with a time ahead does not grow: {age:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -877,4 +931,5 @@ conformance!(
     a_replay_after_the_parked_event_waits_behind_it,
     a_failure_before_the_parked_event_leaves_the_park_in_place,
     replay_and_skip_leave_rows_that_are_not_dead_alone,
+    lag_counts_from_arrival_by_the_database_clock_not_the_writers_time,
 );

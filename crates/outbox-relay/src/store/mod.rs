@@ -112,10 +112,17 @@ pub(crate) async fn finish<DB: sqlx::Database, T>(
 pub struct Backlog {
     /// Events waiting to be published.
     pub pending: i64,
-    /// Age of the oldest of them, by the database clock.
+    /// How long the oldest of them has waited since it was written, by the database clock
+    /// (its `enqueued_at`, never the writer's `occurred_at`).
     pub oldest_age: Option<Duration>,
     /// Dead-lettered events.
     pub dead: i64,
+}
+
+/// A wait the database measured in microseconds, as a duration: a negative one (a row whose
+/// arrival time a writer set ahead, against the contract) reads as no wait.
+pub(crate) fn waited(micros: i64) -> Duration {
+    Duration::from_micros(micros.max(0) as u64)
 }
 
 /// One partition as `outbox status` shows it.

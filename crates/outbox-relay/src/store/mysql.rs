@@ -6,7 +6,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use chrono::{NaiveDateTime, Utc};
+use chrono::NaiveDateTime;
 use futures::future::BoxFuture;
 use outbox::Tables;
 use sqlx::{
@@ -674,10 +674,10 @@ impl Store for MySqlStore {
             let row = sqlx::query(self.sql.get("backlog"))
                 .fetch_one(&self.pool)
                 .await?;
-            let oldest: Option<NaiveDateTime> = row.try_get(1)?;
+            let waited: Option<i64> = row.try_get(1)?;
             Ok(Backlog {
                 pending: row.try_get(0)?,
-                oldest_age: oldest.map(|t| (Utc::now() - t.and_utc()).to_std().unwrap_or_default()),
+                oldest_age: waited.map(super::waited),
                 dead: row.try_get(2)?,
             })
         })
@@ -693,16 +693,14 @@ impl Store for MySqlStore {
                 .await?;
             rows.iter()
                 .map(|r| {
-                    let oldest: Option<NaiveDateTime> = r.try_get("oldest")?;
+                    let waited: Option<i64> = r.try_get("oldest_wait_us")?;
                     Ok(PartitionStatus {
                         partition: r.try_get("partition")?,
                         owner: r.try_get("owner")?,
                         epoch: r.try_get("epoch")?,
                         live: r.try_get::<i64, _>("live")? != 0,
                         pending: r.try_get("pending")?,
-                        oldest_age_seconds: oldest.map(|t| {
-                            (Utc::now() - t.and_utc()).num_microseconds().unwrap_or(0) as f64 / 1e6
-                        }),
+                        oldest_age_seconds: waited.map(|w| super::waited(w).as_secs_f64()),
                     })
                 })
                 .collect()

@@ -527,13 +527,10 @@ impl Store for SqliteStore {
     fn backlog(&self) -> BoxFuture<'_, Result<Backlog, sqlx::Error>> {
         Box::pin(async move {
             let row = sqlx::query(&self.sql.backlog).fetch_one(&self.pool).await?;
-            let oldest: Option<String> = row.try_get(1)?;
+            let waited: Option<i64> = row.try_get(1)?;
             Ok(Backlog {
                 pending: row.try_get(0)?,
-                oldest_age: oldest
-                    .as_deref()
-                    .and_then(parse_time)
-                    .map(|t| (Utc::now() - t).to_std().unwrap_or_default()),
+                oldest_age: waited.map(super::waited),
                 dead: row.try_get(2)?,
             })
         })
@@ -549,17 +546,14 @@ impl Store for SqliteStore {
                 .await?;
             rows.iter()
                 .map(|r| {
-                    let oldest: Option<String> = r.try_get("oldest")?;
+                    let waited: Option<i64> = r.try_get("oldest_wait_us")?;
                     Ok(PartitionStatus {
                         partition: r.try_get("partition")?,
                         owner: r.try_get("owner")?,
                         epoch: r.try_get("epoch")?,
                         live: r.try_get("live")?,
                         pending: r.try_get("pending")?,
-                        oldest_age_seconds: oldest
-                            .as_deref()
-                            .and_then(parse_time)
-                            .map(|t| (Utc::now() - t).num_microseconds().unwrap_or(0) as f64 / 1e6),
+                        oldest_age_seconds: waited.map(|w| super::waited(w).as_secs_f64()),
                     })
                 })
                 .collect()

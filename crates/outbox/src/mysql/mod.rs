@@ -25,6 +25,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "inbox: text message ids and event types",
         include_str!("migrations/0002_inbox_message_ids.sql"),
     ),
+    (
+        3,
+        "arrival time by the database clock",
+        include_str!("migrations/0003_enqueued_at.sql"),
+    ),
 ];
 
 /// Partition count of a new MySQL outbox when none is given (as PostgreSQL's).

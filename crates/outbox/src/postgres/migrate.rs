@@ -80,6 +80,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "consumers' held events",
         include_str!("migrations/0016_consumer_held.sql"),
     ),
+    (
+        17,
+        "arrival time by the database clock",
+        include_str!("migrations/0017_enqueued_at.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

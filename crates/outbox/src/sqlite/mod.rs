@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "inbox: event types",
         include_str!("migrations/0006_inbox_event_type.sql"),
     ),
+    (
+        7,
+        "arrival time by the database clock",
+        include_str!("migrations/0007_enqueued_at.sql"),
+    ),
 ];
 
 /// Writes events into a SQLite outbox. Cheap to clone; holds no connection.

@@ -66,9 +66,11 @@ WHERE e.id IN ({ids}) AND e.status = 'dead'
   )
 ORDER BY e.id FOR UPDATE;
 -- name: replay
--- Dead events become pending again, attempts and permanent failures reset. {ids}
+-- Dead events become pending again, attempts and permanent failures reset, their wait
+-- (the lag gauge's) counted from now. {ids}
 UPDATE {events}
-SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
+SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL,
+    enqueued_at = UTC_TIMESTAMP(6)
 WHERE id IN ({ids}) AND status = 'dead';
 -- name: still_dead
 -- The dead rows among {ids} (after a replay: those it left dead).

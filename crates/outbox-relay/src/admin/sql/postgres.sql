@@ -47,7 +47,8 @@ LIMIT $7;
 -- name: payload
 SELECT payload FROM {schema}.{events} WHERE id = $1;
 -- name: replay
--- Dead events become pending again, attempts and permanent failures reset. Each aggregate
+-- Dead events become pending again, attempts and permanent failures reset, their wait
+-- (the lag gauge's) counted from now. Each aggregate
 -- concerned gets its hold on its first pending row, due at once: it resumes with that row,
 -- in id order (the polling claim's due path, the CDC source's table path). A hold is the
 -- record that an aggregate has events waiting in the table, so it moves rather than goes: a
@@ -74,7 +75,8 @@ WITH asked AS (
     WHERE h.held_until IS NULL AND d.status = 'dead' AND NOT h.event_id = ANY($1)
 ), replayed AS (
     UPDATE {schema}.{events} e
-    SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
+    SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL,
+        enqueued_at = now()
     FROM asked a
     WHERE e.id = a.id AND e.status = 'dead'
       AND NOT EXISTS (

@@ -67,11 +67,13 @@ LIMIT ?7;
 -- name: payload
 SELECT CAST(payload AS BLOB) FROM {events} WHERE id = ?1;
 -- name: replay
--- Dead events become pending again, attempts and permanent failures reset, all but those
+-- Dead events become pending again, attempts and permanent failures reset, their wait
+-- (the lag gauge's) counted from now, all but those
 -- before the dead event their aggregate is parked on, when the replay leaves that one dead
 -- (see `replay` in postgres.sql: the park records one dead event per aggregate). ?1 ids (JSON)
 UPDATE {events}
-SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL
+SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL,
+    enqueued_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'dead'
   AND NOT EXISTS (
       SELECT 1 FROM {holds} h

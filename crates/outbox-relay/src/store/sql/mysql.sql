@@ -193,16 +193,20 @@ WHERE e.status = 'pending' AND e.next_attempt_at IS NOT NULL
       SELECT 1 FROM {holds} h
       WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id);
 -- name: backlog
+-- The oldest pending row's wait in microseconds, by the database's clock and its arrival
+-- (`enqueued_at`, set by the database), whatever the writer put in `occurred_at`.
 SELECT (SELECT count(*) FROM {events} WHERE status = 'pending'),
-       (SELECT min(occurred_at) FROM {events} WHERE status = 'pending'),
+       (SELECT TIMESTAMPDIFF(MICROSECOND, min(enqueued_at), UTC_TIMESTAMP(6))
+        FROM {events} WHERE status = 'pending'),
        (SELECT count(*) FROM {events} WHERE status = 'dead');
 -- name: partitions
 -- Each partition's lease with its backlog. ? now (ms)
 SELECT l.`partition`, l.owner, l.epoch, CAST(l.expires_at > ? AS SIGNED) AS live,
-       CAST(COALESCE(c.pending, 0) AS SIGNED) AS pending, c.oldest
+       CAST(COALESCE(c.pending, 0) AS SIGNED) AS pending,
+       TIMESTAMPDIFF(MICROSECOND, c.oldest, UTC_TIMESTAMP(6)) AS oldest_wait_us
 FROM {leases} l
 LEFT JOIN (
-    SELECT `partition`, count(*) AS pending, min(occurred_at) AS oldest
+    SELECT `partition`, count(*) AS pending, min(enqueued_at) AS oldest
     FROM {events} WHERE status = 'pending' GROUP BY `partition`
 ) c ON c.`partition` = l.`partition`
 ORDER BY l.`partition`;

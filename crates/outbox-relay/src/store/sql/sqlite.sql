@@ -195,15 +195,19 @@ ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
 -- name: unhold
 DELETE FROM {holds} WHERE aggregate_type = ?1 AND aggregate_id = ?2;
 -- name: backlog
+-- The oldest pending row's wait in microseconds, by the database's clock and its arrival
+-- (`enqueued_at`, set by the database), whatever the writer put in `occurred_at`.
 SELECT (SELECT count(*) FROM {events} WHERE status = 'pending'),
-       (SELECT min(occurred_at) FROM {events} WHERE status = 'pending'),
+       (SELECT CAST(round((julianday('now') - julianday(min(enqueued_at))) * 86400e6) AS INTEGER)
+        FROM {events} WHERE status = 'pending'),
        (SELECT count(*) FROM {events} WHERE status = 'dead');
 -- name: partitions
 -- The lease of each partition (one on SQLite) with its backlog. ?1 now (ms)
 SELECT l.partition, l.owner, l.epoch, l.expires_at > ?1 AS live,
        (SELECT count(*) FROM {events} e
         WHERE e.status = 'pending' AND e.partition = l.partition) AS pending,
-       (SELECT CAST(min(e.occurred_at) AS TEXT) FROM {events} e
-        WHERE e.status = 'pending' AND e.partition = l.partition) AS oldest
+       (SELECT CAST(round((julianday('now') - julianday(min(e.enqueued_at))) * 86400e6)
+                    AS INTEGER) FROM {events} e
+        WHERE e.status = 'pending' AND e.partition = l.partition) AS oldest_wait_us
 FROM {leases} l
 ORDER BY l.partition;

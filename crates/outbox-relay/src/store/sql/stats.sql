@@ -1,11 +1,13 @@
 -- name: backlog
--- `oldest` is NULL when nothing is pending (the gauge then reads 0), else clamped to what the
--- relay can represent: a row written with occurred_at '-infinity' must not make the gauge fail
--- (it is dead-lettered by the claim). The clamp is applied only to a minimum that exists:
--- GREATEST ignores NULL, and would turn "nothing pending" into 4714 BC.
+-- `oldest` is the arrival (`enqueued_at`, set by the database) of the oldest pending row: lag
+-- is how long an event has waited, by the database's clock, whatever the writer put in
+-- `occurred_at`. NULL when nothing is pending (the gauge then reads 0), else clamped to what
+-- the relay can represent, should a writer set the column against the contract. The clamp is
+-- applied only to a minimum that exists: GREATEST ignores NULL, and would turn "nothing
+-- pending" into 4714 BC.
 SELECT count(*)::bigint AS pending,
-       CASE WHEN min(occurred_at) IS NOT NULL
-            THEN LEAST(GREATEST(min(occurred_at), '4714-11-24 00:00:00+00 BC'),
+       CASE WHEN min(enqueued_at) IS NOT NULL
+            THEN LEAST(GREATEST(min(enqueued_at), '4714-11-24 00:00:00+00 BC'),
                        '262142-12-31 23:59:59+00') END AS oldest,
        (SELECT count(*)::bigint FROM {schema}.{events} WHERE status = 'dead') AS dead,
        now() AS now
@@ -17,7 +19,7 @@ SELECT l.partition, l.owner, l.epoch, l.expires_at > now() AS live,
 FROM {schema}.leases l
 LEFT JOIN (
     SELECT partition, count(*) AS pending,
-           LEAST(GREATEST(min(occurred_at), '4714-11-24 00:00:00+00 BC'),
+           LEAST(GREATEST(min(enqueued_at), '4714-11-24 00:00:00+00 BC'),
                  '262142-12-31 23:59:59+00') AS oldest
     FROM {schema}.{events}
     WHERE status = 'pending'
