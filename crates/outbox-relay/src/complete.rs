@@ -225,19 +225,29 @@ impl Completer {
     /// database refuses does not leave the others unrecorded and stall the partition; that row
     /// stays pending (it will be published again) and the refusal is logged and counted.
     pub(crate) async fn record(&self, fences: &[Fence], published: &[i64], failures: &[Failure]) {
-        let Err(error) = self.write(fences, published, failures).await else {
+        let Err(Refused {
+            error,
+            published_recorded,
+        }) = self.write(fences, published, failures).await
+        else {
             return;
+        };
+        // The published marks, when they were written before the failures were refused.
+        let published = if published_recorded {
+            &[][..]
+        } else {
+            published
         };
         if published.len() + failures.len() > 1 {
             tracing::warn!(%error, "the database refused a batch's outcomes; writing them one by one");
             for id in published {
-                if let Err(error) = self.write(fences, std::slice::from_ref(id), &[]).await {
-                    self.refused(&error, *id);
+                if let Err(refused) = self.write(fences, std::slice::from_ref(id), &[]).await {
+                    self.refused(&refused.error, *id);
                 }
             }
             for failure in failures {
-                if let Err(error) = self.write(fences, &[], std::slice::from_ref(failure)).await {
-                    self.refused(&error, failure.id);
+                if let Err(refused) = self.write(fences, &[], std::slice::from_ref(failure)).await {
+                    self.refused(&refused.error, failure.id);
                 }
             }
         } else {
@@ -256,33 +266,43 @@ impl Completer {
     }
 
     /// One attempt to write outcomes, retried while a lease of `fences` lasts unless the
-    /// database refuses it for its data (returned as the error).
+    /// database refuses it for its data (returned as the error). The published marks and the
+    /// failures are two statements: one that succeeded is not run again when the other is
+    /// retried (run again, it would find its rows settled and count them as lost to another
+    /// relay).
     async fn write(
         &self,
         fences: &[Fence],
         published: &[i64],
         failures: &[Failure],
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), Refused> {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut marked_published: Option<i64> = published.is_empty().then_some(0);
         loop {
             let marked = async {
-                let mut n = 0;
-                if !published.is_empty() {
-                    n += within(
-                        self.answer_within,
-                        self.store.mark_published(&self.relay_id, fences, published),
-                    )
-                    .await?;
-                }
-                if !failures.is_empty() {
-                    n += within(
+                let n = match marked_published {
+                    Some(n) => n,
+                    None => {
+                        let n = within(
+                            self.answer_within,
+                            self.store.mark_published(&self.relay_id, fences, published),
+                        )
+                        .await?;
+                        marked_published = Some(n);
+                        n
+                    }
+                };
+                let m = if failures.is_empty() {
+                    0
+                } else {
+                    within(
                         self.answer_within,
                         self.store
                             .mark_failed(&self.relay_id, fences, failures, self.park),
                     )
-                    .await?;
-                }
-                Ok::<i64, sqlx::Error>(n)
+                    .await?
+                };
+                Ok::<i64, sqlx::Error>(n + m)
             }
             .await;
             match marked {
@@ -298,7 +318,12 @@ impl Completer {
                     }
                     return Ok(());
                 }
-                Err(error) if refused_for_its_data(&error) => return Err(error),
+                Err(error) if refused_for_its_data(&error) => {
+                    return Err(Refused {
+                        error,
+                        published_recorded: marked_published.is_some() && !published.is_empty(),
+                    })
+                }
                 Err(error) => {
                     self.metrics.database_errors.inc();
                     let alive = fences.iter().any(|(p, e)| self.leases.is_valid(*p, *e));
@@ -315,6 +340,13 @@ impl Completer {
     }
 }
 
+/// Outcomes the database refused to record for their data.
+struct Refused {
+    error: sqlx::Error,
+    /// The published marks were written; the failures were refused.
+    published_recorded: bool,
+}
+
 /// Whether the database refused a statement for the data it touches (SQLSTATE classes 22 data
 /// exception, 23 integrity constraint, 54 program limit): the same statement fails again.
 pub(crate) fn refused_for_its_data(error: &sqlx::Error) -> bool {
@@ -327,3 +359,7 @@ pub(crate) fn refused_for_its_data(error: &sqlx::Error) -> bool {
                 .any(|class| code.starts_with(class))
         })
 }
+
+#[cfg(test)]
+#[path = "complete_tests.rs"]
+mod tests;

@@ -376,6 +376,74 @@ async fn on_a_time_partitioned_outbox_too() {
     hostile_table_less_events_on(common::cdc::with_slot(db).await).await;
 }
 
+/// The id of the dead row of aggregate type `kind` (waited for).
+async fn dead_of(db: &TestDb, kind: &str) -> i64 {
+    let sql = db.tables.render(
+        "SELECT max(id) FROM {schema}.{events} WHERE status = 'dead' AND aggregate_type = $1",
+    );
+    let read = || async {
+        sqlx::query_scalar::<_, Option<i64>>(&sql)
+            .bind(kind)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    wait_until(&format!("a dead letter of {kind}"), WAIT, || async {
+        read().await.is_some()
+    })
+    .await;
+    read().await.unwrap()
+}
+
+/// A dead event the table refuses (a duplicate version among table-less events) is written
+/// as an unwritable dead letter under a key of its own, and does not park its aggregate on
+/// that row (a hold no skip would find, the keys differing): the aggregate's later events go
+/// out.
+#[tokio::test]
+async fn an_unwritable_dead_event_does_not_strand_its_aggregate() {
+    let db = cdc_db(2).await;
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let sick = Arc::new(Sick {
+        inner: common::nats(NATS_URL, &reader.stream).await,
+        failing: AtomicBool::new(true),
+        permanent: true,
+    });
+    let mut config = cdc_config(&db, &prefix);
+    // Dead at the first refusal: the table path is handed a dead event, which parks.
+    config.retry.max_attempts = 1;
+    let relay = start(&db, sick.clone(), config).await;
+    let admin = Admin::new(db.pool.clone(), &db.tables);
+    let first =
+        r#""aggregate_type":"sick","aggregate_id":"1","event_type":"T","aggregate_version":1"#;
+    emit(&db, &content(first)).await;
+    let dead = dead_of(&db, "sick").await;
+    admin
+        .skip(&[dead], "test", "let the rest go")
+        .await
+        .unwrap();
+    // Version 1 again: refused by the table, it is dead twice over.
+    emit(&db, &content(first)).await;
+    let unwritable = dead_of(&db, "outbox.unwritable").await;
+    sick.failing.store(false, Ordering::SeqCst);
+    admin
+        .skip(&[unwritable], "test", "let the rest go")
+        .await
+        .unwrap();
+    let second =
+        r#""aggregate_type":"sick","aggregate_id":"1","event_type":"T","aggregate_version":2"#;
+    emit(&db, &content(second)).await;
+    let got = reader.wait_for(1, WAIT).await;
+    assert_eq!(got[0].version, Some(2), "{got:?}");
+    common::drained(&db, WAIT).await;
+    wait_until("no hold left", WAIT, || async {
+        scalar(&db, "SELECT count(*) FROM {schema}.holds").await == 0
+    })
+    .await;
+    relay.shutdown().await.unwrap();
+    reader.cleanup().await;
+}
+
 /// Events of a transaction larger than the relay's chunk (50,000 events) are published
 /// before its commit arrives. A zero-growth row of a chunk whose aggregate goes to the table
 /// path is deleted at that commit: it must be written into the table then, not counted on.

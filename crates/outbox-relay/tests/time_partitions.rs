@@ -383,3 +383,45 @@ async fn while_another_process_drops_partitions_a_drop_skips_its_run_without_wai
         .unwrap();
     assert_eq!(report.dropped, vec![(expired, 3)]);
 }
+
+/// The one-version-per-aggregate check of a time-partitioned outbox (a trigger) lets the
+/// same event, written again with `ON CONFLICT DO NOTHING` (the CDC relay writing a streamed
+/// event into the table again after a restart), do nothing, as a plain table does; it used to
+/// raise a duplicate-version error first, which dead-lettered the event as unwritable. Another
+/// event at the same version is still refused.
+#[tokio::test]
+async fn the_same_event_written_again_is_no_duplicate_version() {
+    let db = TestDb::on(
+        &outbox_testkit::database_url(),
+        MigrateOptions {
+            partitions: Some(2),
+            time_partition_days: Some(1),
+        },
+    )
+    .await;
+    let insert = db.tables.render(
+        "INSERT INTO {schema}.{events} (event_id, aggregate_type, aggregate_id, \
+         aggregate_version, event_type, payload, occurred_at) \
+         VALUES ($1, 'order', '1', 1, 'Placed', '{}', '2026-01-02T03:04:05Z') \
+         ON CONFLICT DO NOTHING",
+    );
+    let event = uuid::Uuid::now_v7();
+    let first = sqlx::query(&insert).bind(event).execute(&db.pool).await;
+    assert_eq!(first.unwrap().rows_affected(), 1);
+    let again = sqlx::query(&insert).bind(event).execute(&db.pool).await;
+    assert_eq!(
+        again
+            .expect("the same event again is not a duplicate version")
+            .rows_affected(),
+        0
+    );
+    let other = sqlx::query(&insert)
+        .bind(uuid::Uuid::now_v7())
+        .execute(&db.pool)
+        .await
+        .expect_err("another event at version 1");
+    assert!(
+        other.to_string().contains("aggregate_version_key"),
+        "{other}"
+    );
+}

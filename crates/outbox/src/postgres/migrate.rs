@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "arrival time by the database clock",
         include_str!("migrations/0017_enqueued_at.sql"),
     ),
+    (
+        18,
+        "one version per aggregate: the same event is not another",
+        include_str!("migrations/0018_unique_version_same_event.sql"),
+    ),
 ];
 
 /// Settings fixed when the outbox is created.

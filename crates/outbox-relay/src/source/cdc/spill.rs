@@ -9,6 +9,10 @@
 //! each one refused is written as an *unwritable* dead letter instead: under the key
 //! `outbox.unwritable` / its event id, with its payload and its event id, and the reason and
 //! what the event was in `last_error`. Nothing is lost, and everything else keeps flowing (G8).
+//! An unwritable event never heads its aggregate's hold: it cannot be replayed as that
+//! aggregate's event, and a hold on a row of another key is one no skip finds. The hold goes to
+//! the aggregate's next event written with it, or is not written (the aggregate goes on; its
+//! dead letter records what was lost to the table's refusal).
 
 use super::{
     context::End,
@@ -37,6 +41,7 @@ impl Session {
                 "the table refused a write of streamed events; writing them one at a time");
         }
         let mut ids = Vec::with_capacity(rows.len());
+        let mut refused = Vec::with_capacity(rows.len());
         for row in rows {
             let refusal = if rows.len() == 1 {
                 refusal.clone()
@@ -44,17 +49,39 @@ impl Session {
                 match self.write_once(std::slice::from_ref(row), &[]).await? {
                     Ok(written) => {
                         ids.extend(written);
+                        refused.push(false);
                         continue;
                     }
                     Err(refusal) => refusal,
                 }
             };
             ids.push(self.write_unwritable(row, &refusal).await?);
+            refused.push(true);
         }
         // Rows written one at a time: their holds after them (a rare path).
         let (db, relay_id, fences) = (&self.ctx.db, &self.ctx.relay_id, &self.fences);
         let (written, fresh): (Vec<i64>, Vec<bool>) = ids.iter().copied().unzip();
         for h in holds {
+            // The aggregate's first event at or after the head that the table took.
+            let Some(head) = (h.head..rows.len()).find(|&i| {
+                !refused[i]
+                    && (i == h.head
+                        || (rows[i].row.aggregate_type == h.key.0
+                            && rows[i].row.aggregate_id == h.key.1))
+            }) else {
+                continue;
+            };
+            // Moved past an unwritable head: a park was that event's, and does not pass on
+            // to an event that has not failed (due at once instead).
+            let h = &if head == h.head {
+                *h
+            } else {
+                SpillHold {
+                    head,
+                    wait_seconds: Some(h.wait_seconds.unwrap_or(0.0)),
+                    ..*h
+                }
+            };
             let Some(id) = h.head_id(&written, &fresh) else {
                 continue;
             };

@@ -14,29 +14,7 @@ ALTER TABLE {schema}.{events} ADD CONSTRAINT {events_name}_event_id_key UNIQUE (
 -- Rows whose occurred_at no partition covers (far past or future) land here; never dropped.
 CREATE TABLE {schema}.{events_name}_default PARTITION OF {schema}.{events} DEFAULT;
 
--- One event per (aggregate, version), across partitions: writers of one aggregate queue on an
--- advisory lock until commit, then the check sees the committed rows (READ COMMITTED).
-CREATE FUNCTION {schema}.{events_name}_unique_version() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    IF NEW.aggregate_version IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(
-            hashtextextended('outbox.version:' || NEW.aggregate_type || ':' || NEW.aggregate_id, 0));
-        IF EXISTS (
-            SELECT 1 FROM {schema}.{events}
-            WHERE aggregate_type = NEW.aggregate_type
-              AND aggregate_id = NEW.aggregate_id
-              AND aggregate_version = NEW.aggregate_version
-        ) THEN
-            RAISE EXCEPTION 'duplicate key value violates unique constraint "{events_name}_aggregate_version_key"'
-                USING ERRCODE = 'unique_violation',
-                      CONSTRAINT = '{events_name}_aggregate_version_key',
-                      DETAIL = format('Key (aggregate_type, aggregate_id, aggregate_version)=(%s, %s, %s) already exists.',
-                                      NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_version);
-        END IF;
-    END IF;
-    RETURN NEW;
-END
-$fn$;
+-- One event per (aggregate, version), across partitions: the check is migration 0018's
+-- function, run before each insert.
 CREATE TRIGGER {events_name}_unique_version BEFORE INSERT ON {schema}.{events}
     FOR EACH ROW EXECUTE FUNCTION {schema}.{events_name}_unique_version();
