@@ -300,6 +300,7 @@ impl Relay {
                 health: this.health.clone(),
                 relay_id: this.relay_id.clone(),
                 max_payload: this.max_payload_bytes(),
+                unconfirmed: Default::default(),
             };
             crate::cdc::run(context, shutdown.clone()).await
         } else {

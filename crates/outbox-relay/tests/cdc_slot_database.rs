@@ -1,15 +1,19 @@
-//! Two outboxes in two databases of one PostgreSQL cluster, given the same slot name: the
+//! Two outboxes in two databases of one PostgreSQL cluster. Given the same slot name, the
 //! second neither adopts the first's slot (`migrate --cdc`) nor streams from it (the relay),
-//! and both say which databases are involved.
+//! and both say which databases are involved. By default, the second gets a slot of its own,
+//! which its relay finds.
 
 mod common;
 
 use std::time::Duration;
 
-use common::cdc::{cdc_config, outbox_on, start};
-use outbox::postgres::cdc::{self, CdcNames};
-use outbox_testkit::{cdc_database_url, unique, wait_until, TestDb, NATS_URL};
-use sqlx::{Connection, PgConnection};
+use common::cdc::{cdc_config, outbox_on, start, write, WAIT};
+use outbox::postgres::{
+    cdc::{self, CdcNames},
+    MigrateOptions, PgOutbox, WriteMode,
+};
+use outbox_testkit::{cdc_database_url, unique, wait_until, NatsReader, TestDb, NATS_URL};
+use sqlx::{Connection, PgConnection, PgPool};
 
 /// A database of its own on the CDC server, dropped at the end of the test.
 struct OtherDatabase {
@@ -137,6 +141,79 @@ async fn a_slot_of_another_database_is_neither_adopted_nor_streamed() {
     stops_naming(relay, &first_db).await;
 
     second.pool.close().await;
+    drop(second);
+    drop(other);
+}
+
+#[tokio::test]
+async fn a_second_database_gets_a_slot_of_its_own_by_default_and_its_relay_streams_it() {
+    let first = outbox_on(&cdc_database_url(), 1).await;
+    let names = CdcNames::resolve(&first.pool, &first.tables, None, None)
+        .await
+        .unwrap();
+    assert_eq!(names, CdcNames::for_tables(&first.tables));
+    cdc::setup(&first.pool, &first.tables, &names)
+        .await
+        .unwrap();
+
+    // The same schema and table in another database: the default slot name is taken.
+    let other = OtherDatabase::create().await;
+    let pool = PgPool::connect(&other.url).await.unwrap();
+    PgOutbox::new(first.tables.clone())
+        .migrate(
+            &pool,
+            MigrateOptions {
+                partitions: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    // No schema to drop: the database goes whole.
+    let second = TestDb {
+        pool: pool.clone(),
+        tables: first.tables.clone(),
+        schema: String::new(),
+        url: other.url.clone(),
+    };
+    let own = CdcNames::resolve(&pool, &second.tables, None, None)
+        .await
+        .unwrap();
+    assert_ne!(
+        own.slot, names.slot,
+        "the second database took the first's slot"
+    );
+    assert!(
+        own.slot.as_str().starts_with(names.slot.as_str()),
+        "{own:?}"
+    );
+    assert_eq!(
+        own.publication, names.publication,
+        "publications are per database"
+    );
+    cdc::setup(&pool, &second.tables, &own).await.unwrap();
+    // Set up again (`migrate --cdc` run twice), the recorded names stand.
+    let again = CdcNames::resolve(&pool, &second.tables, None, None)
+        .await
+        .unwrap();
+    assert_eq!(again, own);
+
+    // Its relay, given no names, streams its own slot (it used to look for the first's).
+    let prefix = unique("p");
+    let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
+    let publisher = common::nats(NATS_URL, &reader.stream).await;
+    let mut config = cdc_config(&second, &prefix);
+    config.schema = first.schema.clone();
+    let relay = start(&second, publisher, config).await;
+    let written = write(&second, WriteMode::Table, "order", 3, 2, 2).await;
+    let got = reader.wait_for(written, WAIT).await;
+    assert_eq!(got.len(), written);
+    relay.shutdown().await.unwrap();
+    reader.cleanup().await;
+
+    // A logical slot keeps its database from being dropped.
+    cdc::drop(&pool, &second.tables, &own).await.unwrap();
+    pool.close().await;
     drop(second);
     drop(other);
 }

@@ -214,7 +214,7 @@ impl CdcDb for SimCdc {
     }
 
     fn slot<'a>(&'a self, _slot: &'a str) -> BoxFuture<'a, Result<Option<SlotState>, sqlx::Error>> {
-        Box::pin(self.store.call("slot", |s, _db_now, _now| {
+        Box::pin(self.store.call("slot", |s, db_now, _now| {
             let wal = &s.db.wal;
             Ok(wal.slot_exists.then(|| {
                 let lag = (wal.end() - wal.confirmed) as i64;
@@ -222,6 +222,7 @@ impl CdcDb for SimCdc {
                     lag_bytes: Some(lag),
                     retained_bytes: Some(lag),
                     elsewhere: None,
+                    now: chrono::DateTime::from_timestamp_millis(db_now).unwrap_or_default(),
                 }
             }))
         }))

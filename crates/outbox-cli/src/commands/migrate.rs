@@ -28,7 +28,9 @@ pub struct Args {
     /// retains WAL until the disk is full.
     #[arg(long, conflicts_with = "cdc")]
     drop_cdc: bool,
-    /// Replication slot name [default: {schema}_{table}].
+    /// Replication slot name [default: the one already set up for this outbox, else
+    /// {schema}_{table}, with a suffix of its own when another database of the cluster has a
+    /// slot of that name].
     #[arg(long)]
     slot: Option<String>,
     /// Publication name [default: {schema}_{table}].
@@ -53,13 +55,13 @@ pub async fn run(args: Args) -> CommandResult {
                 )
                 .await?;
             if args.cdc || args.drop_cdc {
-                let defaults = cdc::CdcNames::for_tables(&tables);
-                let names = cdc::CdcNames::new(
-                    args.slot.as_deref().unwrap_or(defaults.slot.as_str()),
-                    args.publication
-                        .as_deref()
-                        .unwrap_or(defaults.publication.as_str()),
-                )?;
+                let names = cdc::CdcNames::resolve(
+                    &pool,
+                    &tables,
+                    args.slot.as_deref(),
+                    args.publication.as_deref(),
+                )
+                .await?;
                 if args.drop_cdc {
                     cdc::drop(&pool, &tables, &names).await?;
                     super::print(&format!(

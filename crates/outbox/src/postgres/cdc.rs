@@ -34,6 +34,102 @@ impl CdcNames {
         name.truncate(63);
         Self::new(&name, &name).expect("made of two identifiers")
     }
+
+    /// The names of an outbox's CDC set-up when they are not all given: a given slot (with the
+    /// given publication, or the default); else the set-up recorded in this database's
+    /// `{schema}.cdc_slots` (`recorded`: slot and publication, by `outbox migrate --cdc`),
+    /// when there is one, or the default's among several; else the defaults
+    /// ([`CdcNames::for_tables`]), with the slot made this database's own (`database`
+    /// given: the default slot belongs to another database of the cluster, as when two
+    /// services' outboxes share one PostgreSQL).
+    pub fn choose(
+        tables: &Tables,
+        slot: Option<&str>,
+        publication: Option<&str>,
+        recorded: &[(String, String)],
+        database: Option<&str>,
+    ) -> Result<Self, Error> {
+        let defaults = Self::for_tables(tables);
+        let publication_or = |other: &str| publication.unwrap_or(other).to_owned();
+        if let Some(slot) = slot {
+            return Self::new(slot, &publication_or(defaults.publication.as_str()));
+        }
+        let default_slot = defaults.slot.as_str();
+        let chosen = match recorded {
+            [(slot, recorded_publication)] => Some((slot, recorded_publication)),
+            [] => None,
+            several => Some(
+                several
+                    .iter()
+                    .find(|(slot, _)| slot == default_slot)
+                    .map(|(slot, p)| (slot, p))
+                    .ok_or_else(|| {
+                        let slots: Vec<&str> = several.iter().map(|(s, _)| s.as_str()).collect();
+                        cdc_error(format!(
+                            "this outbox has several CDC slots set up ({}): name the one to \
+                             use (--slot NAME, `[relay.cdc] slot = \"NAME\"`)",
+                            slots.join(", ")
+                        ))
+                    })?,
+            ),
+        };
+        if let Some((slot, recorded_publication)) = chosen {
+            return Self::new(slot, &publication_or(recorded_publication));
+        }
+        let slot = match database {
+            Some(database) => per_database(default_slot, database),
+            None => default_slot.to_owned(),
+        };
+        Self::new(&slot, &publication_or(defaults.publication.as_str()))
+    }
+
+    /// The names `outbox migrate --cdc` (and `--drop-cdc`) use for this outbox when
+    /// `slot` or `publication` is not given: see [`CdcNames::choose`]. The default slot is
+    /// made this database's own when a slot of that name belongs to another database.
+    pub async fn resolve(
+        pool: &PgPool,
+        tables: &Tables,
+        slot: Option<&str>,
+        publication: Option<&str>,
+    ) -> Result<Self, Error> {
+        if slot.is_some() {
+            return Self::choose(tables, slot, publication, &[], None);
+        }
+        let recorded = recorded(pool, tables).await?;
+        let default_slot = Self::for_tables(tables).slot;
+        let elsewhere: Option<String> = sqlx::query_scalar(
+            "SELECT current_database()::text FROM pg_replication_slots
+             WHERE slot_name = $1 AND database IS DISTINCT FROM current_database()",
+        )
+        .bind(default_slot.as_str())
+        .fetch_optional(pool)
+        .await
+        .map_err(Error::Database)?;
+        Self::choose(tables, None, publication, &recorded, elsewhere.as_deref())
+    }
+}
+
+/// The CDC set-ups recorded for this outbox (slot, publication), oldest first; none when the
+/// outbox has no CDC record table yet.
+pub async fn recorded(pool: &PgPool, tables: &Tables) -> Result<Vec<(String, String)>, Error> {
+    let sql =
+        tables.render("SELECT slot, publication FROM {schema}.cdc_slots ORDER BY created_at, slot");
+    match sqlx::query_as(&sql).fetch_all(pool).await {
+        Ok(rows) => Ok(rows),
+        Err(e) if code(&e).as_deref() == Some("42P01") => Ok(Vec::new()),
+        Err(e) => Err(Error::Database(e)),
+    }
+}
+
+/// `slot` made unique to `database`: a suffix of the database name's FNV-1a hash (stable
+/// across versions and machines), the name cut to fit 63 bytes.
+fn per_database(slot: &str, database: &str) -> String {
+    let hash = database.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let mut name = slot.to_owned();
+    name.truncate(63 - 9);
+    format!("{name}_{hash:08x}")
 }
 
 /// A slot as `setup` finds it: WAL status, the process streaming it, its database, and the

@@ -73,13 +73,20 @@ pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<C
     } else {
         Check::ok(AREA, "max_slot_wal_keep_size", keep_size.clone())
     });
-    let names = match relay.cdc_names() {
+    let names = match outbox::postgres::cdc::CdcNames::resolve(
+        pool,
+        tables,
+        relay.cdc.slot.as_deref(),
+        relay.cdc.publication.as_deref(),
+    )
+    .await
+    {
         Ok(names) => names,
         Err(error) => {
             checks.push(Check::fail(
                 AREA,
                 "names",
-                error,
+                error.to_string(),
                 "correct [relay.cdc] slot / publication",
             ));
             return checks;

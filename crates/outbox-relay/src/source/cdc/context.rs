@@ -32,6 +32,8 @@ pub(crate) struct Context {
     pub health: Arc<Health>,
     pub relay_id: String,
     pub max_payload: usize,
+    /// The oldest streamed transaction not yet confirmed, for the slot's lag gauge.
+    pub unconfirmed: super::slot::Unconfirmed,
 }
 
 /// Why a streaming session ended.
@@ -132,7 +134,10 @@ pub(super) struct Held {
 
 pub(super) type Key = (String, String);
 
-/// Retries a database statement with backoff while the leases `fences` last.
+/// Retries a database statement with backoff while the leases `fences` last. A failed
+/// statement is work the relay has and has not done: readiness counts it as seen, so that one
+/// failing for ever (for its data, the database being up) reads as stalled once nothing is
+/// published for the stall timeout.
 pub(super) async fn retry<T, F, Fut>(ctx: &Context, fences: &[Fence], mut f: F) -> Result<T, End>
 where
     F: FnMut() -> Fut,
@@ -148,6 +153,7 @@ where
             }
             Err(error) => {
                 ctx.metrics.database_errors.inc();
+                ctx.health.saw_work();
                 if !fences.iter().all(|(p, e)| ctx.leases.is_valid(*p, *e)) {
                     return Err(End::LeaseLost);
                 }

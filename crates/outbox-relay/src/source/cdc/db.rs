@@ -118,6 +118,8 @@ pub struct SlotState {
     /// slot of the same name made for another outbox of the cluster, which this one must not
     /// adopt.
     pub elsewhere: Option<(String, String)>,
+    /// The database's clock when the state was read.
+    pub now: chrono::DateTime<chrono::Utc>,
 }
 
 /// The statements of the CDC source and its replication connection.
@@ -204,6 +206,12 @@ pub trait CdcDb: Send + Sync {
 
     /// The slot's state; `None` when it does not exist.
     fn slot<'a>(&'a self, slot: &'a str) -> BoxFuture<'a, Result<Option<SlotState>, sqlx::Error>>;
+
+    /// The CDC set-ups `outbox migrate --cdc` recorded for this outbox: (slot, publication).
+    /// Databases that record none (the simulation's) use the configured or default names.
+    fn recorded_slots(&self) -> BoxFuture<'_, Result<Vec<(String, String)>, sqlx::Error>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 
     /// Ends the replication connection still holding the slot (a previous streamer's). Says
     /// whether the leases were held.

@@ -64,6 +64,7 @@ impl Sql {
 /// The CDC source's PostgreSQL: the relay's pool, and where replication connections go.
 pub struct PgCdc {
     pool: PgPool,
+    tables: Tables,
     sql: Sql,
     target: ReplicationTarget,
     relay_write_prefix: String,
@@ -74,6 +75,7 @@ impl PgCdc {
     pub fn new(pool: PgPool, tables: &Tables, target: ReplicationTarget) -> Self {
         Self {
             pool,
+            tables: tables.clone(),
             sql: Sql::new(tables),
             target,
             relay_write_prefix: relay_write_prefix(tables),
@@ -390,7 +392,19 @@ impl CdcDb for PgCdc {
                 elsewhere: r
                     .get::<Option<String>, _>("elsewhere")
                     .map(|other| (other, r.get("here"))),
+                now: r.get("now"),
             }))
+        })
+    }
+
+    fn recorded_slots(&self) -> BoxFuture<'_, Result<Vec<(String, String)>, sqlx::Error>> {
+        Box::pin(async move {
+            outbox::postgres::cdc::recorded(&self.pool, &self.tables)
+                .await
+                .map_err(|e| match e {
+                    outbox::Error::Database(e) => e,
+                    other => sqlx::Error::Protocol(other.to_string()),
+                })
         })
     }
 

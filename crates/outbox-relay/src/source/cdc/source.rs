@@ -63,7 +63,7 @@ const CHUNK_BYTES: usize = 64 << 20;
 /// Runs the CDC source until `shutdown`.
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
     let ctx = Arc::new(ctx);
-    let names = ctx.config.cdc_names().map_err(Error::Config)?;
+    let names = names(&ctx).await?;
     if let Some(error) = slot_elsewhere(&ctx, names.slot.as_str()).await {
         return Err(error);
     }
@@ -105,6 +105,8 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             End::Stop => return Ok(()),
             End::LeaseLost => {
                 tracing::warn!("lease lost: stopped streaming; standing by");
+                // Another relay streams the slot now: its gauge tells the lag.
+                ctx.unconfirmed.clear();
                 // Until the heartbeat's next renewal, the leases would be offered again and a
                 // new session, fenced off at once, would republish its first batch.
                 ctx.leases.expire_all();
@@ -127,6 +129,37 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             }
         }
     }
+}
+
+/// The slot and publication to stream: as configured, else the set-up `outbox migrate --cdc`
+/// recorded for this outbox (which may have given the slot a name of its own, another
+/// database of the cluster having the default one), else the defaults.
+async fn names(ctx: &Context) -> Result<outbox::postgres::cdc::CdcNames, Error> {
+    let config = &ctx.config;
+    let recorded = if config.cdc.slot.is_some() {
+        Vec::new()
+    } else {
+        let mut pause = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        loop {
+            match ctx.db.recorded_slots().await {
+                Ok(recorded) => break recorded,
+                Err(error) => {
+                    ctx.metrics.database_errors.inc();
+                    let delay = pause.next();
+                    tracing::warn!(%error, ?delay, "could not read the CDC set-up; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    };
+    outbox::postgres::cdc::CdcNames::choose(
+        &ctx.tables,
+        config.cdc.slot.as_deref(),
+        config.cdc.publication.as_deref(),
+        &recorded,
+        None,
+    )
+    .map_err(|e| Error::Config(e.to_string()))
 }
 
 /// The error to stop with when `slot` belongs to another database of the cluster: a slot of
@@ -169,8 +202,6 @@ pub(super) struct Session {
     pub(super) seq: u64,
     pub(super) circuit: Backoff,
     pub(super) holds_loaded_at: Option<Instant>,
-    /// Commit time of the oldest streamed transaction not yet confirmed.
-    pub(super) unconfirmed_since: Option<DateTime<Utc>>,
     /// Marks being written, in stream order, with the positions they confirm.
     pub(super) marks: Marks,
     /// While a chunk of an open transaction is processed: what it leaves for the commit.
@@ -193,7 +224,6 @@ impl Session {
             seq: 0,
             circuit: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             holds_loaded_at: None,
-            unconfirmed_since: None,
             marks,
             chunk: None,
             inflight: InFlight::default(),
@@ -423,8 +453,8 @@ impl Session {
                                         }
                                     }
                                     commit_spills = chunk.spills;
-                                    if !t.events.is_empty() && self.unconfirmed_since.is_none() {
-                                        self.unconfirmed_since = t.commit_time;
+                                    if !t.events.is_empty() {
+                                        self.ctx.unconfirmed.streamed(t.commit_time);
                                     }
                                     batch_bytes += t.bytes;
                                     batch.append(&mut t.events);
@@ -507,7 +537,7 @@ impl Session {
             if let Some(lsn) = self.marks.take_confirm() {
                 self.apply(client, lsn);
                 if self.settled() {
-                    self.unconfirmed_since = None;
+                    self.ctx.unconfirmed.clear();
                 }
             }
             // Between batches, or when due although the stream never pauses (keepalives or
@@ -517,12 +547,6 @@ impl Session {
                     return end;
                 }
             }
-            self.ctx
-                .metrics
-                .cdc_slot_lag_seconds
-                .set(self.unconfirmed_since.map_or(0.0, |t| {
-                    (Utc::now() - t).num_milliseconds().max(0) as f64 / 1e3
-                }));
         }
     }
 

@@ -302,6 +302,8 @@ impl Session {
             if self.retry_db(|| db.invisible(xids)).await? == 0 {
                 return Ok(());
             }
+            // Events wait on it: a wait that does not end reads as stalled.
+            self.ctx.health.saw_work();
             if !self.lease_ok() {
                 return Err(End::LeaseLost);
             }
@@ -411,6 +413,9 @@ impl Session {
                 .await?;
             items.extend(rows);
         }
+        if !items.is_empty() {
+            self.ctx.health.saw_work();
+        }
         let park = self.ctx.config.on_dead == OnDead::Park;
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_keys: HashMap<Key, Option<Duration>> = HashMap::new();
@@ -519,7 +524,8 @@ impl Session {
         Ok(())
     }
 
-    /// A row whose columns cannot be read at all: dead-lettered by id when it has one.
+    /// A row whose columns cannot be read at all: dead-lettered by id when it has one, its
+    /// aggregate parked or let go as `on_dead` says (as any dead letter).
     pub(super) async fn unreadable_row(&mut self, bad: super::BadRow) -> Result<(), End> {
         tracing::error!(id = ?bad.id, reason = %bad.reason, "unreadable outbox row in the stream");
         let Some(id) = bad.id else {
@@ -532,9 +538,15 @@ impl Session {
             dead: true,
             permanent: true,
         };
+        let park = self.ctx.config.on_dead == OnDead::Park;
         let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
-        self.retry_db(|| store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), true))
+        let marked = self
+            .retry_db(|| store.mark_failed(relay_id, fences, std::slice::from_ref(&failure), park))
             .await?;
+        if marked > 0 {
+            self.ctx.completer.count_dead("");
+            self.ctx.health.progressed();
+        }
         self.reload_holds()
             .await
             .map_err(|e| End::failed("loading holds", e))
@@ -590,6 +602,7 @@ impl Session {
         );
         let mut total = 0usize;
         loop {
+            self.ctx.health.loop_turned();
             if shutdown.is_cancelled() {
                 return Err(End::Stop);
             }
@@ -603,6 +616,9 @@ impl Session {
             if rows.is_empty() {
                 break;
             }
+            // Rows to publish: a catch-up that reads them again and again without publishing
+            // or dead-lettering any reads as stalled.
+            self.ctx.health.saw_work();
             total += rows.len();
             // A row the claim columns could not read whole (an aggregate key over 4 KiB reads
             // as a digest, which `pending_of` cannot find it under) is dead-lettered by id

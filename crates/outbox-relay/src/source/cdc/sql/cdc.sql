@@ -199,7 +199,8 @@ SELECT active_pid,
        wal_status,
        CASE WHEN database IS DISTINCT FROM current_database()
             THEN coalesce(database::text, '(none: a physical slot)') END AS elsewhere,
-       current_database()::text AS here
+       current_database()::text AS here,
+       now() AS now
 FROM pg_replication_slots WHERE slot_name = $1;
 -- name: terminate
 -- Ends a walsender still holding the slot for a relay whose lease this one has taken over;
