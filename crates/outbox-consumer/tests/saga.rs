@@ -20,7 +20,6 @@ use outbox_testkit::{wait_until, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
 use uuid::Uuid;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -590,25 +589,34 @@ impl io::Write for Logs {
     }
 }
 
-/// Runs `future` and returns its output with the log lines it wrote. One at a time, with the
-/// callsites' interest rebuilt once the subscriber exists: tracing caches whether a callsite
-/// is wanted, and a test of this binary running without a subscriber (or another one's
-/// subscriber going away) can leave it cached as unwanted; the line was then missing (seen
-/// once in CI).
+/// Every log line of this test binary, from a global subscriber installed once. A scoped
+/// subscriber (`with_subscriber`) proved unreliable here: tracing caches whether a callsite is
+/// wanted, and a test of this binary hitting the callsite while no subscriber existed left it
+/// cached as unwanted; the line was then missing (twice in CI). With a global subscriber every
+/// callsite is wanted from the start.
+fn all_logs() -> &'static Logs {
+    static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Logs::default();
+        let sink = logs.clone();
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_writer(move || sink.clone())
+                .with_ansi(false)
+                .finish(),
+        )
+        .expect("the only global subscriber of this binary");
+        logs
+    })
+}
+
+/// Runs `future` and returns its output with the log lines written while it ran (other tests
+/// of the binary may add theirs: look for a line by what it says).
 async fn logged<T>(future: impl Future<Output = T>) -> (T, String) {
-    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let logs = Logs::default();
-    let sink = logs.clone();
-    let subscriber = tracing::Dispatch::new(
-        tracing_subscriber::fmt()
-            .with_writer(move || sink.clone())
-            .with_ansi(false)
-            .finish(),
-    );
-    tracing::callsite::rebuild_interest_cache();
-    let output = future.with_subscriber(subscriber).await;
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = all_logs();
+    let start = logs.0.lock().unwrap().len();
+    let output = future.await;
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()[start..]).into_owned();
     (output, text)
 }
 
@@ -650,7 +658,7 @@ async fn an_instance_whose_state_no_longer_decodes_is_put_off_and_the_others_tim
     );
     let line = logs
         .lines()
-        .find(|l| l.contains("saga timeout step failed"))
+        .find(|l| l.contains("saga timeout step failed") && l.contains("\"renamed\""))
         .unwrap_or_else(|| panic!("no WARN line for the failure in:\n{logs}"));
     assert!(line.contains("WARN"), "{line}");
     assert!(line.contains("saga=\"checkout\""), "{line}");

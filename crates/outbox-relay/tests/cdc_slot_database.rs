@@ -98,6 +98,24 @@ async fn a_slot_of_another_database_is_neither_adopted_nor_streamed() {
             && message.contains(&format!("outbox is in database {}", other.name)),
         "{message}"
     );
+    // Nor does it drop it (`migrate --drop-cdc --slot …` from the wrong database once dropped
+    // the other outbox's slot, losing what it had not streamed yet).
+    let refused = cdc::drop(&second.pool, &second.tables, &names)
+        .await
+        .expect_err("the second outbox dropped the first's slot")
+        .to_string();
+    assert!(
+        refused.contains(&format!("belongs to database {first_db}")),
+        "{refused}"
+    );
+    let kept: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+    )
+    .bind(names.slot.as_str())
+    .fetch_one(&first.pool)
+    .await
+    .unwrap();
+    assert!(kept, "the first outbox's slot is gone");
 
     // Its relay, told to use that slot, stops with the same reason instead of failing its
     // sessions for ever while it answers ready.

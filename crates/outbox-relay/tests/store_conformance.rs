@@ -933,3 +933,25 @@ conformance!(
     replay_and_skip_leave_rows_that_are_not_dead_alone,
     lag_counts_from_arrival_by_the_database_clock_not_the_writers_time,
 );
+
+/// MySQL's `enqueued_at` takes NULL (it was added without copying the table): a row a writer
+/// gives an explicit NULL still counts in the lag, from its `occurred_at`, instead of hiding.
+#[tokio::test]
+async fn mysql_a_row_written_without_an_arrival_time_still_counts_in_the_lag() {
+    let b = Backend::mysql().await;
+    let Writer::MySql(db) = &b.write else {
+        unreachable!("a MySQL backend")
+    };
+    sqlx::query(&db.tables.render_mysql(
+        "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type, payload, \
+         occurred_at, enqueued_at) \
+         VALUES (UUID(), 'order', '1', 'Placed', '{}', UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, NULL)",
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let backlog = b.store.backlog().await.unwrap();
+    assert_eq!(backlog.pending, 1);
+    let age = backlog.oldest_age.expect("the row counts");
+    assert!(age >= Duration::from_secs(3000), "{age:?}");
+}

@@ -66,6 +66,13 @@ pub enum SchemaError {
         /// Highest version this build ships.
         known: i32,
     },
+    /// The database lacks migrations this build needs: run `outbox migrate`.
+    Outdated {
+        /// Highest version recorded in the database.
+        database: i32,
+        /// Highest version this build ships.
+        needed: i32,
+    },
     /// An applied migration differs from the file this build ships.
     Modified {
         /// The migration's version.
@@ -97,6 +104,11 @@ impl fmt::Display for SchemaError {
                 f,
                 "database is at migration {database} but this build knows only up to {known}; \
                  upgrade the outbox binary"
+            ),
+            Self::Outdated { database, needed } => write!(
+                f,
+                "the outbox schema is at migration {database} and this build needs migration \
+                 {needed}: run `outbox migrate` (with this build) first"
             ),
             Self::Modified { version } => write!(
                 f,

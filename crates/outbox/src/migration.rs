@@ -36,6 +36,23 @@ pub(crate) fn due(
     Ok(out)
 }
 
+/// Checks that a database whose highest applied migration is `applied` (`None`: none) has
+/// every migration of `shipped`: a relay or tool of this build reads columns the last ones add,
+/// and must not run against an outbox they are missing from.
+pub fn require_migrated(
+    applied: Option<i32>,
+    shipped: &[(i32, &'static str, &'static str)],
+) -> Result<(), Error> {
+    let needed = shipped.last().map_or(0, |m| m.0);
+    match applied {
+        None => Err(Error::Schema(SchemaError::Missing)),
+        Some(database) if database < needed => {
+            Err(Error::Schema(SchemaError::Outdated { database, needed }))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
 /// FNV-1a over the template: stable across builds and platforms, enough to notice an edit.
 pub(crate) fn checksum(text: &str) -> String {
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
@@ -49,6 +66,24 @@ mod tests {
     use super::*;
 
     const SHIPPED: &[Migration] = &[(1, "a", "CREATE a"), (2, "b", "CREATE b")];
+
+    #[test]
+    fn an_outbox_missing_migrations_is_refused_with_what_to_run() {
+        assert!(require_migrated(Some(2), SHIPPED).is_ok());
+        assert!(
+            require_migrated(Some(3), SHIPPED).is_ok(),
+            "newer: `due` decides"
+        );
+        let outdated = require_migrated(Some(1), SHIPPED).unwrap_err().to_string();
+        assert!(
+            outdated.contains("at migration 1") && outdated.contains("outbox migrate"),
+            "{outdated}"
+        );
+        assert!(matches!(
+            require_migrated(None, SHIPPED),
+            Err(Error::Schema(SchemaError::Missing))
+        ));
+    }
 
     #[test]
     fn due_skips_applied_and_rejects_edits_and_newer_databases() {

@@ -269,6 +269,11 @@ impl PgStore {
         let partitions = partitions.ok_or(Error::Outbox(outbox::Error::Schema(
             outbox::SchemaError::Missing,
         )))?;
+        let applied: Option<i32> =
+            sqlx::query_scalar(&tables.render("SELECT max(version) FROM {schema}.migrations"))
+                .fetch_one(&pool)
+                .await?;
+        outbox::require_migrated(applied, outbox::postgres::MIGRATIONS)?;
         Ok(Self {
             lease_pool: derived_pool(&pool, 2),
             pool,

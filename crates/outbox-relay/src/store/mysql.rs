@@ -122,6 +122,11 @@ impl MySqlStore {
             .ok_or(Error::Outbox(outbox::Error::Schema(
                 outbox::SchemaError::Missing,
             )))?;
+        let applied: Option<i32> =
+            sqlx::query_scalar(&tables.render_mysql("SELECT max(version) FROM {migrations}"))
+                .fetch_one(&pool)
+                .await?;
+        outbox::require_migrated(applied, outbox::mysql::MIGRATIONS)?;
         let lease_pool = MySqlPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(pool.options().get_acquire_timeout())

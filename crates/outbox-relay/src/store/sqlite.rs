@@ -88,6 +88,11 @@ impl SqliteStore {
                 }
                 _ => Error::Database(e),
             })?;
+        let applied: Option<i32> =
+            sqlx::query_scalar(&tables.render_sqlite("SELECT max(version) FROM {migrations}"))
+                .fetch_one(&pool)
+                .await?;
+        outbox::require_migrated(applied, outbox::sqlite::MIGRATIONS)?;
         Ok(Self {
             pool,
             sql: std::sync::Arc::new(sql),

@@ -121,15 +121,13 @@ pub async fn recorded(pool: &PgPool, tables: &Tables) -> Result<Vec<(String, Str
     }
 }
 
-/// `slot` made unique to `database`: a suffix of the database name's FNV-1a hash (stable
-/// across versions and machines), the name cut to fit 63 bytes.
+/// `slot` made unique to `database`: a suffix of 8 hex digits of the database name's FNV-1a
+/// hash (stable across versions and machines), the name cut to fit 63 bytes.
 fn per_database(slot: &str, database: &str) -> String {
-    let hash = database.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
+    let hash = crate::migration::checksum(database);
     let mut name = slot.to_owned();
     name.truncate(63 - 9);
-    format!("{name}_{hash:08x}")
+    format!("{name}_{}", &hash[..8])
 }
 
 /// A slot as `setup` finds it: WAL status, the process streaming it, its database, and the
@@ -290,15 +288,28 @@ pub async fn setup(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<C
 }
 
 /// Drops the slot (it must not be in use: stop the CDC relays first), the publication and the
-/// record. Missing pieces are skipped.
+/// record. Missing pieces are skipped. A slot of that name that belongs to another database of
+/// the cluster is refused, and nothing is dropped: it is another outbox's.
 pub async fn drop(pool: &PgPool, tables: &Tables, names: &CdcNames) -> Result<(), Error> {
-    let active: Option<Option<i32>> =
-        sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
-            .bind(names.slot.as_str())
-            .fetch_optional(pool)
-            .await
-            .map_err(Error::Database)?;
-    match active {
+    let found: Option<(Option<i32>, Option<String>, String)> = sqlx::query_as(
+        "SELECT active_pid, database::text, current_database()::text
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(names.slot.as_str())
+    .fetch_optional(pool)
+    .await
+    .map_err(Error::Database)?;
+    if let Some((_, database, here)) = &found {
+        if database.as_deref() != Some(here.as_str()) {
+            let other = database.as_deref().unwrap_or("(none: a physical slot)");
+            return Err(cdc_error(format!(
+                "replication slot {} belongs to database {other}, and this outbox is in \
+                 database {here}: not dropped (drop it from that database)",
+                names.slot.as_str()
+            )));
+        }
+    }
+    match found.map(|(active, _, _)| active) {
         Some(Some(pid)) => {
             return Err(cdc_error(format!(
                 "replication slot {} is in use by process {pid}: stop the CDC relays first",

@@ -149,6 +149,15 @@ impl SqliteOutbox {
 }
 
 async fn migrate_locked(conn: &mut SqliteConnection, tables: &Tables) -> Result<(), Error> {
+    migrate_with(conn, tables, MIGRATIONS).await
+}
+
+/// Applies the migrations of `shipped` not yet applied.
+async fn migrate_with(
+    conn: &mut SqliteConnection,
+    tables: &Tables,
+    shipped: &'static [crate::migration::Migration],
+) -> Result<(), Error> {
     conn.execute(sqlx::raw_sql(&tables.render_sqlite(
         "CREATE TABLE IF NOT EXISTS {migrations} (
              version     INTEGER PRIMARY KEY,
@@ -164,10 +173,22 @@ async fn migrate_locked(conn: &mut SqliteConnection, tables: &Tables) -> Result<
     .fetch_all(&mut *conn)
     .await
     .map_err(Error::Database)?;
-    for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
+    for (version, description, template) in crate::migration::due(&applied, shipped)? {
+        // The rebuild drops the events table: the users' triggers on it and views of it are
+        // set aside and made again after (SQLite refuses the rename while a view names it).
+        let dependents = if *version == REBUILDS_EVENTS {
+            set_aside_dependents(conn, tables).await?
+        } else {
+            Vec::new()
+        };
         conn.execute(sqlx::raw_sql(&tables.render_sqlite(template)))
             .await
             .map_err(Error::Database)?;
+        for sql in dependents {
+            conn.execute(sqlx::raw_sql(&sql))
+                .await
+                .map_err(Error::Database)?;
+        }
         sqlx::query(&tables.render_sqlite(
             "INSERT INTO {migrations} (version, description, checksum) VALUES (?, ?, ?)",
         ))
@@ -179,6 +200,39 @@ async fn migrate_locked(conn: &mut SqliteConnection, tables: &Tables) -> Result<
         .map_err(Error::Database)?;
     }
     Ok(())
+}
+
+/// The migration that rebuilds the events table (to add a column with a computed default).
+const REBUILDS_EVENTS: i32 = 7;
+
+/// Drops the views and triggers of the database that name the events table (a user's audit
+/// trigger, a reporting view); returns the statements that make them again, views first.
+async fn set_aside_dependents(
+    conn: &mut SqliteConnection,
+    tables: &Tables,
+) -> Result<Vec<String>, Error> {
+    let events = tables.render_sqlite("{events}");
+    let found: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT type, name, sql FROM sqlite_master
+         WHERE type IN ('view', 'trigger') AND sql IS NOT NULL
+           AND (tbl_name = ?1 OR instr(lower(sql), lower(?1)) > 0)
+         ORDER BY type = 'trigger', rowid",
+    )
+    .bind(&events)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::Database)?;
+    for (kind, name, _) in found.iter().rev() {
+        let drop = format!(
+            "DROP {} \"{}\"",
+            kind.to_uppercase(),
+            name.replace('"', "\"\"")
+        );
+        conn.execute(sqlx::raw_sql(&drop))
+            .await
+            .map_err(Error::Database)?;
+    }
+    Ok(found.into_iter().map(|(_, _, sql)| sql).collect())
 }
 
 fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {
@@ -282,3 +336,7 @@ impl SqliteInbox {
         .await
     }
 }
+
+#[cfg(test)]
+#[path = "upgrade_tests.rs"]
+mod upgrade_tests;

@@ -60,6 +60,10 @@ impl Txn {
 /// stays bounded); the byte bound is also that of a batch of whole transactions.
 const CHUNK_BYTES: usize = 64 << 20;
 
+/// The shortest silence of the replication stream taken for a dead connection (three
+/// heartbeat intervals otherwise).
+const SILENCE_FLOOR: Duration = Duration::from_secs(10);
+
 /// Runs the CDC source until `shutdown`.
 pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(), Error> {
     let ctx = Arc::new(ctx);
@@ -114,6 +118,9 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
             }
             End::Failed(error) => {
                 ctx.metrics.database_errors.inc();
+                // Work not done: sessions that keep failing, with nothing published for the
+                // stall timeout, read as stalled.
+                ctx.health.saw_work();
                 // The slot may have been made meanwhile for another database (after this
                 // relay's slot was dropped): its sessions would fail for ever.
                 if let Some(error) = slot_elsewhere(&ctx, names.slot.as_str()).await {
@@ -314,6 +321,13 @@ impl Session {
         // End LSN of the last transaction in `batch` (confirmed once the batch is settled).
         let mut batch_end: Option<Lsn> = None;
         let mut last_activity = Instant::now();
+        // How long the stream has been waited on without a message since the last one: the
+        // server sends keepalives, and the relay's heartbeats come back through it, so a
+        // stream silent for longer than `silence_limit` is a connection that no longer
+        // carries anything (a half-open socket, a proxy that stopped forwarding), however
+        // healthy it looks. The session then fails and reconnects.
+        let mut silent = Duration::ZERO;
+        let silence_limit = (self.ctx.config.cdc.heartbeat_interval * 3).max(SILENCE_FLOOR);
         let mut started = false;
         // The table-path work a chunked transaction left for its commit.
         let mut commit_spills: Vec<(Streamed, Option<PublishError>)> = Vec::new();
@@ -326,7 +340,8 @@ impl Session {
             // transaction is too large to hold).
             let received = if (batch.is_empty() && batch_end.is_none()) || txn.is_some() {
                 let idle = self.next_wake(last_activity);
-                tokio::select! {
+                let waiting = Instant::now();
+                let received = tokio::select! {
                     biased;
                     () = shutdown.cancelled() => {
                         // Confirm what was published before going.
@@ -343,7 +358,17 @@ impl Session {
                     () = self.marks.running_done(), if self.marks.is_running() => None,
                     () = self.inflight.front_done(), if !self.inflight.is_empty() => None,
                     () = tokio::time::sleep(idle) => None,
+                };
+                if received.is_none() {
+                    silent += waiting.elapsed();
+                    if silent >= silence_limit {
+                        return End::failed_because(
+                            "the replication stream carried nothing, not even the relay's \
+                             heartbeats, for 3 heartbeat intervals",
+                        );
+                    }
                 }
+                received
             } else {
                 let linger = self.ctx.config.cdc.batch_linger;
                 tokio::time::timeout(linger, client.recv()).await.ok()
@@ -359,6 +384,7 @@ impl Session {
                         tracing::info!("streaming the slot");
                     }
                     last_activity = Instant::now();
+                    silent = Duration::ZERO;
                     match event {
                         ReplicationEvent::Begin {
                             commit_time_micros,

@@ -194,11 +194,19 @@ WHERE e.status = 'pending' AND e.next_attempt_at IS NOT NULL
       WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id);
 -- name: backlog
 -- The oldest pending row's wait in microseconds, by the database's clock and its arrival
--- (`enqueued_at`, set by the database), whatever the writer put in `occurred_at`.
+-- (`enqueued_at`, set by the database), whatever the writer put in `occurred_at`. The column
+-- takes NULL here (added without a table copy): a row a writer gave an explicit NULL counts
+-- from its `occurred_at`, the only time it has, rather than not at all.
 SELECT (SELECT count(*) FROM {events} WHERE status = 'pending'),
-       (SELECT TIMESTAMPDIFF(MICROSECOND, min(enqueued_at), UTC_TIMESTAMP(6))
-        FROM {events} WHERE status = 'pending'),
-       (SELECT count(*) FROM {events} WHERE status = 'dead');
+       TIMESTAMPDIFF(MICROSECOND,
+                     CASE WHEN o.arrived IS NULL THEN o.undated
+                          WHEN o.undated IS NULL THEN o.arrived
+                          ELSE LEAST(o.arrived, o.undated) END,
+                     UTC_TIMESTAMP(6)),
+       (SELECT count(*) FROM {events} WHERE status = 'dead')
+FROM (SELECT (SELECT min(enqueued_at) FROM {events} WHERE status = 'pending') AS arrived,
+             (SELECT min(occurred_at) FROM {events}
+              WHERE status = 'pending' AND enqueued_at IS NULL) AS undated) o;
 -- name: partitions
 -- Each partition's lease with its backlog. ? now (ms)
 SELECT l.`partition`, l.owner, l.epoch, CAST(l.expires_at > ? AS SIGNED) AS live,
@@ -206,7 +214,7 @@ SELECT l.`partition`, l.owner, l.epoch, CAST(l.expires_at > ? AS SIGNED) AS live
        TIMESTAMPDIFF(MICROSECOND, c.oldest, UTC_TIMESTAMP(6)) AS oldest_wait_us
 FROM {leases} l
 LEFT JOIN (
-    SELECT `partition`, count(*) AS pending, min(enqueued_at) AS oldest
+    SELECT `partition`, count(*) AS pending, min(COALESCE(enqueued_at, occurred_at)) AS oldest
     FROM {events} WHERE status = 'pending' GROUP BY `partition`
 ) c ON c.`partition` = l.`partition`
 ORDER BY l.`partition`;
