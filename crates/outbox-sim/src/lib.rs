@@ -102,9 +102,9 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  faults: {} crashes, {} pauses, {} relay starts, {} broker outages, {} sick aggregates, {} slots lost, {} database restarts, {} clock steps, {} replies lost, {} acks lost, {} acks delayed, {} broker duplicates, {} replays, {} skips",
+            "  faults: {} crashes, {} pauses, {} relay starts, {} broker outages, {} sick aggregates ({} hanging), {} slots lost, {} database restarts, {} clock steps, {} replies lost, {} acks lost, {} acks delayed, {} broker duplicates, {} replays, {} skips",
             s.crashes, s.pauses, s.relays_started, s.broker_outages, s.sick_aggregates,
-            s.slots_lost, s.database_restarts, s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates,
+            s.hanging_aggregates, s.slots_lost, s.database_restarts, s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates,
             s.replays, s.skips
         )?;
         writeln!(f, "  trace hash {:016x}", self.trace_hash)?;
@@ -361,6 +361,7 @@ impl Summary {
             a.relays_started += b.relays_started;
             a.broker_outages += b.broker_outages;
             a.sick_aggregates += b.sick_aggregates;
+            a.hanging_aggregates += b.hanging_aggregates;
             a.slots_lost += b.slots_lost;
             a.database_restarts += b.database_restarts;
             a.clock_steps += b.clock_steps;
@@ -400,8 +401,9 @@ impl fmt::Display for Summary {
         )?;
         write!(
             f,
-            "faults: crashes {}  pauses {}  broker outages {}  sick aggregates {}  slots lost {}  database restarts {}  clock steps {}  replies lost {}  acks lost {}  acks delayed {}  broker duplicates {}  replays {}  skips {}  ({} store calls, {} publishes)",
-            s.crashes, s.pauses, s.broker_outages, s.sick_aggregates, s.slots_lost,
+            "faults: crashes {}  pauses {}  broker outages {}  sick aggregates {} ({} hanging)  slots lost {}  database restarts {}  clock steps {}  replies lost {}  acks lost {}  acks delayed {}  broker duplicates {}  replays {}  skips {}  ({} store calls, {} publishes)",
+            s.crashes, s.pauses, s.broker_outages, s.sick_aggregates, s.hanging_aggregates,
+            s.slots_lost,
             s.database_restarts, s.clock_steps, s.replies_lost, s.acks_lost, s.acks_delayed, s.broker_duplicates, s.replays,
             s.skips, s.store_calls, s.publish_calls
         )

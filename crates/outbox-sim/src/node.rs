@@ -376,18 +376,23 @@ impl SimPublisher {
                     )
                 });
                 Ack::Refused
-            } else if s
+            } else if let Some((_, _, hangs)) = s
                 .sick
-                .as_ref()
-                .is_some_and(|(id, until)| now < *until && *id == m.aggregate_id)
+                .clone()
+                .filter(|(id, until, _)| now < *until && *id == m.aggregate_id)
             {
                 s.trace(now, || {
                     format!(
-                        "{name} publish {}: its aggregate is sick",
-                        m.event_id.as_u128() as i64
+                        "{name} publish {}: its aggregate is sick{}",
+                        m.event_id.as_u128() as i64,
+                        if hangs { " (no answer)" } else { "" }
                     )
                 });
-                Ack::Refused
+                if hangs {
+                    Ack::Hangs
+                } else {
+                    Ack::Refused
+                }
             } else if m.payload.as_ref() == b"poison" {
                 s.trace(now, || {
                     format!("{name} publish {}: rejected", m.event_id.as_u128() as i64)
@@ -429,7 +434,7 @@ impl SimPublisher {
             w.crash(self.node, "after publish, before the ack").await;
         }
         match ack {
-            Ack::Lost => std::future::pending::<()>().await,
+            Ack::Lost | Ack::Hangs => std::future::pending::<()>().await,
             Ack::Delayed(ms) => w.sleep_ms(ms).await,
             _ => w.latency(0, 3).await,
         }
@@ -445,6 +450,8 @@ enum Ack {
     Delayed(i64),
     Refused,
     Rejected,
+    /// Never answers, and does not store the message.
+    Hangs,
 }
 
 /// The broker stores a message: checks that the event exists and is committed (G2).

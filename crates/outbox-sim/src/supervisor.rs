@@ -162,14 +162,20 @@ impl Supervisor {
             s.slot_back_at = Some(now + ms);
             s.trace(now, || format!("SLOT LOST; made again in {ms}ms"));
         }
-        let healthy = s.sick.as_ref().is_none_or(|(_, until)| now >= *until);
+        let healthy = s.sick.as_ref().is_none_or(|(_, until, _)| now >= *until);
         if healthy && s.aggregates > 0 && s.chance(f.sick_aggregate * per_tick) {
             let last = s.aggregates as i64 - 1;
             let id = format!("agg{}", s.between(0, last));
             let ms = s.between(2000, 15000);
+            // Refusing fast (a 503) or not answering at all (a destination that hangs).
+            let hangs = s.chance(0.5);
             s.stats.sick_aggregates += 1;
-            s.trace(now, || format!("AGGREGATE {id} SICK {ms}ms"));
-            s.sick = Some((id, now + ms));
+            if hangs {
+                s.stats.hanging_aggregates += 1;
+            }
+            let how = if hangs { "HANGS" } else { "SICK" };
+            s.trace(now, || format!("AGGREGATE {id} {how} {ms}ms"));
+            s.sick = Some((id, now + ms, hangs));
         }
         if now >= s.database_down_until && s.chance(f.database_restart * per_tick) {
             let ms = s.between(300, 3000);
@@ -215,9 +221,9 @@ impl Supervisor {
     }
 }
 
-/// An operator replays or skips one dead event (of those a retry can fail again: hostile
-/// content is never replayed, and a skipped event is not replayed, so that the oracle knows
-/// what parks).
+/// An operator replays dead events (one, an aggregate's, or all) or skips one, of those a
+/// retry can fail again: hostile content is never replayed, and a skipped event is not
+/// replayed, so that the oracle knows what parks.
 fn operate(s: &mut crate::world::State, now: i64) {
     use crate::db::{Content, Status};
     let candidates: Vec<i64> =
@@ -238,9 +244,27 @@ fn operate(s: &mut crate::world::State, now: i64) {
     let id = candidates[s.between(0, candidates.len() as i64 - 1) as usize];
     let db_now = now + s.skew_ms;
     if s.chance(0.5) {
-        if s.db.replay(&[id], db_now) == 1 {
-            s.stats.replays += 1;
-            s.trace(now, || format!("OPERATOR replay {id}"));
+        // `dead-letters replay` selects by id, by aggregate (or type, or error text: a set of
+        // dead events, some of one aggregate) or `--all`.
+        let (ids, how): (Vec<i64>, &str) = match s.between(0, 2) {
+            0 => (vec![id], "id"),
+            1 => {
+                let key = s.db.rows[&id].key.clone();
+                let ids = candidates
+                    .iter()
+                    .copied()
+                    .filter(|c| s.db.rows[c].key == key)
+                    .collect();
+                (ids, "aggregate")
+            }
+            _ => (candidates.clone(), "all"),
+        };
+        let replayed = s.db.replay(&ids, db_now);
+        if replayed > 0 {
+            s.stats.replays += replayed as u64;
+            s.trace(now, || {
+                format!("OPERATOR replay by {how} {ids:?}: {replayed}")
+            });
         }
     } else if s.db.skip(id, db_now) {
         s.stats.skips += 1;

@@ -50,8 +50,11 @@ pub struct Stats {
     pub relays_started: u64,
     /// Broker outages.
     pub broker_outages: u64,
-    /// Aggregates made sick (their publishes failing transiently for a while).
+    /// Aggregates made sick (their publishes failing transiently, or never answered, for a
+    /// while).
     pub sick_aggregates: u64,
+    /// Of those, the ones whose publishes got no answer at all (a destination that hangs).
+    pub hanging_aggregates: u64,
     /// Replication slots lost (and made again).
     pub slots_lost: u64,
     /// Database restarts.
@@ -99,8 +102,9 @@ pub struct State {
     pub database_down_until: i64,
     /// Broker unavailable until this virtual time (ms).
     pub broker_down_until: i64,
-    /// The aggregate id whose publishes fail transiently until the given virtual time (ms).
-    pub sick: Option<(String, i64)>,
+    /// The aggregate id whose publishes fail transiently until the given virtual time (ms),
+    /// and whether they hang instead (no answer at all: the publish times out).
+    pub sick: Option<(String, i64, bool)>,
     /// When the operator makes the lost slot again (virtual ms).
     pub slot_back_at: Option<i64>,
     /// How many aggregates the writers write (`agg0`, `agg1`, …).

@@ -223,14 +223,23 @@ async fn send(
         Ok(Ok(Err(e))) => Outcome::Failed(e),
         Ok(Err(panic)) => panicked(panic),
         Err(_) if wait < timeout => Outcome::Failed(PublishError::transient(format!(
-            "no acknowledgement from {} before the partition lease ran out ({wait:?})",
+            "{UNANSWERED}{} before the partition lease ran out ({wait:?})",
             publisher.name()
         ))),
         Err(_) => Outcome::Failed(PublishError::transient(format!(
-            "no acknowledgement from {} within {timeout:?}",
+            "{UNANSWERED}{} within {timeout:?}",
             publisher.name()
         ))),
     }
+}
+
+/// How the failure of a publish that got no answer in time begins.
+const UNANSWERED: &str = "no acknowledgement from ";
+
+/// Whether `error` is a publish that got no answer in time (a destination that hangs, rather
+/// than one that refuses).
+pub(crate) fn unanswered(error: &PublishError) -> bool {
+    error.is_transient() && error.message.starts_with(UNANSWERED)
 }
 
 #[cfg(test)]
@@ -375,6 +384,7 @@ mod tests {
                     e.message.contains("before the partition lease ran out"),
                     "{e}"
                 );
+                assert!(unanswered(e), "{e}");
             }
             other => panic!("{other:?}"),
         }

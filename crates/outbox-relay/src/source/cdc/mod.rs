@@ -25,15 +25,19 @@
 //!   acknowledged by the broker (and marked published when it is a row of the table), or
 //!   handed to the table path. Never further: after a crash the stream resumes from there
 //!   (duplicates, never losses). Idle, a heartbeat message keeps the slot advancing.
-//! * **Failures: the table path.** A transient failure is published again in place a few
-//!   times (a blip). An event that still fails is handed to the table: its row (written back
-//!   by the relay in zero-growth and table-less modes) gets the attempt, the error and a hold
-//!   with backoff, or is dead-lettered and parks its aggregate, as in polling mode. Later
-//!   streamed events of a held aggregate join it in the table. The relay publishes held
-//!   aggregates from the table when their hold lapses (or an operator replays or skips the
-//!   dead head), in id order, and gives an aggregate back to the stream once nothing of it is
-//!   pending there. Other aggregates stream on meanwhile (G8); a batch of which nothing went
-//!   out pauses the stream with a growing backoff (a broker that is down).
+//! * **Failures: the table path.** A transient failure that came fast is published again in
+//!   place a few times (a blip). An event that still fails, or got no answer within the
+//!   publish timeout, is handed to the table: its row (written back by the relay in
+//!   zero-growth and table-less modes) gets the attempt, the error and a hold with backoff, or
+//!   is dead-lettered and parks its aggregate, as in polling mode. Later streamed events of a
+//!   held aggregate join it in the table, and so do those routed to a destination that gave
+//!   no answer, until it answers again: the stream never waits on a destination that hangs.
+//!   The relay publishes held aggregates from the table when their hold lapses (or an
+//!   operator replays or skips the dead head), in id order, in tasks of their own beside the
+//!   stream, and gives an aggregate back to the stream once nothing of it is pending there.
+//!   Other aggregates stream on meanwhile (G8); a batch of which nothing went out, for
+//!   failures that came fast, pauses the stream with a growing backoff (a broker that is
+//!   down).
 //! * **Holds are the table path's record.** An aggregate is in the table path exactly while
 //!   it has a row in `holds`: the stream reads them when it starts and every second, so a
 //!   restart, a takeover or an operator's action with the relay stopped finds every
@@ -56,6 +60,7 @@ mod messages;
 mod pgoutput;
 mod pipeline;
 mod postgres;
+mod resumes;
 mod slot;
 mod source;
 mod spill;

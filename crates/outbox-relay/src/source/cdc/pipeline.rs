@@ -50,18 +50,17 @@ impl Session {
         {
             self.finish_front(shutdown).await?;
         }
-        let (behind_held, todo): (Vec<Streamed>, Vec<Streamed>) = match self.held.is_empty() {
-            true => (Vec::new(), events),
-            false => events
-                .into_iter()
-                .partition(|e| self.held.contains_key(&key_of(e))),
+        let (behind, todo) = self.divert(events);
+        let keys = match behind.is_empty() {
+            true => keys,
+            false => todo.iter().map(key_hash).collect(),
         };
-        if !behind_held.is_empty() {
-            // Into the table behind what is already there (rare: everything before is
-            // settled first, so the table path sees their marks).
-            self.finish_all(shutdown).await?;
+        if !behind.is_empty() {
+            // Into the table behind what is already there. No batch in flight has their
+            // aggregates (above); the marks of those published before are written first, so
+            // the table path does not publish them again.
             self.marks.reap(true).await?;
-            self.spill_behind(behind_held).await?;
+            self.spill_behind(behind).await?;
         }
         if todo.is_empty() {
             if let Some(lsn) = end {
@@ -77,6 +76,58 @@ impl Session {
             end,
         });
         Ok(())
+    }
+
+    /// Splits a batch (in stream order) into the events that go to the table path, behind
+    /// their aggregate's hold, and those to publish. An event goes to the table when its
+    /// aggregate is held, or its destination gave no answer last time (the stream does not
+    /// wait on it again; its aggregate is then held, due at once, and published from the
+    /// table beside the stream), and so does every later event of such an aggregate.
+    fn divert(&mut self, events: Vec<Streamed>) -> (Vec<Streamed>, Vec<Streamed>) {
+        if self.held.is_empty() && self.unanswered.is_empty() {
+            return (Vec::new(), events);
+        }
+        let mut behind = Vec::new();
+        let mut todo = Vec::with_capacity(events.len());
+        let mut diverted: HashSet<Key> = HashSet::new();
+        for e in events {
+            let key = key_of(&e);
+            let held = self.held.contains_key(&key) || diverted.contains(&key);
+            if held
+                || (!self.unanswered.is_empty()
+                    && self.unanswered.contains(&self.destination_of(&e.row)))
+            {
+                if !held {
+                    let h = self.held.entry(key.clone()).or_default();
+                    h.due = Some(tokio::time::Instant::now());
+                    h.since = Some(e.position);
+                    diverted.insert(key);
+                }
+                behind.push(e);
+            } else {
+                todo.push(e);
+            }
+        }
+        (behind, todo)
+    }
+
+    /// An event for `destination` was acknowledged: the stream publishes its events again.
+    pub(super) fn answered(&mut self, destination: &str) {
+        if !self.unanswered.is_empty() && self.unanswered.remove(destination) {
+            tracing::info!(
+                destination,
+                "the destination answers again: streaming its events"
+            );
+        }
+    }
+
+    /// An event for `destination` failed with `error`: when it got no answer in time, the
+    /// stream hands the destination's events to the table path until it answers again.
+    pub(super) fn not_answered(&mut self, destination: &str, error: &PublishError) {
+        if dispatch::lanes::unanswered(error) && self.unanswered.insert(destination.to_owned()) {
+            tracing::warn!(destination, %error,
+                "the destination does not answer: its events wait in the table until it does");
+        }
     }
 
     /// Confirms `lsn` once every batch in flight and every mark before it are settled.
@@ -140,9 +191,13 @@ impl Session {
                 match outcome {
                     Outcome::Published(at) => {
                         self.observe_published(&e, &destination, at);
+                        self.answered(&destination);
                         published.push(e);
                     }
-                    Outcome::Failed(error) => round_failed.push((e, error)),
+                    Outcome::Failed(error) => {
+                        self.not_answered(&destination, &error);
+                        round_failed.push((e, error));
+                    }
                     Outcome::Skipped => round_skipped.push(e),
                 }
             }
@@ -158,8 +213,12 @@ impl Session {
             if round_failed.is_empty() {
                 break (round_failed, round_skipped);
             }
-            let all_transient = round_failed.iter().all(|(_, e)| e.is_transient());
-            if !all_transient || rounds >= IN_PLACE_ROUNDS {
+            // Again in place only after failures that came fast: one that got no answer in
+            // time would make the stream wait as long again.
+            let blip = round_failed
+                .iter()
+                .all(|(_, e)| e.is_transient() && !dispatch::lanes::unanswered(e));
+            if !blip || rounds >= IN_PLACE_ROUNDS {
                 break (round_failed, round_skipped);
             }
             rounds += 1;
@@ -200,7 +259,10 @@ impl Session {
         // The table path reads pending rows: earlier marks must be written first, or it
         // would publish again what the stream already did.
         self.marks.reap(true).await?;
-        let nothing_went_out = published.is_empty();
+        // A broker that is down is not hammered; a destination that gave no answer already
+        // cost its timeout, and its events now go to the table path.
+        let pause =
+            published.is_empty() && !failed.iter().all(|(_, e)| dispatch::lanes::unanswered(e));
         let first_error = failed[0].1.to_string();
         for (e, error) in failed {
             self.count_failure(&e, &error);
@@ -209,7 +271,7 @@ impl Session {
         let mut behind = behind;
         behind.sort_by_key(|e| e.seq);
         self.spill_behind(behind).await?;
-        if nothing_went_out {
+        if pause {
             let delay = self.circuit.next();
             tracing::warn!(?delay, error = %first_error,
                 "nothing of the batch was published; pausing the stream");
@@ -233,7 +295,7 @@ impl Session {
 
     /// Hands `events` to the dispatcher in a task of their own; it yields each with its routed
     /// destination and its outcome.
-    fn dispatch_task(&self, events: Vec<Streamed>) -> JoinHandle<Results> {
+    pub(super) fn dispatch_task(&self, events: Vec<Streamed>) -> JoinHandle<Results> {
         let epoch_of = |p: i32| self.fences.iter().find(|f| f.0 == p).map_or(-1, |f| f.1);
         let items: Vec<Item> = events
             .iter()

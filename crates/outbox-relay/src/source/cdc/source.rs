@@ -1,7 +1,11 @@
 //! The CDC loop: wait for the exclusive lease, catch up from the table, stream, publish,
 //! settle, confirm. The design is in the module docs ([`crate::cdc`]).
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use chrono::{DateTime, Utc};
 use pgwire_replication::{Lsn, ReplicationEvent};
@@ -15,6 +19,7 @@ use super::{
     marks::Marks,
     messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
     pgoutput::Change,
+    resumes::Resumptions,
 };
 use crate::{
     retry::Backoff,
@@ -219,6 +224,11 @@ pub(super) struct Session {
     pub(super) applied: Lsn,
     /// The relay's shutdown, for waits of unbounded length inside a step of the stream.
     pub(super) stop: CancellationToken,
+    /// Held aggregates being published from the table.
+    pub(super) resumptions: Resumptions,
+    /// Destinations whose last publish got no answer in time: the stream hands their events
+    /// to the table path (never waiting on them) until one of theirs is acknowledged.
+    pub(super) unanswered: HashSet<String>,
 }
 
 impl Session {
@@ -236,6 +246,8 @@ impl Session {
             inflight: InFlight::default(),
             applied: Lsn::default(),
             stop,
+            resumptions: Resumptions::default(),
+            unanswered: HashSet::new(),
         }
     }
 
@@ -357,6 +369,7 @@ impl Session {
                     r = client.recv() => Some(r),
                     () = self.marks.running_done(), if self.marks.is_running() => None,
                     () = self.inflight.front_done(), if !self.inflight.is_empty() => None,
+                    () = self.resumptions.any_done(), if !self.resumptions.is_empty() => None,
                     () = tokio::time::sleep(idle) => None,
                 };
                 if received.is_none() {
@@ -557,6 +570,9 @@ impl Session {
             if let Err(end) = self.finish_ready(shutdown).await {
                 return end;
             }
+            if let Err(end) = self.finish_resumed().await {
+                return end;
+            }
             if let Err(end) = self.marks.reap(false).await {
                 return end;
             }
@@ -602,7 +618,10 @@ impl Session {
         let now = Instant::now();
         self.holds_loaded_at
             .is_none_or(|t| now >= t + Duration::from_secs(1))
-            || self.held.values().any(|h| h.due.is_some_and(|d| d <= now))
+            || self
+                .held
+                .iter()
+                .any(|(k, h)| h.due.is_some_and(|d| d <= now) && !self.resumptions.busy(k))
     }
 
     /// How long the idle stream may wait before upkeep is due.
@@ -610,8 +629,8 @@ impl Session {
         let now = Instant::now();
         let mut wake = now + Duration::from_secs(1);
         wake = wake.min(last_activity + self.ctx.config.cdc.heartbeat_interval);
-        for h in self.held.values() {
-            if let Some(due) = h.due {
+        for (k, h) in &self.held {
+            if let Some(due) = h.due.filter(|_| !self.resumptions.busy(k)) {
                 wake = wake.min(due);
             }
         }
@@ -619,7 +638,7 @@ impl Session {
             .max(Duration::from_millis(5))
     }
 
-    /// Between batches: reload holds, publish held aggregates that are due, write a
+    /// Between batches: reload holds, start publishing held aggregates that are due, write a
     /// heartbeat when idle.
     async fn upkeep(&mut self, last_activity: Instant, heartbeat_prefix: &str) -> Result<(), End> {
         if self
@@ -634,13 +653,13 @@ impl Session {
         let mut due: Vec<Key> = self
             .held
             .iter()
-            .filter(|(_, h)| h.due.is_some_and(|d| d <= now))
+            .filter(|(k, h)| h.due.is_some_and(|d| d <= now) && !self.resumptions.busy(k))
             .map(|(k, _)| k.clone())
             .collect();
         // In a fixed order (the map's is random): the same stream resumes the same way.
         due.sort_unstable();
         if !due.is_empty() {
-            self.resume(due).await?;
+            self.start_resume(due).await?;
         }
         if last_activity.elapsed() >= self.ctx.config.cdc.heartbeat_interval {
             self.ctx

@@ -13,8 +13,12 @@ use super::{
     context::{End, Key, Streamed},
     db::{SpillHold, SpillRow},
     inflight::key_of,
+    resumes::Resumption,
     source::Session,
 };
+
+/// Rows of one aggregate a resumption publishes; more are left for the next one.
+const RESUME_LIMIT: i64 = 1000;
 use crate::{
     complete::FailedRow,
     config::OnDead,
@@ -383,63 +387,104 @@ impl Session {
             );
         }
         for (key, h) in self.held.iter_mut() {
-            if !in_db.contains_key(key) && h.due.is_none() && !h.until_commit {
+            if !in_db.contains_key(key)
+                && h.due.is_none()
+                && !h.until_commit
+                && !self.resumptions.busy(key)
+            {
                 h.due = Some(now);
             }
         }
         for (key, (wait, since)) in in_db {
+            // Being published from the table: its resumption says when it is due next.
+            let busy = self.resumptions.busy(&key);
             let h = self.held.entry(key).or_default();
             if since.is_some() {
                 h.since = since;
             }
-            if !h.until_commit {
+            if !h.until_commit && !busy {
                 h.due = wait.map(|w| now + Duration::from_secs_f64(w.max(0.0)));
             }
         }
         Ok(())
     }
 
-    /// Publishes held aggregates whose hold lapsed from the table, in id order; gives each
-    /// back to the stream once nothing of it is pending there.
+    /// Publishes held aggregates whose hold lapsed from the table, in id order, and waits for
+    /// the outcome (the catch-up, before streaming starts).
     pub(super) async fn resume(&mut self, keys: Vec<Key>) -> Result<(), End> {
-        const LIMIT: i64 = 1000;
+        self.start_resume(keys).await?;
+        for job in self.resumptions.take_all() {
+            self.finish_resume(job).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts publishing held aggregates whose hold lapsed from the table, in id order, in a
+    /// task of its own ([`Resumptions`](super::resumes::Resumptions)): the stream goes on
+    /// meanwhile, and [`Session::finish_resumed`] records the outcomes.
+    pub(super) async fn start_resume(&mut self, keys: Vec<Key>) -> Result<(), End> {
         // Rows the stream published must be marked before the table is read.
         self.marks.reap(true).await?;
-        let mut items: Vec<ClaimedRow> = Vec::new();
+        let mut rows: Vec<ClaimedRow> = Vec::new();
         for key in &keys {
             let (db, max) = (&self.ctx.db, self.ctx.max_payload);
-            let rows: Vec<ClaimedRow> = self
-                .retry_db(|| db.pending_of((&key.0, &key.1), LIMIT, max))
+            let found: Vec<ClaimedRow> = self
+                .retry_db(|| db.pending_of((&key.0, &key.1), RESUME_LIMIT, max))
                 .await?;
-            items.extend(rows);
+            rows.extend(found);
         }
-        if !items.is_empty() {
+        if !rows.is_empty() {
             self.ctx.health.saw_work();
         }
+        for key in &keys {
+            if let Some(h) = self.held.get_mut(key) {
+                h.due = None;
+            }
+        }
+        let events: Vec<Streamed> = rows
+            .iter()
+            .cloned()
+            .map(|row| Streamed {
+                seq: row.id as u64,
+                row,
+                in_table: true,
+                xid: 0,
+                position: super::StreamPosition::default(),
+            })
+            .collect();
+        let task = self.dispatch_task(events);
+        self.resumptions.start(keys, rows, task);
+        Ok(())
+    }
+
+    /// Records the outcomes of the resumptions whose publishes are done.
+    pub(super) async fn finish_resumed(&mut self) -> Result<(), End> {
+        for job in self.resumptions.take_done() {
+            self.finish_resume(job).await?;
+        }
+        Ok(())
+    }
+
+    /// Records a resumption's outcomes (published rows marked, failures held or
+    /// dead-lettered) and gives each of its aggregates back to the stream once nothing of it
+    /// is pending in the table.
+    async fn finish_resume(&mut self, job: Resumption) -> Result<(), End> {
+        let (keys, items, results) = job.outcome().await;
+        let results = results.map_err(|e| End::failed("publishing task", e))?;
         let park = self.ctx.config.on_dead == OnDead::Park;
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_keys: HashMap<Key, Option<Duration>> = HashMap::new();
         {
-            let events: Vec<Streamed> = items
-                .iter()
-                .cloned()
-                .map(|row| Streamed {
-                    seq: row.id as u64,
-                    row,
-                    in_table: true,
-                    xid: 0,
-                    position: super::StreamPosition::default(),
-                })
-                .collect();
-            let results = self.dispatch(events).await?;
             let mut published = Vec::new();
             for (e, destination, outcome) in results {
                 match outcome {
                     Outcome::Published(at) => {
                         self.observe_published(&e, &destination, at);
+                        self.answered(&destination);
                         published.push(e.row.id);
                     }
                     Outcome::Failed(error) => {
+                        self.not_answered(&destination, &error);
                         let failure = self.ctx.completer.judge_row(
                             FailedRow {
                                 id: e.row.id,
@@ -492,11 +537,17 @@ impl Session {
             let Some(h) = self.held.get_mut(&key) else {
                 continue;
             };
+            if h.until_commit {
+                // An open transaction's chunk handed events of it to the table path while it
+                // was published from there: they are written at that commit, behind its hold,
+                // which stays (the holds are read again after the commit).
+                continue;
+            }
             if let Some(wait) = failed_keys.get(&key) {
                 h.due = wait.map(|w| now + w);
                 continue;
             }
-            if found >= LIMIT {
+            if found >= RESUME_LIMIT {
                 h.due = Some(now);
                 continue;
             }
