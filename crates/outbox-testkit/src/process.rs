@@ -50,6 +50,25 @@ impl NatsServer {
         }
     }
 
+    /// Stops the server (SIGSTOP, by pid) without closing its connections: clients connect
+    /// and send, and get no answer, as from a broker that hangs, until [`NatsServer::thaw`].
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([format!("-{name}"), child.id().to_string()])
+                .status();
+        }
+    }
+
     /// (Re)starts the server on the same port and store, waiting until it accepts connections.
     pub async fn restart(&mut self) {
         self.stop();

@@ -1,5 +1,5 @@
-//! The chaos loop: at seeded random moments, one of four faults. The first four faults are the
-//! four kinds in a seeded random order, so every run has each kind at least once.
+//! The chaos loop: at seeded random moments, one of five faults. The first five faults are the
+//! five kinds in a seeded random order, so every run has each kind at least once.
 
 use std::time::{Duration, Instant};
 
@@ -25,13 +25,17 @@ pub enum Fault {
     RestartBroker,
     /// SIGKILL the database (every process of it); restart it 0–2 s later (crash recovery).
     RestartDatabase,
+    /// SIGSTOP the broker for 1–5 s, then SIGCONT: it keeps its connections and answers
+    /// nothing (publishes time out), as a broker or endpoint that hangs.
+    HangBroker,
 }
 
-const ALL: [Fault; 4] = [
+const ALL: [Fault; 5] = [
     Fault::Kill,
     Fault::Pause,
     Fault::RestartBroker,
     Fault::RestartDatabase,
+    Fault::HangBroker,
 ];
 
 /// How many faults of each kind were injected.
@@ -45,6 +49,8 @@ pub struct Counts {
     pub broker_restarts: usize,
     /// Database crashes and restarts.
     pub database_restarts: usize,
+    /// Broker hangs.
+    pub broker_hangs: usize,
 }
 
 /// What the loop works on.
@@ -73,7 +79,7 @@ pub async fn run(
     let end = Instant::now() + duration;
     let kinds: Vec<Fault> = ALL
         .into_iter()
-        .filter(|f| *f != Fault::RestartBroker || nats.is_some())
+        .filter(|f| !matches!(f, Fault::RestartBroker | Fault::HangBroker) || nats.is_some())
         .collect();
     let mut first = kinds.clone();
     first.shuffle(rng);
@@ -98,10 +104,11 @@ pub async fn run(
             .unwrap_or_else(|| loop {
                 let roll: f64 = rng.random();
                 let fault = match roll {
-                    r if r < 0.35 => Fault::Kill,
-                    r if r < 0.60 => Fault::Pause,
-                    r if r < 0.80 => Fault::RestartBroker,
-                    _ => Fault::RestartDatabase,
+                    r if r < 0.30 => Fault::Kill,
+                    r if r < 0.50 => Fault::Pause,
+                    r if r < 0.65 => Fault::RestartBroker,
+                    r if r < 0.85 => Fault::RestartDatabase,
+                    _ => Fault::HangBroker,
                 };
                 if kinds.contains(&fault) {
                     break fault;
@@ -148,6 +155,16 @@ pub async fn run(
                 nats.restart().await;
                 super::log("nats-server up");
                 counts.broker_restarts += 1;
+            }
+            Fault::HangBroker => {
+                let nats = nats.as_deref().expect("only drawn with a private broker");
+                let hang = Duration::from_millis(rng.random_range(1_000..5_000));
+                super::log(&format!("kill -STOP nats-server for {hang:?}"));
+                nats.freeze();
+                idle(fleet, Instant::now() + hang).await;
+                nats.thaw();
+                super::log("nats-server answers again");
+                counts.broker_hangs += 1;
             }
             Fault::RestartDatabase => {
                 let down = Duration::from_millis(rng.random_range(0..2_000));

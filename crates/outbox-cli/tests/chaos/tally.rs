@@ -314,6 +314,11 @@ impl fmt::Display for Figures {
         )?;
         line(
             out,
+            "broker hangs (SIGSTOP)",
+            self.faults.broker_hangs.to_string(),
+        )?;
+        line(
+            out,
             "database restarts (SIGKILL)",
             self.faults.database_restarts.to_string(),
         )?;

@@ -218,8 +218,19 @@ async fn send(
             Ok(publish) => std::panic::AssertUnwindSafe(publish).catch_unwind(),
             Err(panic) => return panicked(panic),
         };
+    let started = Instant::now();
     match tokio::time::timeout(wait, publish).await {
         Ok(Ok(Ok(()))) => Outcome::Published(Instant::now()),
+        // A transient failure that took long (the client's own timeout, an endpoint that
+        // answers 503 after seconds) is a destination slow to answer, as one that does not.
+        Ok(Ok(Err(e))) if e.is_transient() && started.elapsed() >= SLOW_FAILURE => {
+            Outcome::Failed(PublishError::transient(format!(
+                "{UNANSWERED}{} within {:?}: {}",
+                publisher.name(),
+                started.elapsed(),
+                e.message
+            )))
+        }
         Ok(Ok(Err(e))) => Outcome::Failed(e),
         Ok(Err(panic)) => panicked(panic),
         Err(_) if wait < timeout => Outcome::Failed(PublishError::transient(format!(
@@ -236,8 +247,12 @@ async fn send(
 /// How the failure of a publish that got no answer in time begins.
 const UNANSWERED: &str = "no acknowledgement from ";
 
-/// Whether `error` is a publish that got no answer in time (a destination that hangs, rather
-/// than one that refuses).
+/// A transient failure that came after this long is a destination slow to answer.
+const SLOW_FAILURE: Duration = Duration::from_secs(1);
+
+/// Whether `error` is a publish that got no answer in time, or a transient failure that took
+/// [`SLOW_FAILURE`] or longer (a destination that hangs or is slow to answer, rather than one
+/// that refuses at once).
 pub(crate) fn unanswered(error: &PublishError) -> bool {
     error.is_transient() && error.message.starts_with(UNANSWERED)
 }
@@ -343,6 +358,49 @@ mod tests {
         .await;
         assert_eq!(*publisher.log.lock().unwrap(), vec![3]);
         assert_eq!(results.len(), 3);
+    }
+
+    /// Fails transiently: aggregate `slow` after two seconds, the others at once.
+    struct Refusing;
+
+    impl Publisher for Refusing {
+        fn publish<'a>(&'a self, m: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
+            Box::pin(async move {
+                if m.aggregate_id == "slow" {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Err(PublishError::transient("503"))
+            })
+        }
+        fn name(&self) -> &'static str {
+            "refusing"
+        }
+        fn max_payload_bytes(&self) -> usize {
+            1024
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_failure_that_took_long_reads_as_unanswered() {
+        let results = dispatch(
+            vec![item(1, "slow"), item(2, "fast")],
+            Arc::new(Refusing),
+            leases(),
+            8,
+            Duration::from_secs(30),
+        )
+        .await;
+        let errors: Vec<&PublishError> = results
+            .iter()
+            .map(|(_, outcome)| match outcome {
+                Outcome::Failed(e) => e,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(unanswered(errors[0]), "{}", errors[0]);
+        assert!(errors[0].message.ends_with(": 503"), "{}", errors[0]);
+        assert!(!unanswered(errors[1]), "{}", errors[1]);
+        assert_eq!(errors[1].message, "503");
     }
 
     /// Never acknowledges.
