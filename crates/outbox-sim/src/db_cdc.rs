@@ -306,7 +306,7 @@ pub fn table_less_content(id: i64, row: &Row) -> Vec<u8> {
         "aggregate_type": row.key.0,
         "aggregate_id": row.key.1,
         "aggregate_version": row.version,
-        "event_type": "Changed",
+        "event_type": crate::db::event_type_of(row),
         "headers": headers,
         "payload": String::from_utf8_lossy(&row.payload),
     })

@@ -169,7 +169,7 @@ impl TxnBuilder {
             text(row.key.0.clone()),
             text(row.key.1.clone()),
             text(row.version.to_string()),
-            text("Changed".into()),
+            text(crate::db::event_type_of(row).into()),
             text("1".into()),
             None,
             text(format!("\\x{payload}")),

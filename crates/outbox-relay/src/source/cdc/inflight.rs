@@ -57,6 +57,15 @@ impl InFlight {
     pub(super) fn overlaps(&self, keys: &HashSet<u64>) -> bool {
         self.queue.iter().any(|b| !b.keys.is_disjoint(keys))
     }
+
+    /// Whether a batch in flight may hold an event of `key` (see [`InFlight::overlaps`]).
+    pub(super) fn may_hold(&self, key: &Key) -> bool {
+        if self.queue.is_empty() {
+            return false;
+        }
+        let hash = hash_of(&key.0, &key.1);
+        self.queue.iter().any(|b| b.keys.contains(&hash))
+    }
 }
 
 pub(super) fn key_of(e: &Streamed) -> Key {
@@ -66,7 +75,11 @@ pub(super) fn key_of(e: &Streamed) -> Key {
 /// A hash of the event's aggregate key, for [`Batch::keys`]: a batch in flight keeps a number
 /// per event rather than a copy of its two key strings.
 pub(super) fn key_hash(e: &Streamed) -> u64 {
+    hash_of(&e.row.aggregate_type, &e.row.aggregate_id)
+}
+
+fn hash_of(aggregate_type: &str, aggregate_id: &str) -> u64 {
     let mut hasher = DefaultHasher::new();
-    (&e.row.aggregate_type, &e.row.aggregate_id).hash(&mut hasher);
+    (aggregate_type, aggregate_id).hash(&mut hasher);
     hasher.finish()
 }

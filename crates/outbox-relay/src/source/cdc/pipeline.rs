@@ -79,30 +79,36 @@ impl Session {
     }
 
     /// Splits a batch (in stream order) into the events that go to the table path, behind
-    /// their aggregate's hold, and those to publish. An event goes to the table when its
-    /// aggregate is held, or its destination gave no answer last time (the stream does not
-    /// wait on it again; its aggregate is then held, due at once, and published from the
-    /// table beside the stream), and so does every later event of such an aggregate.
+    /// their aggregate's hold, and those to publish. An aggregate's events go to the table
+    /// when it is held, or when any of them is routed to a destination that gave no answer
+    /// last time (the stream does not wait on it again): then all of them, from its first in
+    /// the batch, so that none of it is in flight while it is published from the table, and
+    /// its hold's starting point is that first event (the stream sends again, after a
+    /// restart, only what came before it, which was settled). Such an aggregate is held, due
+    /// at once, and published from the table beside the stream.
     fn divert(&mut self, events: Vec<Streamed>) -> (Vec<Streamed>, Vec<Streamed>) {
         if self.held.is_empty() && self.unanswered.is_empty() {
             return (Vec::new(), events);
         }
+        // The aggregates with an event for a destination that does not answer.
+        let mut diverted: HashSet<Key> = HashSet::new();
+        if !self.unanswered.is_empty() {
+            for e in &events {
+                if self.unanswered.contains(&self.destination_of(&e.row)) {
+                    diverted.insert(key_of(e));
+                }
+            }
+        }
         let mut behind = Vec::new();
         let mut todo = Vec::with_capacity(events.len());
-        let mut diverted: HashSet<Key> = HashSet::new();
         for e in events {
             let key = key_of(&e);
-            let held = self.held.contains_key(&key) || diverted.contains(&key);
-            if held
-                || (!self.unanswered.is_empty()
-                    && self.unanswered.contains(&self.destination_of(&e.row)))
-            {
-                if !held {
-                    let h = self.held.entry(key.clone()).or_default();
-                    h.due = Some(tokio::time::Instant::now());
-                    h.since = Some(e.position);
-                    diverted.insert(key);
-                }
+            if self.held.contains_key(&key) {
+                behind.push(e);
+            } else if diverted.contains(&key) {
+                let h = self.held.entry(key).or_default();
+                h.due = Some(tokio::time::Instant::now());
+                h.since = Some(e.position);
                 behind.push(e);
             } else {
                 todo.push(e);

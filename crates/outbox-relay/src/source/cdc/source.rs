@@ -621,7 +621,13 @@ impl Session {
             || self
                 .held
                 .iter()
-                .any(|(k, h)| h.due.is_some_and(|d| d <= now) && !self.resumptions.busy(k))
+                .any(|(k, h)| h.due.is_some_and(|d| d <= now) && self.resumable(k))
+    }
+
+    /// Whether held aggregate `key` may be published from the table now: not already, and
+    /// with none of its events in a batch the stream is publishing (its order would not hold).
+    fn resumable(&self, key: &Key) -> bool {
+        !self.resumptions.busy(key) && !self.inflight.may_hold(key)
     }
 
     /// How long the idle stream may wait before upkeep is due.
@@ -630,7 +636,7 @@ impl Session {
         let mut wake = now + Duration::from_secs(1);
         wake = wake.min(last_activity + self.ctx.config.cdc.heartbeat_interval);
         for (k, h) in &self.held {
-            if let Some(due) = h.due.filter(|_| !self.resumptions.busy(k)) {
+            if let Some(due) = h.due.filter(|_| self.resumable(k)) {
                 wake = wake.min(due);
             }
         }
@@ -653,7 +659,7 @@ impl Session {
         let mut due: Vec<Key> = self
             .held
             .iter()
-            .filter(|(k, h)| h.due.is_some_and(|d| d <= now) && !self.resumptions.busy(k))
+            .filter(|(k, h)| h.due.is_some_and(|d| d <= now) && self.resumable(k))
             .map(|(k, _)| k.clone())
             .collect();
         // In a fixed order (the map's is random): the same stream resumes the same way.

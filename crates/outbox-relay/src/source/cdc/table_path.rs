@@ -511,7 +511,9 @@ impl Session {
                     Outcome::Skipped => {}
                 }
             }
-            if !published.is_empty() || !failures.is_empty() {
+            // Progress is an outcome that ends an event's wait (as in polling): a retry is
+            // not, or a destination that never answers would keep the relay ready.
+            if !published.is_empty() || failures.iter().any(|f| f.dead) {
                 self.ctx.health.progressed();
             }
             let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
