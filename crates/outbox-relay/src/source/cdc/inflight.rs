@@ -68,6 +68,16 @@ impl InFlight {
     }
 }
 
+impl Drop for InFlight {
+    /// A session that ends stops its batches: the next one streams their transactions again
+    /// (unconfirmed) and publishes them itself, rather than beside a batch of the old one.
+    fn drop(&mut self) {
+        for batch in &self.queue {
+            batch.task.abort();
+        }
+    }
+}
+
 pub(super) fn key_of(e: &Streamed) -> Key {
     (e.row.aggregate_type.clone(), e.row.aggregate_id.clone())
 }

@@ -662,10 +662,11 @@ impl Session {
             .filter(|(k, h)| h.due.is_some_and(|d| d <= now) && self.resumable(k))
             .map(|(k, _)| k.clone())
             .collect();
-        // In a fixed order (the map's is random): the same stream resumes the same way.
+        // In a fixed order (the map's is random): the same stream resumes the same way. One
+        // resumption each: an aggregate whose destination hangs holds up no other one.
         due.sort_unstable();
-        if !due.is_empty() {
-            self.start_resume(due).await?;
+        for key in due {
+            self.start_resume(vec![key]).await?;
         }
         if last_activity.elapsed() >= self.ctx.config.cdc.heartbeat_interval {
             self.ctx
