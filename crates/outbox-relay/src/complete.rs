@@ -5,13 +5,14 @@
 //!   metrics of an outcome (latency from `occurred_at` to the ack, counters by destination and
 //!   failure class, dead letters) and the decision for a failure (`RetryPolicy::failure`:
 //!   retry with backoff, or dead letter).
-//! * [`Completer::record`]: outcomes written to the table, fenced by the lease epochs
-//!   (`mark_published`, `mark_failed`), the write retried while any of those leases lasts. If
-//!   they all lapse first, the successor publishes the unrecorded events again: duplicates,
-//!   never losses.
-//! * [`Completer::complete`]: the two together, for a batch of claimed rows (polling). The CDC
-//!   source settles streamed events itself (its position must move only after their outcomes
-//!   are recorded, and events without a row go to the table first), with the same parts.
+//! * [`Completer::record`]: outcomes written to the table with the one `mark_published` and
+//!   `mark_failed` of the store, fenced by the lease epochs; a write the database refuses for
+//!   its data is written row by row, so that one refused row leaves the others recorded.
+//! * [`Completer::fenced`]: the one retry of a statement while leases last, with the choice of
+//!   which leases ([`Needs`]) stated by the caller.
+//! * [`Completer::complete`]: the metrics and the record together, for a batch of claimed rows
+//!   (polling). The CDC source records through the same parts; what is its own is where its
+//!   stream may confirm, and when a held aggregate goes back to the stream.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -23,7 +24,7 @@ use crate::{
     http::Health,
     lease::Leases,
     retry::{Backoff, RetryPolicy},
-    store::{within, Failure, Fence, Store},
+    store::{within, Failure, Fence, Marking, Store},
     telemetry::{DestinationLabel, FailureLabels, Metrics},
     FailureClass, PublishError,
 };
@@ -214,49 +215,76 @@ impl Completer {
             self.count_published(destination, n);
         }
         tally.published = published.len();
-        self.record(fences, &published, &failures).await;
+        // Lapsed leases need nothing more: the successor publishes the events again.
+        let _ = self
+            .record(fences, &published, &failures, Marking::Claimed)
+            .await;
         tally
     }
 
-    /// Writes outcomes (fenced by `fences`), retrying while any of those leases lasts; counts
-    /// the outcomes the fence refused (the lease went to another relay). When the database
-    /// refuses the batch's statement for something in its data (SQLSTATE classes 22, 23, 54:
-    /// a retry cannot help), the outcomes are written one at a time, so that one row the
-    /// database refuses does not leave the others unrecorded and stall the partition; that row
-    /// stays pending (it will be published again) and the refusal is logged and counted.
-    pub(crate) async fn record(&self, fences: &[Fence], published: &[i64], failures: &[Failure]) {
-        let Err(Refused {
-            error,
-            published_recorded,
-        }) = self.write(fences, published, failures).await
-        else {
-            return;
-        };
-        // The published marks, when they were written before the failures were refused.
-        let published = if published_recorded {
-            &[][..]
-        } else {
-            published
-        };
-        if published.len() + failures.len() > 1 {
-            tracing::warn!(%error, "the database refused a batch's outcomes; writing them one by one");
-            for id in published {
-                if let Err(refused) = self.write(fences, std::slice::from_ref(id), &[]).await {
-                    self.refused(&refused.error, *id);
+    /// Writes outcomes (fenced by `fences`), retrying while the leases last (a claimed batch
+    /// while any of them does, streamed events while all do: see [`Needs::of`]); counts the
+    /// outcomes the fence refused (the lease went to another relay). When the database refuses
+    /// the batch's statement for something in its data (SQLSTATE classes 22, 23, 54: a retry
+    /// cannot help), the outcomes are written one at a time, so that one row the database
+    /// refuses does not leave the others unrecorded and stall the partition; that row stays
+    /// pending (it will be published again) and the refusal is logged and counted. Returns
+    /// whether the leases lasted to the end.
+    pub(crate) async fn record(
+        &self,
+        fences: &[Fence],
+        published: &[i64],
+        failures: &[Failure],
+        marking: Marking,
+    ) -> Recorded {
+        let (published, failures) = match self.write(fences, published, failures, marking).await {
+            Ok(()) => return Recorded::Done,
+            Err(WriteError::Lapsed) => return Recorded::LeasesLapsed,
+            Err(WriteError::Refused {
+                error,
+                published_recorded,
+            }) => {
+                // The published marks, when they were written before the failures were
+                // refused.
+                let published = if published_recorded {
+                    &[][..]
+                } else {
+                    published
+                };
+                if published.len() + failures.len() <= 1 {
+                    let id = published
+                        .first()
+                        .copied()
+                        .or(failures.first().map(|f| f.id));
+                    self.refused(&error, id.unwrap_or_default());
+                    return Recorded::Done;
                 }
+                tracing::warn!(%error,
+                    "the database refused a batch's outcomes; writing them one by one");
+                (published, failures)
             }
-            for failure in failures {
-                if let Err(refused) = self.write(fences, &[], std::slice::from_ref(failure)).await {
-                    self.refused(&refused.error, failure.id);
-                }
+        };
+        for id in published {
+            match self
+                .write(fences, std::slice::from_ref(id), &[], marking)
+                .await
+            {
+                Err(WriteError::Refused { error, .. }) => self.refused(&error, *id),
+                Err(WriteError::Lapsed) => return Recorded::LeasesLapsed,
+                Ok(()) => {}
             }
-        } else {
-            let id = published
-                .first()
-                .copied()
-                .or(failures.first().map(|f| f.id));
-            self.refused(&error, id.unwrap_or_default());
         }
+        for failure in failures {
+            match self
+                .write(fences, &[], std::slice::from_ref(failure), marking)
+                .await
+            {
+                Err(WriteError::Refused { error, .. }) => self.refused(&error, failure.id),
+                Err(WriteError::Lapsed) => return Recorded::LeasesLapsed,
+                Ok(()) => {}
+            }
+        }
+        Recorded::Done
     }
 
     fn refused(&self, error: &sqlx::Error, id: i64) {
@@ -265,86 +293,183 @@ impl Completer {
             "the database refuses to record this event's outcome: it stays pending");
     }
 
-    /// One attempt to write outcomes, retried while a lease of `fences` lasts unless the
-    /// database refuses it for its data (returned as the error). The published marks and the
-    /// failures are two statements: one that succeeded is not run again when the other is
-    /// retried (run again, it would find its rows settled and count them as lost to another
-    /// relay).
+    /// One write of outcomes, retried (see [`Completer::fenced`]) while the leases last. The
+    /// published marks and the failures are two statements: one that succeeded is not run
+    /// again when the other is retried (run again, it would find its rows settled and count
+    /// them as lost to another relay).
     async fn write(
         &self,
         fences: &[Fence],
         published: &[i64],
         failures: &[Failure],
-    ) -> Result<(), Refused> {
+        marking: Marking,
+    ) -> Result<(), WriteError> {
+        let needs = Needs::of(marking);
+        let marked = if published.is_empty() {
+            0
+        } else {
+            self.fenced(fences, needs, Refusals::GiveUp, || {
+                within(
+                    self.answer_within,
+                    self.store
+                        .mark_published(&self.relay_id, fences, published, marking),
+                )
+            })
+            .await
+            .map_err(|e| e.refused(false))?
+            .len()
+        };
+        let failed = if failures.is_empty() {
+            0
+        } else {
+            self.fenced(fences, needs, Refusals::GiveUp, || {
+                within(
+                    self.answer_within,
+                    self.store
+                        .mark_failed(&self.relay_id, fences, failures, self.park),
+                )
+            })
+            .await
+            .map_err(|e| e.refused(!published.is_empty()))? as usize
+        };
+        let expected = published.len() + failures.len();
+        // A streamed mark also returns rows settled before; fewer than asked means fenced out.
+        let recorded = (marked + failed).min(expected);
+        if recorded < expected {
+            self.metrics.fenced_out.inc_by((expected - recorded) as u64);
+            tracing::warn!(
+                lost = expected - recorded,
+                "outcomes not recorded: partition lease lost to another relay"
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs a statement until it succeeds, retrying it with backoff while the leases `fences`
+    /// last, as `needs` says; a statement the database refuses for its data is retried only
+    /// as `refusals` says. A failed statement is work the relay has and has not done:
+    /// readiness counts it as seen (and the loop as turning), so that one failing for ever
+    /// reads as stalled once nothing is published for the stall timeout.
+    pub(crate) async fn fenced<T, F, Fut>(
+        &self,
+        fences: &[Fence],
+        needs: Needs,
+        refusals: Refusals,
+        mut f: F,
+    ) -> Result<T, GaveUp>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-        let mut marked_published: Option<i64> = published.is_empty().then_some(0);
         loop {
-            let marked = async {
-                let n = match marked_published {
-                    Some(n) => n,
-                    None => {
-                        let n = within(
-                            self.answer_within,
-                            self.store.mark_published(&self.relay_id, fences, published),
-                        )
-                        .await?;
-                        marked_published = Some(n);
-                        n
-                    }
-                };
-                let m = if failures.is_empty() {
-                    0
-                } else {
-                    within(
-                        self.answer_within,
-                        self.store
-                            .mark_failed(&self.relay_id, fences, failures, self.park),
-                    )
-                    .await?
-                };
-                Ok::<i64, sqlx::Error>(n + m)
-            }
-            .await;
-            match marked {
-                Ok(n) => {
+            self.health.loop_turned();
+            let error = match f().await {
+                Ok(v) => {
                     self.health.database_ok();
-                    let expected = (published.len() + failures.len()) as i64;
-                    if n < expected {
-                        self.metrics.fenced_out.inc_by((expected - n) as u64);
-                        tracing::warn!(
-                            lost = expected - n,
-                            "outcomes not recorded: partition lease lost to another relay"
-                        );
-                    }
-                    return Ok(());
+                    return Ok(v);
                 }
-                Err(error) if refused_for_its_data(&error) => {
-                    return Err(Refused {
-                        error,
-                        published_recorded: marked_published.is_some() && !published.is_empty(),
-                    })
-                }
-                Err(error) => {
-                    self.metrics.database_errors.inc();
-                    let alive = fences.iter().any(|(p, e)| self.leases.is_valid(*p, *e));
-                    if !alive {
-                        tracing::warn!(%error, "could not record outcomes and the leases lapsed");
-                        return Ok(());
-                    }
-                    let delay = backoff.next();
-                    tracing::warn!(%error, ?delay, "could not record outcomes; retrying");
-                    tokio::time::sleep(delay).await;
-                }
+                Err(error) => error,
+            };
+            if refusals == Refusals::GiveUp && refused_for_its_data(&error) {
+                // Counted by the caller, once it knows what it could not write.
+                return Err(GaveUp::Refused(error));
             }
+            self.metrics.database_errors.inc();
+            self.health.saw_work();
+            if !needs.lasts(&self.leases, fences) {
+                tracing::warn!(%error, "a statement failed and the leases lapsed");
+                return Err(GaveUp::Lapsed);
+            }
+            let delay = backoff.next();
+            tracing::warn!(%error, ?delay, "a statement failed; retrying");
+            tokio::time::sleep(delay).await;
         }
     }
 }
 
-/// Outcomes the database refused to record for their data.
-struct Refused {
-    error: sqlx::Error,
-    /// The published marks were written; the failures were refused.
-    published_recorded: bool,
+/// Which of the leases a write is fenced by must last for it to be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Needs {
+    /// Any of them: the fence takes effect per partition, so a write under the leases left
+    /// still records those partitions' rows (a claimed batch spans partitions, each leased on
+    /// its own).
+    Any,
+    /// All of them: a CDC session streams every partition under one set of leases and ends
+    /// when it loses one.
+    All,
+}
+
+impl Needs {
+    /// What a mark of `marking` needs: a claimed batch any lease, streamed events all.
+    pub(crate) fn of(marking: Marking) -> Self {
+        match marking {
+            Marking::Claimed => Self::Any,
+            Marking::Streamed => Self::All,
+        }
+    }
+
+    fn lasts(self, leases: &Leases, fences: &[Fence]) -> bool {
+        let valid = |(p, e): &Fence| leases.is_valid(*p, *e);
+        match self {
+            Self::Any => fences.iter().any(valid),
+            Self::All => fences.iter().all(valid),
+        }
+    }
+}
+
+/// Whether [`Completer::fenced`] retries a statement the database refuses for its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusals {
+    /// Returned to the caller, which writes around it (the same statement fails again).
+    GiveUp,
+    /// Retried like any failure: for a statement nothing can be written around (the stream's
+    /// position must not pass it), so that the stall shows in readiness.
+    Retry,
+}
+
+/// Why [`Completer::fenced`] gave up.
+#[derive(Debug)]
+pub(crate) enum GaveUp {
+    /// The database refused the statement for its data.
+    Refused(sqlx::Error),
+    /// The leases lapsed: the successor publishes the unrecorded events again (duplicates,
+    /// never losses).
+    Lapsed,
+}
+
+impl GaveUp {
+    fn refused(self, published_recorded: bool) -> WriteError {
+        match self {
+            Self::Refused(error) => WriteError::Refused {
+                error,
+                published_recorded,
+            },
+            Self::Lapsed => WriteError::Lapsed,
+        }
+    }
+}
+
+/// What [`Completer::record`] managed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Recorded {
+    /// Every outcome written, fenced out, or refused for its data (logged and counted).
+    Done,
+    /// The leases lapsed before the outcomes were written.
+    LeasesLapsed,
+}
+
+/// Why a write of outcomes stopped.
+enum WriteError {
+    /// The database refused it for its data.
+    Refused {
+        error: sqlx::Error,
+        /// The published marks were written; the failures were refused.
+        published_recorded: bool,
+    },
+    /// The leases lapsed.
+    Lapsed,
 }
 
 /// Whether the database refused a statement for the data it touches (SQLSTATE classes 22 data

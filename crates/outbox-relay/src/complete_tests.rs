@@ -17,7 +17,7 @@ use crate::{
     http::Health,
     lease::Leases,
     retry::RetryPolicy,
-    store::{Backlog, Claimed, Failure, Fence, SqliteStore, Store},
+    store::{Backlog, Claimed, Failure, Fence, Marking, SqliteStore, Store},
     telemetry::Metrics,
 };
 
@@ -80,8 +80,9 @@ impl Store for FlakyFailures {
         relay_id: &'a str,
         fences: &'a [Fence],
         ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
-        self.inner.mark_published(relay_id, fences, ids)
+        marking: Marking,
+    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>> {
+        self.inner.mark_published(relay_id, fences, ids, marking)
     }
     fn mark_failed<'a>(
         &'a self,
@@ -157,7 +158,10 @@ async fn a_failure_retried_after_a_transient_error_does_not_count_the_published_
         dead: false,
         permanent: false,
     };
-    completer.record(&fences, &ids[..1], &[failure]).await;
+    let recorded = completer
+        .record(&fences, &ids[..1], &[failure], Marking::Claimed)
+        .await;
+    assert_eq!(recorded, super::Recorded::Done);
     // Before: the retry marked the published row again, found it settled, and counted it
     // (and logged it) as lost to another relay.
     assert_eq!(

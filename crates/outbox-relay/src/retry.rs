@@ -83,7 +83,7 @@ impl RetryPolicy {
         };
         crate::store::Failure {
             id,
-            error: error.to_string(),
+            error: crate::store::storable_error(&error.to_string()),
             backoff: self.backoff(count, error.class),
             dead: self.is_dead(count, error.class),
             permanent,

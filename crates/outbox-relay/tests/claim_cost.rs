@@ -8,7 +8,7 @@ use std::time::Duration;
 use outbox::Event;
 use outbox_relay::{
     admin::Admin,
-    store::{Failure, PgStore, Store},
+    store::{Failure, Marking, PgStore, Store},
 };
 use outbox_testkit::TestDb;
 use sqlx::Executor;
@@ -197,7 +197,7 @@ async fn a_mark_touches_what_it_marks_whatever_the_statistics_say() {
             break;
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        store.mark_published("r1", &fences, &ids).await.unwrap();
+        store.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap();
     }
     // One event in each of 32 aggregates, over many partitions.
     let pending: Vec<(i64, i32)> = sqlx::query_as(&db.tables.render(
@@ -213,9 +213,9 @@ async fn a_mark_touches_what_it_marks_whatever_the_statistics_say() {
     let buffers = buffers_of(
         &db,
         store.mark_published_statement(),
-        "bigint[], integer[], bigint[], text",
+        "bigint[], integer[], bigint[], text, boolean",
         &format!(
-            "'{{{}}}', '{{{}}}', '{{{}}}', 'r1'",
+            "'{{{}}}', '{{{}}}', '{{{}}}', 'r1', true",
             ids.join(","),
             parts.join(","),
             epochs.join(",")

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Tables};
 use outbox_relay::{
     admin::{Admin, Replayed},
-    store::{Failure, MySqlStore, PgStore, SqliteStore, Store},
+    store::{Failure, Marking, MySqlStore, PgStore, SqliteStore, Store},
 };
 use outbox_testkit::{MySqlDb, SqliteFile, TestDb};
 use sqlx::sqlite::SqlitePool;
@@ -234,9 +234,9 @@ async fn claims_pending_rows_in_order_and_marks_them_fenced(b: Backend) {
     s.release("r1", &fences).await.unwrap();
     let theirs = s.acquire("r2", 100, TTL).await.unwrap();
     let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    assert_eq!(s.mark_published("r1", &fences, &ids).await.unwrap(), 0);
+    assert_eq!(s.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap().len(), 0);
     assert_eq!(b.status_of(ids[0]).await, "pending");
-    assert_eq!(s.mark_published("r2", &theirs, &ids[..2]).await.unwrap(), 2);
+    assert_eq!(s.mark_published("r2", &theirs, &ids[..2], Marking::Claimed).await.unwrap().len(), 2);
     assert_eq!(b.status_of(ids[0]).await, "published");
     let left = claim(s, &parts, 100).await;
     assert_eq!(left.len(), 3);
@@ -327,7 +327,7 @@ async fn failures_hold_park_or_skip_the_aggregate(b: Backend) {
     let d_rows: Vec<_> = rows.iter().filter(|r| r.aggregate_id == "d").collect();
     assert_eq!(d_rows.len(), 2);
     assert_eq!(d_rows[0].attempts, 1);
-    assert_eq!(s.mark_published("r1", &fences, &[d1]).await.unwrap(), 1);
+    assert_eq!(s.mark_published("r1", &fences, &[d1], Marking::Claimed).await.unwrap().len(), 1);
 }
 
 async fn oversized_payloads_are_not_loaded(b: Backend) {
@@ -501,7 +501,7 @@ async fn a_held_aggregate_waits_and_comes_back_whole_and_in_order_when_due(b: Ba
     assert_eq!(of_a, a, "the due head first, then the rest");
     assert_eq!(rows.iter().find(|r| r.id == a[0]).unwrap().attempts, 2);
     // ... and publishing the head sets the rest free: claimed again (they were not marked).
-    assert_eq!(s.mark_published("r1", &fences, &[a[0]]).await.unwrap(), 1);
+    assert_eq!(s.mark_published("r1", &fences, &[a[0]], Marking::Claimed).await.unwrap().len(), 1);
     let rows = claim(s, &parts, 100).await;
     let of_a: Vec<i64> = rows
         .iter()
@@ -613,7 +613,7 @@ async fn a_replayed_dead_head_resumes_its_aggregate_from_it_in_order(b: Backend)
     assert_eq!((a[0].attempts, a[0].permanent_failures), (0, 0), "reset");
     assert_eq!(b.replay(&[head]).await, 0, "no longer dead");
     let all: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    assert_eq!(s.mark_published("r1", &fences, &all).await.unwrap(), 4);
+    assert_eq!(s.mark_published("r1", &fences, &all, Marking::Claimed).await.unwrap().len(), 4);
     assert_eq!(s.backlog().await.unwrap().dead, 0);
 }
 
@@ -793,7 +793,7 @@ async fn a_failure_before_the_parked_event_leaves_the_park_in_place(b: Backend) 
             claimed.iter().all(|r| r.id <= first),
             "only the first may go: {claimed:?}"
         );
-        s.mark_published("r1", &fences, &ids).await.unwrap();
+        s.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap();
     }
     assert_eq!(b.status_of(second).await, "dead");
     // Skipping the second lets the rest go, the first included if it had not gone.
@@ -803,7 +803,7 @@ async fn a_failure_before_the_parked_event_leaves_the_park_in_place(b: Backend) 
         let claimed = claim(s, &parts, 100).await;
         let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
         rest.extend(claimed.iter().map(|r| r.aggregate_version.unwrap()));
-        s.mark_published("r1", &fences, &ids).await.unwrap();
+        s.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap();
     }
     rest.retain(|v| *v != 1);
     assert_eq!(rest, vec![3, 4]);
@@ -828,7 +828,7 @@ async fn replay_and_skip_leave_rows_that_are_not_dead_alone(b: Backend) {
     let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = claim(s, &parts, 100).await;
     let (first, second) = (rows[0].id, rows[1].id);
-    assert_eq!(s.mark_published("r1", &fences, &[first]).await.unwrap(), 1);
+    assert_eq!(s.mark_published("r1", &fences, &[first], Marking::Claimed).await.unwrap().len(), 1);
     assert_eq!(b.replay(&[first, second, 999_999]).await, 0);
     assert_eq!(b.skip(&[first, second, 999_999]).await, 0);
     assert_eq!(b.status_of(first).await, "published");
@@ -873,7 +873,7 @@ async fn lag_counts_from_arrival_by_the_database_clock_not_the_writers_time(b: B
     let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = claim(s, &parts, 100).await;
     let first = rows.iter().map(|r| r.id).min().unwrap();
-    assert_eq!(s.mark_published("r1", &fences, &[first]).await.unwrap(), 1);
+    assert_eq!(s.mark_published("r1", &fences, &[first], Marking::Claimed).await.unwrap().len(), 1);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let backlog = s.backlog().await.unwrap();
@@ -888,6 +888,102 @@ async fn lag_counts_from_arrival_by_the_database_clock_not_the_writers_time(b: B
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The one `mark_published` of both sources: a claimed batch releases the hold whose head it
+/// marks (the rest of the aggregate is claimable at once); streamed events leave it (the CDC
+/// table path gives the aggregate back once nothing of it is pending) and, on the stores with
+/// a CDC source, report the ids settled before.
+async fn a_streamed_mark_keeps_the_hold_a_claimed_one_releases_it(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 3)).await;
+    b.enqueue(&events("b", 3)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let rows = claim(s, &parts, 100).await;
+    let head = |key: &str| {
+        rows.iter()
+            .find(|r| r.aggregate_id == key)
+            .map(|r| r.id)
+            .unwrap()
+    };
+    let (a, bh) = (head("a"), head("b"));
+    let failures: Vec<Failure> = [a, bh]
+        .iter()
+        .map(|&id| Failure {
+            id,
+            error: "transient: broker busy".into(),
+            backoff: Duration::from_secs(3600),
+            dead: false,
+            permanent: false,
+        })
+        .collect();
+    assert_eq!(s.mark_failed("r1", &fences, &failures, true).await.unwrap(), 2);
+    assert!(claim(s, &parts, 100).await.is_empty(), "both held");
+
+    let streamed = s
+        .mark_published("r1", &fences, &[a], Marking::Streamed)
+        .await
+        .unwrap();
+    assert_eq!(streamed, vec![a]);
+    assert!(
+        claim(s, &parts, 100).await.is_empty(),
+        "a streamed mark leaves the hold"
+    );
+    let claimed = s
+        .mark_published("r1", &fences, &[bh], Marking::Claimed)
+        .await
+        .unwrap();
+    assert_eq!(claimed, vec![bh]);
+    let free: Vec<String> = claim(s, &parts, 100)
+        .await
+        .into_iter()
+        .map(|r| r.aggregate_id)
+        .collect();
+    assert_eq!(free, ["b", "b"], "a claimed mark releases the hold");
+
+    // Marked again: settled before. Reported by a streamed mark where a CDC source reads it.
+    let again = s
+        .mark_published("r1", &fences, &[a], Marking::Streamed)
+        .await
+        .unwrap();
+    let reports_settled = matches!(b.write, Writer::Pg(_) | Writer::Model(_));
+    assert_eq!(again, if reports_settled { vec![a] } else { vec![] });
+    assert!(s
+        .mark_published("r1", &fences, &[a], Marking::Claimed)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A broker's error text is stored whatever it holds: a NUL character (which PostgreSQL's text
+/// refuses) or 100 kB (more than MySQL's `TEXT` takes) made the failure unrecordable, so the
+/// event was published again for ever and never dead-lettered.
+async fn any_broker_error_text_is_recorded(b: Backend) {
+    let s = &b.store;
+    b.enqueue(&events("a", 1)).await;
+    let fences = s.acquire("r1", 100, TTL).await.unwrap();
+    let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let row = claim(s, &parts, 100).await.remove(0);
+    let policy = outbox_relay::retry::RetryPolicy {
+        max_attempts: 1,
+        ..Default::default()
+    };
+    let text = format!("broker said \0{}", "é".repeat(50_000));
+    let failure = policy.failure(
+        row.id,
+        row.attempts,
+        row.permanent_failures,
+        &outbox_relay::PublishError::permanent(text),
+    );
+    assert!(failure.dead);
+    assert!(!failure.error.contains('\0'));
+    assert!(failure.error.len() <= outbox_relay::store::MAX_ERROR_TEXT);
+    assert_eq!(
+        s.mark_failed("r1", &fences, &[failure], true).await.unwrap(),
+        1
+    );
+    assert_eq!(b.status_of(row.id).await, "dead");
 }
 
 macro_rules! conformance {
@@ -932,6 +1028,8 @@ conformance!(
     a_failure_before_the_parked_event_leaves_the_park_in_place,
     replay_and_skip_leave_rows_that_are_not_dead_alone,
     lag_counts_from_arrival_by_the_database_clock_not_the_writers_time,
+    a_streamed_mark_keeps_the_hold_a_claimed_one_releases_it,
+    any_broker_error_text_is_recorded,
 );
 
 /// MySQL's `enqueued_at` takes NULL (it was added without copying the table): a row a writer

@@ -55,28 +55,6 @@ fn key(k: AggregateKey<'_>) -> (String, String) {
 }
 
 impl CdcDb for SimCdc {
-    fn mark_published<'a>(
-        &'a self,
-        relay_id: &'a str,
-        fences: &'a [Fence],
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>> {
-        Box::pin(self.store.call("cdc mark_published", move |s, _db_now, now| {
-            let settled = s.db.cdc_mark_published(relay_id, fences, ids);
-            for id in &settled {
-                let event = s.db.rows[id].event;
-                if !s.delivered.contains(&event) {
-                    s.violation(
-                        now,
-                        format!("G3: {relay_id} marked event {event} published; the broker never stored it"),
-                    );
-                }
-            }
-            s.trace(now, || format!("{relay_id} cdc mark_published {ids:?} -> {settled:?}"));
-            Ok(settled)
-        }))
-    }
-
     fn spill<'a>(
         &'a self,
         relay_id: &'a str,

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeZone, Utc};
-use outbox_relay::store::{Claimed, ClaimedRow, Failure, Fence};
+use outbox_relay::store::{Claimed, ClaimedRow, Failure, Fence, Marking};
 
 use crate::config::Bug;
 
@@ -473,27 +473,46 @@ impl Db {
             .collect()
     }
 
-    /// `mark_published`; returns the ids marked.
-    pub fn mark_published(&mut self, relay_id: &str, fences: &[Fence], ids: &[i64]) -> Vec<i64> {
+    /// `mark_published`: marks the visible pending rows of fenced partitions. A claimed batch
+    /// releases the holds whose head it marks and returns the ids marked; streamed events leave
+    /// the holds and also return the visible ids no longer pending.
+    pub fn mark_published(
+        &mut self,
+        relay_id: &str,
+        fences: &[Fence],
+        ids: &[i64],
+        marking: Marking,
+    ) -> Vec<i64> {
         let fence = self.fence(relay_id, fences);
         let mut done = Vec::new();
+        let mut settled = Vec::new();
         for id in ids {
             let visible = self.rows.get(id).is_some_and(|r| self.visible(r));
             let Some(row) = self.rows.get_mut(id) else {
                 continue;
             };
-            if visible && fence.contains(&row.partition) && row.status == Status::Pending {
+            if !visible {
+                continue;
+            }
+            if row.status != Status::Pending {
+                settled.push(*id);
+            } else if fence.contains(&row.partition) {
                 row.status = Status::Published;
                 row.attempts += 1;
                 done.push((*id, row.key.clone()));
             }
         }
-        for (id, key) in &done {
-            if self.holds.get(key).is_some_and(|h| h.event_id == *id) {
-                self.holds.remove(key);
+        match marking {
+            Marking::Claimed => {
+                for (id, key) in &done {
+                    if self.holds.get(key).is_some_and(|h| h.event_id == *id) {
+                        self.holds.remove(key);
+                    }
+                }
+                done.into_iter().map(|(id, _)| id).collect()
             }
+            Marking::Streamed => done.into_iter().map(|(id, _)| id).chain(settled).collect(),
         }
-        done.into_iter().map(|(id, _)| id).collect()
     }
 
     /// `mark_failed`; returns how many rows were updated, or the error PostgreSQL raises when

@@ -20,35 +20,6 @@ impl Db {
         self.fence(relay_id, fences).len() == fences.len()
     }
 
-    /// `mark_published` (CDC): marks the visible pending rows of fenced partitions; returns
-    /// those marked and those no longer pending. Leaves the holds.
-    pub fn cdc_mark_published(
-        &mut self,
-        relay_id: &str,
-        fences: &[Fence],
-        ids: &[i64],
-    ) -> Vec<i64> {
-        let fence = self.fence(relay_id, fences);
-        let mut settled = Vec::new();
-        for id in ids {
-            let Some(row) = self.rows.get(id) else {
-                continue;
-            };
-            if !self.visible(row) {
-                continue;
-            }
-            let row = self.rows.get_mut(id).expect("found");
-            if row.status != Status::Pending {
-                settled.push(*id);
-            } else if fence.contains(&row.partition) {
-                row.status = Status::Published;
-                row.attempts += 1;
-                settled.push(*id);
-            }
-        }
-        settled
-    }
-
     /// `fence_count`, `relay_write`, `spill` and a `hold` for each of `holds` in one
     /// transaction.
     #[allow(clippy::too_many_arguments)]

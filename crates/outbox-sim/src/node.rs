@@ -7,7 +7,7 @@ use std::{fmt::Write as _, sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 use outbox_relay::{
-    store::{Backlog, Claimed, Failure, Fence, Store},
+    store::{Backlog, Claimed, Failure, Fence, Marking, Store},
     Message, PublishError, Publisher,
 };
 use tokio_util::sync::CancellationToken;
@@ -246,14 +246,16 @@ impl Store for SimStore {
         relay_id: &'a str,
         fences_held: &'a [Fence],
         ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        marking: Marking,
+    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>> {
         Box::pin(self.call("mark_published", move |s, _db_now, now| {
-            let done = s.db.mark_published(relay_id, fences_held, ids);
-            for id in &done {
-                if !s.delivered.contains(id) {
+            let settled = s.db.mark_published(relay_id, fences_held, ids, marking);
+            for id in &settled {
+                let event = s.db.rows[id].event;
+                if !s.delivered.contains(&event) {
                     s.violation(
                         now,
-                        format!("G3: {relay_id} marked event {id} published; the broker never stored it"),
+                        format!("G3: {relay_id} marked event {event} published; the broker never stored it"),
                     );
                 }
             }
@@ -261,12 +263,11 @@ impl Store for SimStore {
                 let mut sorted = ids.to_vec();
                 sorted.sort_unstable();
                 format!(
-                    "{relay_id} mark_published {}{sorted:?} -> {}",
+                    "{relay_id} mark_published {marking:?} {}{sorted:?} -> {settled:?}",
                     fences(fences_held),
-                    done.len()
                 )
             });
-            Ok(done.len() as i64)
+            Ok(settled)
         }))
     }
 

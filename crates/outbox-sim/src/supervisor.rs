@@ -221,9 +221,9 @@ impl Supervisor {
     }
 }
 
-/// An operator replays dead events (one, an aggregate's, or all) or skips one, of those a
-/// retry can fail again: hostile content is never replayed, and a skipped event is not
-/// replayed, so that the oracle knows what parks.
+/// An operator replays dead events (one, an aggregate's, a type's, or all) or skips one or an
+/// aggregate's, of those a retry can fail again: hostile content is never replayed, and a
+/// skipped event is not replayed, so that the oracle knows what parks.
 fn operate(s: &mut crate::world::State, now: i64) {
     use crate::db::{Content, Status};
     let candidates: Vec<i64> =
@@ -244,9 +244,9 @@ fn operate(s: &mut crate::world::State, now: i64) {
     let id = candidates[s.between(0, candidates.len() as i64 - 1) as usize];
     let db_now = now + s.skew_ms;
     if s.chance(0.5) {
-        // `dead-letters replay` selects by id, by aggregate (or type, or error text: a set of
-        // dead events, some of one aggregate) or `--all`.
-        let (ids, how): (Vec<i64>, &str) = match s.between(0, 2) {
+        // `dead-letters replay` selects by id, by aggregate, by event type (or error text: a
+        // set of dead events across aggregates, some of one) or `--all`.
+        let (ids, how): (Vec<i64>, &str) = match s.between(0, 3) {
             0 => (vec![id], "id"),
             1 => {
                 let key = s.db.rows[&id].key.clone();
@@ -257,6 +257,15 @@ fn operate(s: &mut crate::world::State, now: i64) {
                     .collect();
                 (ids, "aggregate")
             }
+            2 => {
+                let kind = crate::db::event_type_of(&s.db.rows[&id]);
+                let ids = candidates
+                    .iter()
+                    .copied()
+                    .filter(|c| crate::db::event_type_of(&s.db.rows[c]) == kind)
+                    .collect();
+                (ids, "event type")
+            }
             _ => (candidates.clone(), "all"),
         };
         let replayed = s.db.replay(&ids, db_now);
@@ -266,10 +275,28 @@ fn operate(s: &mut crate::world::State, now: i64) {
                 format!("OPERATOR replay by {how} {ids:?}: {replayed}")
             });
         }
-    } else if s.db.skip(id, db_now) {
-        s.stats.skips += 1;
-        let event = s.db.rows[&id].event;
-        s.skipped.insert(event);
-        s.trace(now, || format!("OPERATOR skip {id} (event {event})"));
+    } else {
+        // `dead-letters skip` by id, or by aggregate (each of its dead events, in id order: a
+        // skip releases only the event that parks, and the hold then moves on).
+        let ids: Vec<i64> = if s.chance(0.5) {
+            vec![id]
+        } else {
+            let key = s.db.rows[&id].key.clone();
+            let mut ids: Vec<i64> = candidates
+                .iter()
+                .copied()
+                .filter(|c| s.db.rows[c].key == key)
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        for id in ids {
+            if s.db.skip(id, db_now) {
+                s.stats.skips += 1;
+                let event = s.db.rows[&id].event;
+                s.skipped.insert(event);
+                s.trace(now, || format!("OPERATOR skip {id} (event {event})"));
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@ use sqlx::{postgres::PgPoolOptions, PgPool, Row};
 
 pub use mysql::MySqlStore;
 pub(crate) use mysql::{bind_list, key_text, listed};
-pub use rows::{Checked, Claimed, ClaimedRow, Failure};
+pub use rows::{storable_error, Checked, Claimed, ClaimedRow, Failure, MAX_ERROR_TEXT};
 pub(crate) use sqlite::parse_time;
 pub use sqlite::SqliteStore;
 
@@ -22,6 +22,22 @@ use crate::Error;
 
 /// A lease held by this relay: partition and the epoch it was acquired with.
 pub type Fence = (i32, i64);
+
+/// Which source records a publish with [`Store::mark_published`]: how the mark treats the
+/// holds whose head event it marks, and which ids it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marking {
+    /// A claimed batch (polling): a hold whose head is marked is released, and the rows
+    /// waiting behind it are set free (the claim reads every pending row, in id order).
+    /// Returns the ids marked.
+    Claimed,
+    /// Streamed events (CDC): holds stay; the CDC table path gives an aggregate back to the
+    /// stream once nothing of it is pending (the stream reads no table: a hold released at its
+    /// head would strand the rows behind it). Returns the ids marked and, on stores with a CDC
+    /// source, the ids no longer pending (marked before): an id not returned is not visible
+    /// yet, or the leases are gone.
+    Streamed,
+}
 
 /// Statements, rendered for one outbox.
 #[derive(Debug)]
@@ -198,13 +214,15 @@ pub trait Store: Send + Sync + 'static {
         max_payload_bytes: usize,
         byte_budget: i64,
     ) -> BoxFuture<'a, Result<Claimed, sqlx::Error>>;
-    /// Marks acknowledged events published; returns how many were.
+    /// Marks acknowledged events published, if this relay still holds their leases; returns
+    /// the ids settled (see [`Marking`]).
     fn mark_published<'a>(
         &'a self,
         relay_id: &'a str,
         fences: &'a [Fence],
         ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>>;
+        marking: Marking,
+    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>>;
     /// Records failed attempts; returns how many were recorded.
     fn mark_failed<'a>(
         &'a self,
@@ -421,20 +439,22 @@ impl PgStore {
     }
 
     /// Marks acknowledged events published, if this relay still holds their leases. Returns
-    /// how many rows were marked.
+    /// the ids settled (see [`Marking`]).
     pub async fn mark_published(
         &self,
         relay_id: &str,
         fences: &[Fence],
         ids: &[i64],
-    ) -> Result<i64, sqlx::Error> {
+        marking: Marking,
+    ) -> Result<Vec<i64>, sqlx::Error> {
         let (parts, epochs) = split(fences);
         sqlx::query_scalar(&self.sql.mark_published)
             .bind(ids)
             .bind(parts)
             .bind(epochs)
             .bind(relay_id)
-            .fetch_one(&self.pool)
+            .bind(marking == Marking::Claimed)
+            .fetch_all(&self.pool)
             .await
     }
 
@@ -609,8 +629,11 @@ impl Store for PgStore {
         relay_id: &'a str,
         fences: &'a [Fence],
         ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
-        Box::pin(PgStore::mark_published(self, relay_id, fences, ids))
+        marking: Marking,
+    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>> {
+        Box::pin(PgStore::mark_published(
+            self, relay_id, fences, ids, marking,
+        ))
     }
     fn mark_failed<'a>(
         &'a self,

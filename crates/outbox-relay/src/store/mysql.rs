@@ -16,7 +16,9 @@ use sqlx::{
 };
 use uuid::Uuid;
 
-use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, PartitionStatus, Store};
+use super::{
+    named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store,
+};
 use crate::Error;
 
 /// The claim's cost of a row in memory (see `sql/claim_columns.sql`), without loading it.
@@ -519,16 +521,17 @@ impl Store for MySqlStore {
         relay_id: &'a str,
         fences: &'a [Fence],
         ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        marking: Marking,
+    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>> {
         Box::pin(async move {
             if ids.is_empty() {
-                return Ok(0);
+                return Ok(Vec::new());
             }
             let mut tx = self.pool.begin().await?;
             let result = async {
                 let held = self.fenced(&mut tx, relay_id, fences).await?;
                 if held.is_empty() {
-                    return Ok(0);
+                    return Ok(Vec::new());
                 }
                 let sql = self.sql.listed(
                     "pending_of",
@@ -541,12 +544,15 @@ impl Store for MySqlStore {
                     .map(|r| r.try_get(0))
                     .collect::<Result<_, _>>()?;
                 if marked.is_empty() {
-                    return Ok(0);
+                    return Ok(marked);
                 }
                 let sql = self.sql.listed("mark_published", &[("ids", marked.len())]);
                 bind_list(sqlx::query(&sql), &marked)
                     .execute(&mut *tx)
                     .await?;
+                if marking == Marking::Streamed {
+                    return Ok(marked);
+                }
                 let sql = self.sql.listed("holds_on", &[("ids", marked.len())]);
                 let released: Vec<(String, String)> = bind_list(sqlx::query(&sql), &marked)
                     .fetch_all(&mut *tx)
@@ -557,7 +563,7 @@ impl Store for MySqlStore {
                 for (aggregate_type, aggregate_id) in &released {
                     self.unhold(&mut tx, aggregate_type, aggregate_id).await?;
                 }
-                Ok(marked.len() as i64)
+                Ok(marked)
             }
             .await;
             super::finish(tx, result).await

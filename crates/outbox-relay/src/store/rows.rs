@@ -451,6 +451,22 @@ pub struct Failure {
     pub permanent: bool,
 }
 
+/// Longest error text stored in `last_error` (bytes): a broker's answer can be any size.
+pub const MAX_ERROR_TEXT: usize = 4096;
+
+/// An error as `last_error` can store it on every database: NUL characters (which
+/// PostgreSQL's text cannot hold: the write would be refused for ever) replaced by U+FFFD, and
+/// cut to [`MAX_ERROR_TEXT`] bytes at a character boundary.
+pub fn storable_error(text: &str) -> String {
+    let mut text = text.replace('\0', "\u{fffd}");
+    let mut end = text.len().min(MAX_ERROR_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}
+
 /// What one claim read.
 #[derive(Clone, Debug, Default)]
 pub struct Claimed {

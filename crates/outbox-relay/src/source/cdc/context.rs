@@ -2,16 +2,16 @@
 //! statements, how a session ends, the streamed events, and the retry of a statement while the
 //! leases last.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use outbox::Tables;
 use tokio::time::Instant;
 
 use crate::{
+    complete::{Needs, Refusals},
     config::RelayConfig,
     http::Health,
     lease::Leases,
-    retry::Backoff,
     store::{ClaimedRow, Fence, Store},
     telemetry::Metrics,
     Publisher,
@@ -134,33 +134,18 @@ pub(super) struct Held {
 
 pub(super) type Key = (String, String);
 
-/// Retries a database statement with backoff while the leases `fences` last. A failed
-/// statement is work the relay has and has not done: readiness counts it as seen, so that one
-/// failing for ever (for its data, the database being up) reads as stalled once nothing is
-/// published for the stall timeout.
-pub(super) async fn retry<T, F, Fut>(ctx: &Context, fences: &[Fence], mut f: F) -> Result<T, End>
+/// Retries a database statement with backoff while every lease of `fences` lasts (the
+/// session holds them all), through the relay's one fenced retry
+/// ([`crate::complete::Completer::fenced`]). A statement the database refuses for its data is
+/// retried too: the callers are those nothing can be written around (a position must not pass
+/// them), so the stall shows in readiness rather than the event being stranded.
+pub(super) async fn retry<T, F, Fut>(ctx: &Context, fences: &[Fence], f: F) -> Result<T, End>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
 {
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    loop {
-        ctx.health.loop_turned();
-        match f().await {
-            Ok(v) => {
-                ctx.health.database_ok();
-                return Ok(v);
-            }
-            Err(error) => {
-                ctx.metrics.database_errors.inc();
-                ctx.health.saw_work();
-                if !fences.iter().all(|(p, e)| ctx.leases.is_valid(*p, *e)) {
-                    return Err(End::LeaseLost);
-                }
-                let delay = backoff.next();
-                tracing::warn!(%error, ?delay, "CDC statement failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-        }
-    }
+    ctx.completer
+        .fenced(fences, Needs::All, Refusals::Retry, f)
+        .await
+        .map_err(|_| End::LeaseLost)
 }

@@ -124,15 +124,6 @@ pub struct SlotState {
 
 /// The statements of the CDC source and its replication connection.
 pub trait CdcDb: Send + Sync {
-    /// Marks acknowledged rows of the table published; returns the ids settled (marked now,
-    /// or no longer pending). A row not returned is not visible yet, or the leases are gone.
-    fn mark_published<'a>(
-        &'a self,
-        relay_id: &'a str,
-        fences: &'a [Fence],
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>>;
-
     /// Writes streamed events into the table in one transaction the stream recognises as the
     /// relay's own; an event already there (by event id) is not written twice. The same
     /// transaction writes `holds` (as [`CdcDb::hold`] does).

@@ -13,7 +13,7 @@ use pgwire_replication::Lsn;
 use tokio::task::JoinHandle;
 
 use super::context::{retry, Context, End};
-use crate::store::Fence;
+use crate::store::{Fence, Marking};
 
 /// How many published ids may wait for the running mark before the stream waits for it.
 const MAX_WAITING: usize = 100_000;
@@ -161,7 +161,8 @@ async fn mark_chunk(ctx: &Context, fences: &[Fence], rows: &[(i64, u32)]) -> Res
     while !left.is_empty() {
         let list: Vec<i64> = left.keys().copied().collect();
         let settled: Vec<i64> = retry(ctx, fences, || {
-            ctx.db.mark_published(&ctx.relay_id, fences, &list)
+            ctx.store
+                .mark_published(&ctx.relay_id, fences, &list, Marking::Streamed)
         })
         .await?;
         for id in settled {

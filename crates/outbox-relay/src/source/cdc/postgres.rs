@@ -21,7 +21,6 @@ use crate::{
 
 /// The CDC statements, rendered for one outbox.
 struct Sql {
-    mark_published: String,
     fence_count: String,
     spill: String,
     hold: String,
@@ -42,7 +41,6 @@ impl Sql {
     fn new(tables: &Tables) -> Self {
         let r = |name: &str| render_fenced(tables, named(super::SQL, name));
         Self {
-            mark_published: r("mark_published"),
             fence_count: r("fence_count"),
             spill: r("spill"),
             hold: r("hold"),
@@ -220,24 +218,6 @@ fn payload_limit(max_payload: usize) -> i32 {
 }
 
 impl CdcDb for PgCdc {
-    fn mark_published<'a>(
-        &'a self,
-        relay_id: &'a str,
-        fences: &'a [Fence],
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<Vec<i64>, sqlx::Error>> {
-        let (parts, epochs) = arrays(fences);
-        Box::pin(async move {
-            sqlx::query_scalar(&self.sql.mark_published)
-                .bind(ids)
-                .bind(parts)
-                .bind(epochs)
-                .bind(relay_id)
-                .fetch_all(&self.pool)
-                .await
-        })
-    }
-
     fn spill<'a>(
         &'a self,
         relay_id: &'a str,

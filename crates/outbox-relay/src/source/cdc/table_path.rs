@@ -20,10 +20,10 @@ use super::{
 /// Rows of one aggregate a resumption publishes; more are left for the next one.
 const RESUME_LIMIT: i64 = 1000;
 use crate::{
-    complete::FailedRow,
+    complete::{FailedRow, Recorded},
     config::OnDead,
     dispatch::Outcome,
-    store::{ClaimedRow, Failure},
+    store::{ClaimedRow, Failure, Marking},
     PublishError,
 };
 
@@ -91,7 +91,7 @@ impl Session {
             status,
             attempts,
             permanent_failures,
-            error: Some(error.to_string()),
+            error: Some(crate::store::storable_error(&error.to_string())),
             backoff: Some(backoff),
         };
         // Whether the hold is written: with the row written back, or by `mark_failed`.
@@ -516,18 +516,16 @@ impl Session {
             if !published.is_empty() || failures.iter().any(|f| f.dead) {
                 self.ctx.health.progressed();
             }
-            let (fences, relay_id, store) = (&self.fences, &self.ctx.relay_id, &self.ctx.store);
-            if !published.is_empty() {
-                // The CDC statement leaves the holds: an aggregate stays with the table path
-                // until `unpark` finds nothing of it pending, even across a crash.
-                let db = &self.ctx.db;
-                let _: Vec<i64> = self
-                    .retry_db(|| db.mark_published(relay_id, fences, &published))
-                    .await?;
-            }
-            if !failures.is_empty() {
-                self.retry_db(|| store.mark_failed(relay_id, fences, &failures, park))
-                    .await?;
+            // Streamed marking leaves the holds: an aggregate stays with the table path until
+            // `unpark` finds nothing of it pending, even across a crash. A row the database
+            // refuses to record stays pending, and is published again from here.
+            let recorded = self
+                .ctx
+                .completer
+                .record(&self.fences, &published, &failures, Marking::Streamed)
+                .await;
+            if recorded == Recorded::LeasesLapsed {
+                return Err(End::LeaseLost);
             }
         }
         let now = Instant::now();
@@ -586,7 +584,10 @@ impl Session {
         };
         let failure = Failure {
             id,
-            error: format!("permanent: unreadable row: {}", bad.reason),
+            error: crate::store::storable_error(&format!(
+                "permanent: unreadable row: {}",
+                bad.reason
+            )),
             backoff: Duration::ZERO,
             dead: true,
             permanent: true,
