@@ -9,7 +9,7 @@ use std::{
 };
 
 use outbox_relay::{
-    store::{Fence, PgStore},
+    store::{Fence, Marking, PgStore},
     RelayConfig,
 };
 use sqlx::postgres::PgPoolOptions;
@@ -214,7 +214,10 @@ async fn worker(
         }
         floors.extend(lowest);
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let n = store.mark_published(&relay_id, &share, &ids).await?;
+        let n = store
+            .mark_published(&relay_id, &share, &ids, Marking::Claimed)
+            .await?
+            .len() as i64;
         if n != ids.len() as i64 {
             return Err(format!("marked {n} of {} claimed events", ids.len()).into());
         }

@@ -17,7 +17,10 @@ use std::{
 };
 
 use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
-use outbox_relay::{admin::Admin, store::MySqlStore, store::Store};
+use outbox_relay::{
+    admin::Admin,
+    store::{Marking, MySqlStore, Store},
+};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions},
     ConnectOptions, Connection, MySqlPool,
@@ -203,7 +206,10 @@ async fn measure(
             }
             floor = rows.iter().map(|r| r.id).max().unwrap_or(floor) + 1;
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-            marked += store.mark_published(relay_id, &fences, &ids).await?;
+            marked += store
+                .mark_published(relay_id, &fences, &ids, Marking::Claimed)
+                .await?
+                .len() as i64;
         }
     })
     .await?;

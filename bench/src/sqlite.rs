@@ -11,7 +11,10 @@ use std::{
 };
 
 use outbox::{sqlite::SqliteOutbox, Event, Tables};
-use outbox_relay::{admin::Admin, store::SqliteStore, store::Store};
+use outbox_relay::{
+    admin::Admin,
+    store::{Marking, SqliteStore, Store},
+};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 use crate::{
@@ -213,7 +216,10 @@ async fn measure(
             }
             floor = rows.iter().map(|r| r.id).max().unwrap_or(floor) + 1;
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-            marked += store.mark_published(relay_id, &fences, &ids).await?;
+            marked += store
+                .mark_published(relay_id, &fences, &ids, Marking::Claimed)
+                .await?
+                .len() as i64;
         }
     })
     .await?;

@@ -197,7 +197,10 @@ async fn a_mark_touches_what_it_marks_whatever_the_statistics_say() {
             break;
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        store.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap();
+        store
+            .mark_published("r1", &fences, &ids, Marking::Claimed)
+            .await
+            .unwrap();
     }
     // One event in each of 32 aggregates, over many partitions.
     let pending: Vec<(i64, i32)> = sqlx::query_as(&db.tables.render(

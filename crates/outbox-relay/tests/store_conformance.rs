@@ -234,9 +234,21 @@ async fn claims_pending_rows_in_order_and_marks_them_fenced(b: Backend) {
     s.release("r1", &fences).await.unwrap();
     let theirs = s.acquire("r2", 100, TTL).await.unwrap();
     let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    assert_eq!(s.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap().len(), 0);
+    assert_eq!(
+        s.mark_published("r1", &fences, &ids, Marking::Claimed)
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
     assert_eq!(b.status_of(ids[0]).await, "pending");
-    assert_eq!(s.mark_published("r2", &theirs, &ids[..2], Marking::Claimed).await.unwrap().len(), 2);
+    assert_eq!(
+        s.mark_published("r2", &theirs, &ids[..2], Marking::Claimed)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
     assert_eq!(b.status_of(ids[0]).await, "published");
     let left = claim(s, &parts, 100).await;
     assert_eq!(left.len(), 3);
@@ -327,7 +339,13 @@ async fn failures_hold_park_or_skip_the_aggregate(b: Backend) {
     let d_rows: Vec<_> = rows.iter().filter(|r| r.aggregate_id == "d").collect();
     assert_eq!(d_rows.len(), 2);
     assert_eq!(d_rows[0].attempts, 1);
-    assert_eq!(s.mark_published("r1", &fences, &[d1], Marking::Claimed).await.unwrap().len(), 1);
+    assert_eq!(
+        s.mark_published("r1", &fences, &[d1], Marking::Claimed)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 async fn oversized_payloads_are_not_loaded(b: Backend) {
@@ -501,7 +519,13 @@ async fn a_held_aggregate_waits_and_comes_back_whole_and_in_order_when_due(b: Ba
     assert_eq!(of_a, a, "the due head first, then the rest");
     assert_eq!(rows.iter().find(|r| r.id == a[0]).unwrap().attempts, 2);
     // ... and publishing the head sets the rest free: claimed again (they were not marked).
-    assert_eq!(s.mark_published("r1", &fences, &[a[0]], Marking::Claimed).await.unwrap().len(), 1);
+    assert_eq!(
+        s.mark_published("r1", &fences, &[a[0]], Marking::Claimed)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let rows = claim(s, &parts, 100).await;
     let of_a: Vec<i64> = rows
         .iter()
@@ -613,7 +637,13 @@ async fn a_replayed_dead_head_resumes_its_aggregate_from_it_in_order(b: Backend)
     assert_eq!((a[0].attempts, a[0].permanent_failures), (0, 0), "reset");
     assert_eq!(b.replay(&[head]).await, 0, "no longer dead");
     let all: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    assert_eq!(s.mark_published("r1", &fences, &all, Marking::Claimed).await.unwrap().len(), 4);
+    assert_eq!(
+        s.mark_published("r1", &fences, &all, Marking::Claimed)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
     assert_eq!(s.backlog().await.unwrap().dead, 0);
 }
 
@@ -793,7 +823,9 @@ async fn a_failure_before_the_parked_event_leaves_the_park_in_place(b: Backend) 
             claimed.iter().all(|r| r.id <= first),
             "only the first may go: {claimed:?}"
         );
-        s.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap();
+        s.mark_published("r1", &fences, &ids, Marking::Claimed)
+            .await
+            .unwrap();
     }
     assert_eq!(b.status_of(second).await, "dead");
     // Skipping the second lets the rest go, the first included if it had not gone.
@@ -803,7 +835,9 @@ async fn a_failure_before_the_parked_event_leaves_the_park_in_place(b: Backend) 
         let claimed = claim(s, &parts, 100).await;
         let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
         rest.extend(claimed.iter().map(|r| r.aggregate_version.unwrap()));
-        s.mark_published("r1", &fences, &ids, Marking::Claimed).await.unwrap();
+        s.mark_published("r1", &fences, &ids, Marking::Claimed)
+            .await
+            .unwrap();
     }
     rest.retain(|v| *v != 1);
     assert_eq!(rest, vec![3, 4]);
@@ -828,7 +862,13 @@ async fn replay_and_skip_leave_rows_that_are_not_dead_alone(b: Backend) {
     let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = claim(s, &parts, 100).await;
     let (first, second) = (rows[0].id, rows[1].id);
-    assert_eq!(s.mark_published("r1", &fences, &[first], Marking::Claimed).await.unwrap().len(), 1);
+    assert_eq!(
+        s.mark_published("r1", &fences, &[first], Marking::Claimed)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(b.replay(&[first, second, 999_999]).await, 0);
     assert_eq!(b.skip(&[first, second, 999_999]).await, 0);
     assert_eq!(b.status_of(first).await, "published");
@@ -873,7 +913,13 @@ async fn lag_counts_from_arrival_by_the_database_clock_not_the_writers_time(b: B
     let parts: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
     let rows = claim(s, &parts, 100).await;
     let first = rows.iter().map(|r| r.id).min().unwrap();
-    assert_eq!(s.mark_published("r1", &fences, &[first], Marking::Claimed).await.unwrap().len(), 1);
+    assert_eq!(
+        s.mark_published("r1", &fences, &[first], Marking::Claimed)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let backlog = s.backlog().await.unwrap();
@@ -918,7 +964,10 @@ async fn a_streamed_mark_keeps_the_hold_a_claimed_one_releases_it(b: Backend) {
             permanent: false,
         })
         .collect();
-    assert_eq!(s.mark_failed("r1", &fences, &failures, true).await.unwrap(), 2);
+    assert_eq!(
+        s.mark_failed("r1", &fences, &failures, true).await.unwrap(),
+        2
+    );
     assert!(claim(s, &parts, 100).await.is_empty(), "both held");
 
     let streamed = s
@@ -980,7 +1029,9 @@ async fn any_broker_error_text_is_recorded(b: Backend) {
     assert!(!failure.error.contains('\0'));
     assert!(failure.error.len() <= outbox_relay::store::MAX_ERROR_TEXT);
     assert_eq!(
-        s.mark_failed("r1", &fences, &[failure], true).await.unwrap(),
+        s.mark_failed("r1", &fences, &[failure], true)
+            .await
+            .unwrap(),
         1
     );
     assert_eq!(b.status_of(row.id).await, "dead");

@@ -16,9 +16,7 @@ use sqlx::{
 };
 use uuid::Uuid;
 
-use super::{
-    named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store,
-};
+use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
 use crate::Error;
 
 /// The claim's cost of a row in memory (see `sql/claim_columns.sql`), without loading it.

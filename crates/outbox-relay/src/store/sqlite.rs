@@ -11,9 +11,7 @@ use outbox::Tables;
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
-use super::{
-    named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store,
-};
+use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
 use crate::Error;
 
 #[derive(Debug)]
