@@ -225,8 +225,9 @@ impl Completer {
     /// Writes outcomes (fenced by `fences`), retrying while the leases last (a claimed batch
     /// while any of them does, streamed events while all do: see [`Needs::of`]); counts the
     /// outcomes the fence refused (the lease went to another relay). When the database refuses
-    /// the batch's statement for something in its data (SQLSTATE classes 22, 23, 54: a retry
-    /// cannot help), the outcomes are written one at a time, so that one row the database
+    /// a claimed batch's statement for something in its data (SQLSTATE classes 22, 23, 54: a
+    /// retry cannot help; streamed events retry it, see [`Refusals::of`]), the outcomes are
+    /// written one at a time, so that one row the database
     /// refuses does not leave the others unrecorded and stall the partition; that row stays
     /// pending (it will be published again) and the refusal is logged and counted. Returns
     /// whether the leases lasted to the end.
@@ -304,11 +305,11 @@ impl Completer {
         failures: &[Failure],
         marking: Marking,
     ) -> Result<(), WriteError> {
-        let needs = Needs::of(marking);
+        let (needs, refusals) = (Needs::of(marking), Refusals::of(marking));
         let marked = if published.is_empty() {
             0
         } else {
-            self.fenced(fences, needs, Refusals::GiveUp, || {
+            self.fenced(fences, needs, refusals, || {
                 within(
                     self.answer_within,
                     self.store
@@ -322,7 +323,7 @@ impl Completer {
         let failed = if failures.is_empty() {
             0
         } else {
-            self.fenced(fences, needs, Refusals::GiveUp, || {
+            self.fenced(fences, needs, refusals, || {
                 within(
                     self.answer_within,
                     self.store
@@ -426,6 +427,20 @@ pub(crate) enum Refusals {
     /// Retried like any failure: for a statement nothing can be written around (the stream's
     /// position must not pass it), so that the stall shows in readiness.
     Retry,
+}
+
+impl Refusals {
+    /// What a mark of `marking` does with a refusal: a claimed batch writes around it (the
+    /// refused row stays pending, claimed again later); streamed events retry it. A streamed
+    /// event left pending keeps its aggregate's hold, and the CDC table path would publish it
+    /// again at once, round after round, each round counted as progress; retried, the stall
+    /// shows in readiness, as any statement that fails for ever.
+    pub(crate) fn of(marking: Marking) -> Self {
+        match marking {
+            Marking::Claimed => Self::GiveUp,
+            Marking::Streamed => Self::Retry,
+        }
+    }
 }
 
 /// Why [`Completer::fenced`] gave up.

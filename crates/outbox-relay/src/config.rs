@@ -75,6 +75,11 @@ impl Default for CdcConfig {
     }
 }
 
+/// The largest `max_batch_size`: MySQL binds a batch's ids one placeholder each, padded to a
+/// power of two, and refuses a statement of more than 65,535 placeholders (a batch of 32,769
+/// failed every claim and mark, retried for ever).
+pub const MAX_BATCH_SIZE: i64 = 16_384;
+
 /// Relay configuration (`[relay]` in the config file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -92,7 +97,8 @@ pub struct RelayConfig {
     /// Smallest batch the adaptive claim shrinks to (default 50).
     pub min_batch_size: i64,
     /// Largest batch the adaptive claim grows to (default 1000). The batch doubles while claims
-    /// come back full and halves when they come back less than a quarter full.
+    /// come back full and halves when they come back less than a quarter full. At most
+    /// [`MAX_BATCH_SIZE`].
     pub max_batch_size: i64,
     /// Batches in flight at once (default 4): the next claim (in CDC mode, the next batch of the
     /// stream) runs while earlier batches publish.
@@ -230,8 +236,11 @@ impl RelayConfig {
         if self.min_batch_size < 1 {
             return Err("min_batch_size: must be 1 or more".into());
         }
-        if self.max_batch_size < self.min_batch_size || self.max_batch_size > 100_000 {
-            return Err("max_batch_size: must be between min_batch_size and 100000".into());
+        if self.max_batch_size < self.min_batch_size || self.max_batch_size > MAX_BATCH_SIZE {
+            return Err(format!(
+                "max_batch_size: must be between min_batch_size and {MAX_BATCH_SIZE}"
+            )
+            .into());
         }
         if self.max_inflight_batches == 0 {
             return Err("max_inflight_batches: must be 1 or more".into());
@@ -350,6 +359,14 @@ mod tests {
             (
                 RelayConfig {
                     max_batch_size: 10,
+                    ..Default::default()
+                },
+                "max_batch_size",
+            ),
+            (
+                RelayConfig {
+                    // One over: MySQL could not bind the batch's ids.
+                    max_batch_size: MAX_BATCH_SIZE + 1,
                     ..Default::default()
                 },
                 "max_batch_size",

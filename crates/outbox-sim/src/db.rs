@@ -41,7 +41,14 @@ pub enum Content {
     /// A table-less event whose message is not a valid event (hand-written, or of a foreign
     /// program): its aggregate cannot be known, so it blocks nothing; it must be dead-lettered.
     Hostile,
+    /// A row written by another program with headers over the claim's limit (64 KiB as JSON
+    /// text): unreadable whole, whichever path reads it (the claim, the CDC catch-up, the
+    /// stream, the spill); it must be dead-lettered and never reach the broker.
+    Oversized,
 }
+
+/// The headers of an [`Content::Oversized`] row: one byte over the claim's 64 KiB limit.
+const OVERSIZED_HEADERS: usize = 65_537;
 
 /// One outbox row.
 #[derive(Clone, Debug)]
@@ -622,7 +629,17 @@ pub(crate) fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
     } else {
         0
     };
-    let headers = headers_of(row);
+    // As `claim_columns.sql` reads headers over its limit: `{}`, and the row unreadable.
+    let mut headers = headers_of(row);
+    let unreadable = (headers.len() > 65_536).then(|| {
+        format!(
+            "headers are {} bytes, over the limit of 65536 bytes",
+            headers.len()
+        )
+    });
+    if unreadable.is_some() {
+        headers = "{}".to_owned();
+    }
     ClaimedRow {
         id,
         event_id: uuid::Uuid::from_u128(row.event as u128),
@@ -637,7 +654,7 @@ pub(crate) fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
         content_type: "application/json".to_owned(),
         row_bytes: (payload_loaded + headers.len() + 64) as i64,
         headers,
-        unreadable: None,
+        unreadable,
         occurred_at: Some(timestamp(row.occurred_at)),
         partition: row.partition,
         attempts: row.attempts,
@@ -658,9 +675,18 @@ pub fn event_type_of(row: &Row) -> &'static str {
 
 /// The headers column of a row, as JSON text: not an object for a malformed row.
 pub fn headers_of(row: &Row) -> String {
+    headers_value(row).to_string()
+}
+
+/// The headers of a row as JSON: not an object for a malformed row, over the claim's limit
+/// for an oversized one.
+pub fn headers_value(row: &Row) -> serde_json::Value {
     match row.content {
         Content::Malformed => serde_json::json!(["not", "an", "object"]),
+        Content::Oversized => {
+            // `{"sim-pad":"…"}` is 14 bytes around the padding.
+            serde_json::json!({ "sim-pad": "x".repeat(OVERSIZED_HEADERS - 14) })
+        }
         _ => serde_json::json!({ "sim-version": row.version.to_string() }),
     }
-    .to_string()
 }

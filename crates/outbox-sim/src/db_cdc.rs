@@ -261,16 +261,23 @@ pub enum WriteMode {
     TableLess,
 }
 
+/// Whether an event of `content` written in `mode` is not a valid event to the relay: hostile
+/// content, and oversized headers in a table-less message (the relay's decoding refuses them,
+/// as the library's validation does). Such an event is dead-lettered under a key of its own
+/// (`outbox.undecodable`), blocks nothing, and is never replayed (its copy in the table holds
+/// the raw message, which would read as an ordinary event).
+pub fn undecodable(content: Content, mode: Option<WriteMode>) -> bool {
+    content == Content::Hostile
+        || (content == Content::Oversized && mode == Some(WriteMode::TableLess))
+}
+
 /// The message content of a table-less event, written as hand-written SQL would (payload as
 /// text); hostile content is not a valid event.
 pub fn table_less_content(id: i64, row: &Row) -> Vec<u8> {
     if row.content == Content::Hostile {
         return hostile_content(id);
     }
-    let headers: serde_json::Value = match row.content {
-        Content::Malformed => serde_json::json!(["not", "an", "object"]),
-        _ => serde_json::json!({ "sim-version": row.version.to_string() }),
-    };
+    let headers = crate::db::headers_value(row);
     serde_json::json!({
         "v": 1,
         "event_id": uuid::Uuid::from_u128(id as u128),

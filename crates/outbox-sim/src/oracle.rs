@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     db::{Content, Key, Status},
+    db_cdc::undecodable,
     world::State,
 };
 
@@ -76,7 +77,7 @@ pub fn check(s: &State) -> Verdict {
             let row = &s.db.rows[&id];
             let status = s.db.outcome(id, &s.delivered);
             let n = copies.get(&id).copied().unwrap_or(0);
-            if row.content == Content::Hostile {
+            if undecodable(row.content, s.cdc) {
                 // Not a valid event: dead-lettered under a key of its own, blocking nothing.
                 if status == Status::Dead && n == 0 {
                     v.dead += 1;
@@ -122,7 +123,7 @@ pub fn check(s: &State) -> Verdict {
                     must_precede.insert(id, earlier.clone());
                     earlier.push(id);
                 }
-                Content::Poison | Content::Malformed | Content::Hostile => {
+                Content::Poison | Content::Malformed | Content::Hostile | Content::Oversized => {
                     if status == Status::Dead {
                         v.dead += 1;
                     } else {
@@ -131,9 +132,9 @@ pub fn check(s: &State) -> Verdict {
                             row.content
                         ));
                     }
-                    if n > 0 && row.content == Content::Malformed {
+                    if n > 0 && matches!(row.content, Content::Malformed | Content::Oversized) {
                         v.violations
-                            .push(format!("malformed event {id} reached the broker"));
+                            .push(format!("{:?} event {id} reached the broker", row.content));
                     }
                     // A skipped dead event no longer parks its aggregate.
                     if !s.skipped.contains(&id) {
@@ -172,7 +173,7 @@ pub fn settled(s: &State) -> bool {
         if !row.committed || !row.visible {
             return false;
         }
-        if row.content == Content::Hostile {
+        if undecodable(row.content, s.cdc) {
             if s.db.outcome(*id, &s.delivered) != Status::Dead {
                 return false;
             }

@@ -222,10 +222,10 @@ impl Supervisor {
 }
 
 /// An operator replays dead events (one, an aggregate's, a type's, or all) or skips one or an
-/// aggregate's, of those a retry can fail again: hostile content is never replayed, and a
+/// aggregate's, of those a retry can fail again: undecodable content is never replayed, and a
 /// skipped event is not replayed, so that the oracle knows what parks.
 fn operate(s: &mut crate::world::State, now: i64) {
-    use crate::db::{Content, Status};
+    use crate::db::Status;
     let candidates: Vec<i64> =
         s.db.rows
             .iter()
@@ -233,7 +233,7 @@ fn operate(s: &mut crate::world::State, now: i64) {
                 r.status == Status::Dead
                     && r.in_table
                     && r.visible
-                    && r.content != Content::Hostile
+                    && !crate::db_cdc::undecodable(r.content, s.cdc)
                     && !s.skipped.contains(&r.event)
             })
             .map(|(id, _)| *id)

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
     db::{payload_for, Content, Key},
-    db_cdc::{hostile_content, WriteMode},
+    db_cdc::{table_less_content, undecodable, WriteMode},
     world::World,
 };
 
@@ -42,7 +42,11 @@ pub async fn write(world: Arc<World>, writer: usize, keys: Vec<Key>, until: i64)
                 let content = if s.chance(faults.poison) {
                     Content::Poison
                 } else if s.chance(faults.malformed) {
-                    if mode == Some(WriteMode::TableLess) {
+                    // Half of the hostile rows are over the claim's size limits; the rest
+                    // are malformed (hostile table-less content when there is no row).
+                    if s.chance(0.5) {
+                        Content::Oversized
+                    } else if mode == Some(WriteMode::TableLess) {
                         Content::Hostile
                     } else {
                         Content::Malformed
@@ -54,8 +58,10 @@ pub async fn write(world: Arc<World>, writer: usize, keys: Vec<Key>, until: i64)
                 let in_table = mode.is_none_or(|m| m == WriteMode::Table);
                 let id =
                     s.db.insert_row(key.clone(), version, content, payload, db_now, in_table);
-                if content == Content::Hostile {
-                    let uuid = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, &hostile_content(id));
+                if undecodable(content, mode) {
+                    // The relay names undecodable content by a digest of the message.
+                    let message = table_less_content(id, &s.db.rows[&id]);
+                    let uuid = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, &message);
                     s.db.uuids.insert(uuid, id);
                 }
                 ids.push(id);
