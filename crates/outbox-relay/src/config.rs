@@ -239,8 +239,7 @@ impl RelayConfig {
         if self.max_batch_size < self.min_batch_size || self.max_batch_size > MAX_BATCH_SIZE {
             return Err(format!(
                 "max_batch_size: must be between min_batch_size and {MAX_BATCH_SIZE}"
-            )
-            .into());
+            ));
         }
         if self.max_inflight_batches == 0 {
             return Err("max_inflight_batches: must be 1 or more".into());
