@@ -10,9 +10,19 @@ DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => $
 -- name: deregister
 DELETE FROM {schema}.relays WHERE relay_id = $1;
 -- name: renew
+-- The rows locked in partition order first (see fence.sql), then updated.
+WITH locked AS (
+    SELECT l.partition
+    FROM {schema}.leases l
+    JOIN unnest($1::integer[], $2::bigint[]) AS f(partition, epoch)
+      ON l.partition = f.partition AND l.epoch = f.epoch
+    WHERE l.owner = $3
+    ORDER BY l.partition
+    FOR UPDATE OF l
+)
 UPDATE {schema}.leases l SET expires_at = now() + make_interval(secs => $4)
-FROM unnest($1::integer[], $2::bigint[]) AS f(partition, epoch)
-WHERE l.partition = f.partition AND l.epoch = f.epoch AND l.owner = $3
+FROM locked
+WHERE l.partition = locked.partition
 RETURNING l.partition;
 -- name: acquire
 WITH candidate AS (
@@ -29,9 +39,19 @@ FROM candidate
 WHERE l.partition = candidate.partition
 RETURNING l.partition, l.epoch;
 -- name: release
+-- The rows locked in partition order first (see fence.sql), then updated.
+WITH locked AS (
+    SELECT l.partition
+    FROM {schema}.leases l
+    JOIN unnest($1::integer[], $2::bigint[]) AS f(partition, epoch)
+      ON l.partition = f.partition AND l.epoch = f.epoch
+    WHERE l.owner = $3
+    ORDER BY l.partition
+    FOR UPDATE OF l
+)
 UPDATE {schema}.leases l SET owner = NULL, expires_at = '-infinity'
-FROM unnest($1::integer[], $2::bigint[]) AS f(partition, epoch)
-WHERE l.partition = f.partition AND l.epoch = f.epoch AND l.owner = $3;
+FROM locked
+WHERE l.partition = locked.partition;
 -- name: acquire_all
 -- Takes every partition lease at once, or none: the streamer of a slot must own the whole
 -- outbox. Rows are locked in partition order (no deadlock between standbys). $1 relay id,
