@@ -47,8 +47,11 @@ pub enum Content {
     Oversized,
 }
 
-/// The headers of an [`Content::Oversized`] row: one byte over the claim's 64 KiB limit.
-const OVERSIZED_HEADERS: usize = 65_537;
+/// The most bytes of headers (as JSON text) a claim reads (`claim_columns.sql`).
+const CLAIM_HEADERS_LIMIT: usize = 65_536;
+
+/// The headers of an [`Content::Oversized`] row: one byte over the claim's limit.
+const OVERSIZED_HEADERS: usize = CLAIM_HEADERS_LIMIT + 1;
 
 /// One outbox row.
 #[derive(Clone, Debug)]
@@ -631,9 +634,9 @@ pub(crate) fn claimed(id: i64, row: &Row, max_payload: usize) -> ClaimedRow {
     };
     // As `claim_columns.sql` reads headers over its limit: `{}`, and the row unreadable.
     let mut headers = headers_of(row);
-    let unreadable = (headers.len() > 65_536).then(|| {
+    let unreadable = (headers.len() > CLAIM_HEADERS_LIMIT).then(|| {
         format!(
-            "headers are {} bytes, over the limit of 65536 bytes",
+            "headers are {} bytes, over the limit of {CLAIM_HEADERS_LIMIT} bytes",
             headers.len()
         )
     });

@@ -517,8 +517,8 @@ impl Session {
                 self.ctx.health.progressed();
             }
             // Streamed marking leaves the holds: an aggregate stays with the table path until
-            // `unpark` finds nothing of it pending, even across a crash. A row the database
-            // refuses to record stays pending, and is published again from here.
+            // `unpark` finds nothing of it pending, even across a crash. A write the database
+            // refuses is retried (`Refusals::of`): the stall shows in readiness.
             let recorded = self
                 .ctx
                 .completer
