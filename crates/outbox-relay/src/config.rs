@@ -161,7 +161,8 @@ pub struct RelayConfig {
     /// budget left (it always takes one row, so one event larger than the budget still goes
     /// through, alone), and no claim starts while the budget is used up.
     pub max_inflight_bytes: u64,
-    /// `statement_timeout` on the relay's PostgreSQL connections (default 30s): a statement
+    /// `statement_timeout` on the relay's PostgreSQL connections, `max_statement_time` on
+    /// MariaDB's, `max_execution_time` on MySQL's (default 30s): a statement
     /// that runs longer fails, is counted in `outbox_database_errors_total` and retried, and
     /// the loop goes on. The relay also gives up waiting for an answer 5 s after it (a
     /// connection that hangs without an error).
@@ -169,6 +170,8 @@ pub struct RelayConfig {
     pub statement_timeout: Duration,
     /// `lock_timeout` on the relay's PostgreSQL connections (default 5s): a statement blocked
     /// behind another session's lock on the outbox tables fails after it instead of hanging.
+    /// On MySQL and MariaDB, `innodb_lock_wait_timeout`, in whole seconds, and at most half
+    /// of `lease_ttl` (see [`RelayConfig::mysql_session`]).
     #[serde(with = "humantime_serde")]
     pub lock_timeout: Duration,
     /// What a dead head event does to its aggregate (default `park`).
@@ -221,6 +224,16 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// The session of the relay's MySQL and MariaDB connections: `lock_timeout` as the lock
+    /// wait, but at most half of `lease_ttl` (a relay blocked behind a lock must fail and
+    /// report before its leases lapse), and `statement_timeout` as the statement limit.
+    pub fn mysql_session(&self) -> outbox::mysql::Session {
+        outbox::mysql::Session {
+            lock_wait: self.lock_timeout.min(self.lease_ttl / 2),
+            statement: self.statement_timeout,
+        }
+    }
+
     /// Checks every field without I/O.
     pub fn validate(&self) -> Result<(), crate::Error> {
         self.check().map_err(crate::Error::Config)

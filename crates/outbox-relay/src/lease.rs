@@ -270,7 +270,7 @@ async fn tick(
     let target = fair_share(store.partitions(), &live, &s.relay_id);
     let sent = Instant::now();
     let held = leases.all();
-    let still = match store.renew(&s.relay_id, &held, s.ttl).await {
+    let still = match renew(store, s, &held).await {
         Ok(still) => still,
         Err(e) => {
             leases.expire_all();
@@ -299,6 +299,36 @@ async fn tick(
     Ok(())
 }
 
+/// Renews `held`, again at once when the database chose the renewal as a deadlock's victim
+/// (or failed it as a serialization conflict): the leases are still this relay's, and letting
+/// them lapse until the next tick would stop its work for nothing.
+async fn renew(
+    store: &dyn Store,
+    s: &LeaseSettings,
+    held: &[Fence],
+) -> Result<Vec<i32>, sqlx::Error> {
+    let mut tries = 0;
+    loop {
+        match store.renew(&s.relay_id, held, s.ttl).await {
+            Err(e) if tries < 3 && is_conflict(&e) => {
+                tries += 1;
+                tracing::debug!(error = %e, "lease renewal lost a deadlock; renewing again");
+            }
+            result => return result,
+        }
+    }
+}
+
+/// A deadlock or serialization failure: the transaction was rolled back and may simply run
+/// again (SQLSTATE 40001 on MySQL's deadlock 1213 and PostgreSQL's serialization failure,
+/// 40P01 on PostgreSQL's deadlock).
+fn is_conflict(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| matches!(&*code, "40001" | "40P01"))
+}
+
 /// The exclusive variant of [`tick`]: renew everything held, or acquire everything.
 async fn tick_exclusive(
     store: &dyn Store,
@@ -309,7 +339,7 @@ async fn tick_exclusive(
     let held = leases.all();
     let sent = Instant::now();
     if !held.is_empty() {
-        let still = match store.renew(&s.relay_id, &held, s.ttl).await {
+        let still = match renew(store, s, &held).await {
             Ok(still) => still,
             Err(e) => {
                 leases.expire_all();

@@ -137,15 +137,19 @@ impl Relay {
     }
 
     /// Opens the MySQL or MariaDB outbox (migrated with `outbox::mysql::MySqlOutbox::migrate`).
-    /// Partitions and leases as on PostgreSQL: any number of relays share the work.
+    /// Partitions and leases as on PostgreSQL: any number of relays share the work. The relay
+    /// opens its own connections with `pool`'s connect options and size, each set to an
+    /// [`outbox::mysql::Session`] (READ COMMITTED, autocommit, the timeouts of
+    /// [`RelayConfig::mysql_session`]), whatever the server's defaults.
     pub async fn mysql(
         pool: sqlx::MySqlPool,
         publisher: Arc<dyn Publisher>,
         config: RelayConfig,
     ) -> Result<Self, Error> {
         config.validate()?;
-        let admin = crate::admin::Admin::mysql(pool.clone(), &config.tables());
-        let store = crate::store::MySqlStore::open(pool, &config.tables()).await?;
+        let session = config.mysql_session();
+        let admin = crate::admin::Admin::mysql_with(pool.clone(), &config.tables(), session);
+        let store = crate::store::MySqlStore::open_with(pool, &config.tables(), session).await?;
         let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
         Arc::get_mut(&mut relay.shared)
             .expect("not shared yet")

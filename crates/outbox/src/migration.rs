@@ -12,6 +12,16 @@ pub(crate) fn due(
     applied: &[(i32, String)],
     shipped: &'static [Migration],
 ) -> Result<Vec<&'static Migration>, Error> {
+    due_accepting(applied, shipped, &[])
+}
+
+/// [`due`], also accepting as applied a migration recorded with one of the `earlier` checksums
+/// of its version: a migration whose text was made re-runnable since, with the same effect.
+pub(crate) fn due_accepting(
+    applied: &[(i32, String)],
+    shipped: &'static [Migration],
+    earlier: &[(i32, &str)],
+) -> Result<Vec<&'static Migration>, Error> {
     let known = shipped.last().map_or(0, |m| m.0);
     if let Some((latest, _)) = applied.iter().max_by_key(|(v, _)| *v) {
         if *latest > known {
@@ -24,7 +34,9 @@ pub(crate) fn due(
     let mut out = Vec::new();
     for migration in shipped {
         match applied.iter().find(|(v, _)| *v == migration.0) {
-            Some((_, existing)) if *existing == checksum(migration.2) => {}
+            Some((_, existing))
+                if *existing == checksum(migration.2)
+                    || earlier.contains(&(migration.0, existing.as_str())) => {}
             Some(_) => {
                 return Err(Error::Schema(SchemaError::Modified {
                     version: migration.0,

@@ -188,8 +188,9 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
         Db::MySql(pool) => {
             let tables = cfg.relay.tables();
             let relay = Relay::mysql(pool.clone(), publisher, cfg.relay.clone()).await?;
-            let admin = outbox_relay::admin::Admin::mysql(pool.clone(), &tables);
-            let store = outbox_relay::store::MySqlStore::open(pool, &tables).await?;
+            let session = cfg.relay.mysql_session();
+            let admin = outbox_relay::admin::Admin::mysql_with(pool.clone(), &tables, session);
+            let store = outbox_relay::store::MySqlStore::open_with(pool, &tables, session).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
         Db::Sqlite(pool) => {

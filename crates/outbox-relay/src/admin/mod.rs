@@ -145,10 +145,18 @@ impl Admin {
     }
 
     /// Actions on the MySQL or MariaDB outbox at `tables` (migrated with
-    /// `outbox::mysql::MySqlOutbox::migrate`).
+    /// `outbox::mysql::MySqlOutbox::migrate`), on connections of their own set to the default
+    /// [`outbox::mysql::Session`].
     pub fn mysql(pool: MySqlPool, tables: &Tables) -> Self {
+        Self::mysql_with(pool, tables, outbox::mysql::Session::default())
+    }
+
+    /// [`Admin::mysql`] on connections set to `session`: opened with `pool`'s connect options
+    /// and size, READ COMMITTED whatever the server's default, so that a purge never locks
+    /// the gaps the application's inserts go into.
+    pub fn mysql_with(pool: MySqlPool, tables: &Tables, session: outbox::mysql::Session) -> Self {
         Self {
-            backend: Backend::MySql(MySqlAdmin::new(pool, tables)),
+            backend: Backend::MySql(MySqlAdmin::new(session.pool(&pool), tables)),
         }
     }
 

@@ -34,7 +34,11 @@ impl MySqlAdmin {
         Self {
             pool,
             tables: tables.clone(),
-            file: std::sync::Arc::new(tables.render_mysql(include_str!("sql/mysql.sql"))),
+            file: std::sync::Arc::new(
+                tables
+                    .render_mysql(include_str!("sql/mysql.sql"))
+                    .replace("{now_ms}", crate::store::NOW_MS),
+            ),
         }
     }
 
@@ -59,14 +63,24 @@ impl MySqlAdmin {
         batch: i64,
         archive: bool,
     ) -> Result<u64, sqlx::Error> {
+        let found: Vec<i64> = sqlx::query_scalar(self.sql("purge_batch"))
+            .bind(micros(retention))
+            .bind(batch)
+            .fetch_all(&self.pool)
+            .await?;
+        if found.is_empty() {
+            return Ok(0);
+        }
         let mut tx = self.pool.begin().await?;
         let result = async {
-            let ids: Vec<i64> = sqlx::query_scalar(self.sql("purge_batch"))
-                .bind(micros(retention))
-                .bind(batch)
-                .fetch_all(&mut *tx)
-                .await?;
+            let ids: Vec<i64> = bind_list(
+                sqlx::query_scalar(&self.listed("lock_batch", found.len())),
+                &found,
+            )
+            .fetch_all(&mut *tx)
+            .await?;
             if ids.is_empty() {
+                // Another purge took them first.
                 return Ok(0);
             }
             if archive {

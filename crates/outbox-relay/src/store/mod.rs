@@ -12,8 +12,8 @@ use futures::future::BoxFuture;
 use outbox::Tables;
 use sqlx::{postgres::PgPoolOptions, PgPool, Row};
 
-pub use mysql::MySqlStore;
 pub(crate) use mysql::{bind_list, key_text, listed};
+pub use mysql::{MySqlStore, DATETIME_OF_MS, NOW_MS};
 pub use rows::{storable_error, Checked, Claimed, ClaimedRow, Failure, MAX_ERROR_TEXT};
 pub(crate) use sqlite::parse_time;
 pub use sqlite::SqliteStore;

@@ -8,16 +8,24 @@ use std::{collections::HashMap, time::Duration};
 
 use chrono::NaiveDateTime;
 use futures::future::BoxFuture;
-use outbox::Tables;
-use sqlx::{
-    mysql::{MySqlArguments, MySqlPoolOptions},
-    query::Query,
-    MySql, MySqlConnection, MySqlPool, Row,
-};
+use outbox::{mysql::Session, Tables};
+use sqlx::{mysql::MySqlArguments, query::Query, MySql, MySqlConnection, MySqlPool, Row};
 use uuid::Uuid;
 
 use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
 use crate::Error;
+
+/// The database clock in unix milliseconds. Not `UNIX_TIMESTAMP()`, which MariaDB before 11.5
+/// answers with NULL after 2038-01-19 03:14:07 UTC.
+#[doc(hidden)]
+pub const NOW_MS: &str = "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', \
+     UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)";
+
+/// The UTC `DATETIME(6)` of a bound unix millisecond (not `FROM_UNIXTIME`, NULL past 2038 on
+/// MariaDB before 11.5, and in the session's time zone).
+#[doc(hidden)]
+pub const DATETIME_OF_MS: &str =
+    "TIMESTAMPADD(MICROSECOND, ? * 1000, TIMESTAMP'1970-01-01 00:00:00')";
 
 /// The claim's cost of a row in memory (see `sql/claim_columns.sql`), without loading it.
 const ROW_BYTES: &str = "(CASE WHEN e.payload_bytes <= ? THEN e.payload_bytes ELSE 0 END \
@@ -106,11 +114,27 @@ pub struct MySqlStore {
 }
 
 impl MySqlStore {
-    /// Opens the outbox at `tables` (migrated with `outbox::mysql::MySqlOutbox::migrate`).
+    /// Opens the outbox at `tables` (migrated with `outbox::mysql::MySqlOutbox::migrate`),
+    /// its connections set to the default [`Session`].
     pub async fn open(pool: MySqlPool, tables: &Tables) -> Result<Self, Error> {
+        Self::open_with(pool, tables, Session::default()).await
+    }
+
+    /// Opens the outbox at `tables` on connections of its own, opened with `pool`'s connect
+    /// options and size and set to `session` (READ COMMITTED, autocommit, the timeouts): the
+    /// server's defaults never decide how the relay locks.
+    pub async fn open_with(
+        pool: MySqlPool,
+        tables: &Tables,
+        session: Session,
+    ) -> Result<Self, Error> {
+        let lease_pool = session.pool_of(&pool, 2);
+        let pool = session.pool(&pool);
         let file = tables
             .render_mysql(include_str!("sql/mysql.sql"))
-            .replace("{row_bytes}", ROW_BYTES);
+            .replace("{row_bytes}", ROW_BYTES)
+            .replace("{now_ms}", NOW_MS)
+            .replace("{datetime_of_ms}", DATETIME_OF_MS);
         let meta = tables.render_mysql("SELECT partitions FROM {meta} WHERE singleton = 1");
         let partitions: i32 = sqlx::query_scalar(&meta)
             .fetch_optional(&pool)
@@ -127,10 +151,6 @@ impl MySqlStore {
                 .fetch_one(&pool)
                 .await?;
         outbox::require_migrated(applied, outbox::mysql::MIGRATIONS)?;
-        let lease_pool = MySqlPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .connect_lazy_with((*pool.connect_options()).clone());
         Ok(Self {
             pool,
             lease_pool,
@@ -157,6 +177,55 @@ impl MySqlStore {
             .replace("{scan_arms}", &arms)
     }
 
+    /// The statements of [`Store::acquire`] on `conn`, inside the caller's transaction (for
+    /// tests that hold it open, as a relay frozen half-way would): the free leases are found
+    /// without a lock, then locked by primary key, so live leases are never locked.
+    #[doc(hidden)]
+    pub async fn acquire_on(
+        &self,
+        conn: &mut MySqlConnection,
+        relay_id: &str,
+        n: i64,
+        ttl: Duration,
+    ) -> Result<Vec<Fence>, sqlx::Error> {
+        let now = self.now_ms(conn).await?;
+        let found: Vec<i32> = sqlx::query_scalar(self.sql.get("free_leases"))
+            .bind(now)
+            .fetch_all(&mut *conn)
+            .await?;
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = self
+            .sql
+            .listed("take_leases", &[("partitions", found.len())]);
+        let free: Vec<i32> = bind_list(sqlx::query_scalar(&sql), &found)
+            .bind(now)
+            .bind(n)
+            .fetch_all(&mut *conn)
+            .await?;
+        if free.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = self.sql.listed("acquire", &[("partitions", free.len())]);
+        bind_list(
+            sqlx::query(&sql)
+                .bind(relay_id)
+                .bind(now.saturating_add(millis(ttl)))
+                .bind(now),
+            &free,
+        )
+        .execute(&mut *conn)
+        .await?;
+        let sql = self.sql.listed("acquired", &[("partitions", free.len())]);
+        bind_list(sqlx::query(&sql), &free)
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
     async fn now_ms(&self, conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(self.sql.get("now_ms"))
             .fetch_one(conn)
@@ -164,7 +233,7 @@ impl MySqlStore {
     }
 
     /// The partitions of `fences` this relay still holds, share-locked until the end of the
-    /// transaction.
+    /// transaction, in partition order (the one lock order of lease rows, see [`in_order`]).
     async fn fenced(
         &self,
         conn: &mut MySqlConnection,
@@ -172,7 +241,7 @@ impl MySqlStore {
         fences: &[Fence],
     ) -> Result<Vec<i32>, sqlx::Error> {
         let mut held = Vec::new();
-        for (partition, epoch) in fences {
+        for (partition, epoch) in in_order(fences) {
             let found: Option<i32> = sqlx::query_scalar(self.sql.get("held"))
                 .bind(partition)
                 .bind(epoch)
@@ -238,6 +307,15 @@ impl MySqlStore {
     }
 }
 
+/// `fences` in partition order: every statement that locks lease rows (a mark's fence, a
+/// renewal, a release, an acquire) locks them in this order, so two of them never wait on each
+/// other in a cycle (a deadlock whose victim, a renewal, would cost the relay its leases).
+fn in_order(fences: &[Fence]) -> Vec<Fence> {
+    let mut sorted = fences.to_vec();
+    sorted.sort_unstable();
+    sorted
+}
+
 /// A text column of the binary collation (the aggregate keys compare byte for byte): MySQL
 /// sends it flagged as binary, so it is read as bytes, which must be UTF-8.
 pub(crate) fn key_text<I>(row: &sqlx::mysql::MySqlRow, column: I) -> Result<String, sqlx::Error>
@@ -264,19 +342,22 @@ fn millis(d: Duration) -> i64 {
 }
 
 /// A claimed MySQL row. The table's types bound every column but the event id, which is text
-/// a writer may fill with anything: an id that is not a UUID makes the row unreadable
-/// (dead-lettered with the reason), never a stand-in value.
+/// a writer may fill with anything: an id that is not a UUID in its canonical spelling makes
+/// the row unreadable (dead-lettered with the reason), never a stand-in value.
 fn claimed(row: &sqlx::mysql::MySqlRow, row_bytes: i64) -> Result<ClaimedRow, sqlx::Error> {
     let event_id: String = row.try_get("event_id")?;
     let parsed_id = Uuid::parse_str(&event_id);
     let unreadable: Option<String> = row.try_get("unreadable")?;
-    let unreadable = unreadable.or_else(|| {
-        parsed_id.as_ref().err().map(|e| {
-            format!(
-                "event_id {:?} is not a UUID: {e}",
-                event_id.chars().take(64).collect::<String>()
-            )
-        })
+    let shown = || event_id.chars().take(64).collect::<String>();
+    let unreadable = unreadable.or_else(|| match &parsed_id {
+        Err(e) => Some(format!("event_id {:?} is not a UUID: {e}", shown())),
+        // The column is text: one UUID could be written twice under two spellings (without
+        // hyphens, in braces) and pass the unique key as two events.
+        Ok(id) if id.hyphenated().to_string() != event_id => Some(format!(
+            "event_id {:?} is not a UUID in its one spelling (lowercase, hyphenated: {id})",
+            shown()
+        )),
+        Ok(_) => None,
     });
     let occurred_at: NaiveDateTime = row.try_get("occurred_at")?;
     Ok(ClaimedRow {
@@ -356,7 +437,7 @@ impl Store for MySqlStore {
             let result = async {
                 let now = self.now_ms(&mut tx).await?;
                 let mut still = Vec::new();
-                for (partition, epoch) in held {
+                for (partition, epoch) in in_order(held) {
                     let done = sqlx::query(self.sql.get("renew"))
                         .bind(now.saturating_add(millis(ttl)))
                         .bind(partition)
@@ -365,7 +446,7 @@ impl Store for MySqlStore {
                         .execute(&mut *tx)
                         .await?;
                     if done.rows_affected() == 1 {
-                        still.push(*partition);
+                        still.push(partition);
                     }
                 }
                 Ok(still)
@@ -386,35 +467,7 @@ impl Store for MySqlStore {
                 return Ok(Vec::new());
             }
             let mut tx = self.lease_pool.begin().await?;
-            let result = async {
-                let now = self.now_ms(&mut tx).await?;
-                let free: Vec<i32> = sqlx::query_scalar(self.sql.get("free_leases"))
-                    .bind(now)
-                    .bind(n)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                if free.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let sql = self.sql.listed("acquire", &[("partitions", free.len())]);
-                bind_list(
-                    sqlx::query(&sql)
-                        .bind(relay_id)
-                        .bind(now.saturating_add(millis(ttl)))
-                        .bind(now),
-                    &free,
-                )
-                .execute(&mut *tx)
-                .await?;
-                let sql = self.sql.listed("acquired", &[("partitions", free.len())]);
-                bind_list(sqlx::query(&sql), &free)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .iter()
-                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-                    .collect()
-            }
-            .await;
+            let result = self.acquire_on(&mut tx, relay_id, n, ttl).await;
             super::finish(tx, result).await
         })
     }
@@ -425,7 +478,7 @@ impl Store for MySqlStore {
         leases: &'a [Fence],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            for (partition, epoch) in leases {
+            for (partition, epoch) in in_order(leases) {
                 sqlx::query(self.sql.get("release"))
                     .bind(partition)
                     .bind(epoch)

@@ -8,6 +8,10 @@ use std::time::Duration;
 use sqlx::{Connection, Executor, MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
+mod session;
+
+pub use session::{is_mariadb, Session};
+
 use crate::{
     event::validate_all, postgres::MigrateOptions, Error, Event, SchemaError, Seen, Tables,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -30,7 +34,16 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "arrival time by the database clock",
         include_str!("migrations/0003_enqueued_at.sql"),
     ),
+    (
+        4,
+        "byte-exact keys (NO PAD binary collation)",
+        include_str!("migrations/0004_byte_exact_keys.sql"),
+    ),
 ];
+
+/// Checksums an earlier build recorded for migrations whose text has changed since with the
+/// same effect: 0002 was a bare `ALTER TABLE`, which failed when run again.
+const EARLIER_CHECKSUMS: &[(i32, &str)] = &[(2, "2891bd0cd67c407f")];
 
 /// Partition count of a new MySQL outbox when none is given (as PostgreSQL's).
 pub const DEFAULT_PARTITIONS: i32 = crate::postgres::DEFAULT_PARTITIONS;
@@ -181,7 +194,9 @@ async fn migrate_locked(
     .fetch_all(&mut *conn)
     .await
     .map_err(Error::Database)?;
-    for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
+    for (version, description, template) in
+        crate::migration::due_accepting(&applied, MIGRATIONS, EARLIER_CHECKSUMS)?
+    {
         let sql = tables
             .render_mysql(template)
             .replace("{partitions}", &partitions.to_string());
@@ -263,7 +278,8 @@ fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {
 #[derive(Clone, Debug)]
 pub struct MySqlInbox {
     record_sql: String,
-    purge_sql: String,
+    purgeable_sql: String,
+    delete_sql: String,
 }
 
 impl Default for MySqlInbox {
@@ -282,10 +298,17 @@ impl MySqlInbox {
             record_sql: tables.render_mysql(
                 "INSERT IGNORE INTO {inbox} (consumer, event_id, event_type) VALUES (?, ?, ?)",
             ),
-            purge_sql: tables.render_mysql(
-                "DELETE FROM {inbox} \
+            // The purge reads the keys of a batch without a lock, then deletes them by
+            // primary key: a locking range scan on `processed_at` would lock the gap new
+            // rows go into (under REPEATABLE READ) and make every consumer's insert wait.
+            purgeable_sql: tables.render_mysql(
+                "SELECT consumer, event_id FROM {inbox} \
                  WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                  ORDER BY processed_at LIMIT ?",
+            ),
+            delete_sql: tables.render_mysql(
+                "DELETE FROM {inbox} WHERE consumer = ? AND event_id = ? \
+                 AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
             ),
         }
     }
@@ -330,16 +353,35 @@ impl MySqlInbox {
         batch: i64,
     ) -> Result<u64, Error> {
         let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
-        crate::inbox::purge_in_batches(batch, |batch| async move {
-            sqlx::query(&self.purge_sql)
+        let batch = batch.max(1);
+        let mut total = 0;
+        loop {
+            let keys: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(&self.purgeable_sql)
                 .bind(micros)
                 .bind(batch)
-                .execute(pool)
+                .fetch_all(pool)
                 .await
-                .map(|done| done.rows_affected())
-                .map_err(Error::Database)
-        })
-        .await
+                .map_err(Error::Database)?;
+            if keys.is_empty() {
+                return Ok(total);
+            }
+            // One short transaction per batch, each row by its primary key.
+            let mut tx = pool.begin().await.map_err(Error::Database)?;
+            for (consumer, event_id) in &keys {
+                total += sqlx::query(&self.delete_sql)
+                    .bind(consumer)
+                    .bind(event_id)
+                    .bind(micros)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(Error::Database)?
+                    .rows_affected();
+            }
+            tx.commit().await.map_err(Error::Database)?;
+            if (keys.len() as i64) < batch {
+                return Ok(total);
+            }
+        }
     }
 }
 

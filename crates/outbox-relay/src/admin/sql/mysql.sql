@@ -7,14 +7,21 @@ SELECT count(*) FROM {events}
 WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND;
 -- name: purge_batch
 -- One batch of published rows older than the retention, oldest first (never pending or dead
--- rows), locked for the statements that archive and delete them by id. A `DELETE ... ORDER BY
--- published_at LIMIT` instead sorted every published row on each batch (MariaDB read them
--- through another index and filesorted): 600 rows/s at 1,000,000 rows. ? retention (µs),
--- ? batch size
+-- rows), read without a lock: the statements that archive and delete them lock them by
+-- primary key only. A locking read here would take a next-key lock on the first published
+-- entry of the `published_at` index, the gap every new pending row's entry goes into, and
+-- every application insert would wait for the batch. A `DELETE ... ORDER BY published_at
+-- LIMIT` sorted every published row on each batch (MariaDB read them through another index
+-- and filesorted): 600 rows/s at 1,000,000 rows. ? retention (µs), ? batch size
 SELECT id FROM {events}
 WHERE status = 'published' AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 ORDER BY published_at
-LIMIT ?
+LIMIT ?;
+-- name: lock_batch
+-- The rows of a batch still published, locked by primary key. {ids}
+SELECT id FROM {events} FORCE INDEX (PRIMARY)
+WHERE id IN ({ids}) AND status = 'published'
+ORDER BY id
 FOR UPDATE;
 -- name: archive
 INSERT INTO {events}_archive (
@@ -24,7 +31,7 @@ INSERT INTO {events}_archive (
 SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type,
        schema_version, destination, payload, content_type, headers, occurred_at, `partition`,
        status, attempts, permanent_failures, next_attempt_at, last_error, published_at
-FROM {events}
+FROM {events} FORCE INDEX (PRIMARY)
 WHERE id IN ({ids}) AND status = 'published';
 -- name: delete_batch
 DELETE FROM {events} WHERE id IN ({ids}) AND status = 'published';
@@ -83,7 +90,7 @@ SELECT id FROM {events} WHERE id IN ({ids}) AND status = 'dead' ORDER BY id;
 -- event the replay left dead stays parked.
 INSERT INTO {holds} (aggregate_type, aggregate_id, `partition`, event_id, held_until, created_at)
 SELECT head.aggregate_type, head.aggregate_id, head.`partition`, head.id,
-       CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)
+       {now_ms}, {now_ms}
 FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {events} WHERE id IN ({ids})) r
 JOIN {events} head ON head.id = (
     SELECT min(f.id) FROM {events} f
@@ -116,8 +123,8 @@ ORDER BY id LIMIT 1;
 -- The hold of aggregate (?, ?) moves to row ? of partition ?, due at once.
 UPDATE {holds}
 SET event_id = ?, `partition` = ?,
-    held_until = CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED),
-    created_at = CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)
+    held_until = {now_ms},
+    created_at = {now_ms}
 WHERE aggregate_type = ? AND aggregate_id = ?;
 -- name: drop_hold
 DELETE FROM {holds} WHERE aggregate_type = ? AND aggregate_id = ?;

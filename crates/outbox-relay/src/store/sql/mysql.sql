@@ -6,7 +6,7 @@
 -- every batch size). Times in the lease, relay and hold tables are unix milliseconds from the
 -- database's clock.
 -- name: now_ms
-SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED);
+SELECT {now_ms};
 -- name: register
 INSERT INTO {relays} (relay_id, hostname, started_at, heartbeat_at) VALUES (?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE heartbeat_at = VALUES(heartbeat_at);
@@ -21,14 +21,23 @@ DELETE FROM {relays} WHERE relay_id = ?;
 -- rows, not changed ones): 1 while the lease is still this relay's.
 UPDATE {leases} SET expires_at = ? WHERE `partition` = ? AND epoch = ? AND owner = ?;
 -- name: free_leases
--- Free or expired leases, locked for the acquire that follows; a lease another transaction
--- holds a lock on (a takeover in progress, or its owner's fenced write) is skipped, not waited
--- for. ? now, ? how many
+-- Free or expired leases, read without a lock (the lease table has no index on owner or
+-- expiry: a locking scan would lock every other relay's live lease it passes). ? now
 SELECT `partition` FROM {leases} WHERE owner IS NULL OR expires_at < ?
+ORDER BY `partition`;
+-- name: take_leases
+-- The free leases found, locked by primary key for the acquire that follows, still free; a
+-- lease another transaction holds a lock on (a takeover in progress, or its owner's fenced
+-- write) is skipped, not waited for. {partitions}, ? now, ? how many
+-- By primary key whatever the table's size (a scan of a small table would lock every row it
+-- passes under REPEATABLE READ).
+SELECT `partition` FROM {leases} FORCE INDEX (PRIMARY)
+WHERE `partition` IN ({partitions}) AND (owner IS NULL OR expires_at < ?)
 ORDER BY `partition` LIMIT ? FOR UPDATE SKIP LOCKED;
 -- name: acquire
 -- ? owner, ? expires at, ? now, {partitions} the leases locked by free_leases
-UPDATE {leases} SET owner = ?, epoch = epoch + 1, expires_at = ?, acquired_at = ?
+UPDATE {leases} FORCE INDEX (PRIMARY)
+SET owner = ?, epoch = epoch + 1, expires_at = ?, acquired_at = ?
 WHERE `partition` IN ({partitions});
 -- name: acquired
 SELECT `partition`, epoch FROM {leases} WHERE `partition` IN ({partitions}) ORDER BY `partition`;
@@ -160,7 +169,7 @@ SET attempts = LEAST(attempts, 2147483646) + 1,
     last_error = ?,
     status = CASE WHEN ? THEN 'dead' ELSE 'pending' END,
     next_attempt_at = CASE WHEN ? THEN NULL
-                           ELSE FROM_UNIXTIME(? / 1000) END
+                           ELSE {datetime_of_ms} END
 WHERE id = ?;
 -- name: parked_elsewhere
 -- Whether aggregate (?, ?) is parked on a dead event other than row ? (see PostgreSQL's
