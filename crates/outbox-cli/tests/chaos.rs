@@ -39,7 +39,8 @@ async fn cdc_relays_keep_g1_g2_g4_through_kills_pauses_and_broker_and_database_c
 }
 
 /// The same on a private MariaDB (`mariadbd` crashed and restarted): polling relays on a
-/// MySQL-family outbox, fenced by their leases without `RETURNING`. `OUTBOX_CHAOS_SECS` sets
+/// MySQL-family outbox, fenced by their leases without `RETURNING`, with `outbox purge`
+/// (deleting, then archiving) running throughout beside them and the writers. `OUTBOX_CHAOS_SECS` sets
 /// its length too (default 40 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_relays_keep_g1_g2_g4_through_kills_pauses_and_broker_and_database_crashes() {
@@ -109,6 +110,11 @@ async fn run_and_check(settings: chaos::Settings) {
         outcome.unclean_exits.is_empty(),
         "relays did not stop cleanly on SIGTERM: {:?}; {replay}",
         outcome.unclean_exits
+    );
+    assert!(
+        !settings.purge || f.purges.ran > 0,
+        "the purge never ran: {:?}",
+        f.purges
     );
     // The schedule starts with one fault of each kind: every run has them all (the shared
     // RabbitMQ is never restarted).

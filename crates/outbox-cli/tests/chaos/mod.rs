@@ -24,6 +24,7 @@ pub mod broker;
 pub mod consumer;
 pub mod database;
 pub mod monkey;
+pub mod purger;
 pub mod relays;
 pub mod tally;
 pub mod writer;
@@ -73,6 +74,10 @@ pub struct Settings {
     pub source: Source,
     /// The private database.
     pub database: DatabaseKind,
+    /// Whether `outbox purge` runs throughout, alternately archiving (see [`purger`]). The
+    /// tally then takes the committed events from the writers' ledger (the purged rows are
+    /// gone), and `outbox verify`, which audits the stream against the rows, does not run.
+    pub purge: bool,
 }
 
 /// The relays' source of events.
@@ -144,14 +149,18 @@ impl Settings {
                 Ok("mariadb") => DatabaseKind::MariaDb,
                 Ok(other) => panic!("OUTBOX_CHAOS_DATABASE={other:?}: postgres or mariadb"),
             },
+            purge: false,
         }
     }
 
-    /// These settings on a private MariaDB (polling; MySQL has no CDC).
+    /// These settings on a private MariaDB (polling; MySQL has no CDC), with the purge
+    /// running throughout beside the relays and the writers (some of whose transactions stay
+    /// open for seconds on their aggregates).
     pub fn mariadb(mut self) -> Self {
         self.database = DatabaseKind::MariaDb;
         self.source = Source::Poll;
         self.writer.write_mode = WriteMode::Table;
+        self.purge = true;
         self
     }
 
@@ -259,6 +268,9 @@ pub async fn run(settings: &Settings) -> Outcome {
         },
     );
     let writers = Writers::start(pool.clone(), settings.writer, settings.seed);
+    let purger = settings
+        .purge
+        .then(|| purger::Purger::start(database.url()));
     let faults = monkey::run(
         settings.duration,
         settings.lease_ttl,
@@ -277,7 +289,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     let ledger = writers.stop().await;
     // Rows only for what committed in table mode; otherwise the ledger and the business
     // table say what committed (the rows the relay wrote back give their status).
-    let keeps_rows = settings.writer.write_mode == WriteMode::Table;
+    let keeps_rows = settings.writer.write_mode == WriteMode::Table && !settings.purge;
     let committed = |rows: Vec<Row>, business: &[(String, i64)]| {
         if keeps_rows {
             rows
@@ -299,6 +311,10 @@ pub async fn run(settings: &Settings) -> Outcome {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    let purges = match purger {
+        Some(purger) => purger.stop().await,
+        None => Default::default(),
+    };
     log(&format!(
         "{} rows pending; SIGTERM to every relay",
         pool.pending().await
@@ -312,7 +328,10 @@ pub async fn run(settings: &Settings) -> Outcome {
         log("verify done");
         verify
     } else {
-        (true, "not run: the events leave no rows to audit".into())
+        (
+            true,
+            "not run: the events leave no rows to audit, or the purge took them".into(),
+        )
     };
     let consumer_resumes = broker.recorder.resumes();
     let records = broker.stop().await;
@@ -320,6 +339,7 @@ pub async fn run(settings: &Settings) -> Outcome {
 
     let mut figures = tally::tally(&ledger, &table, &business, &records);
     figures.faults = faults;
+    figures.purges = purges;
     figures.lag_to = match settings.broker {
         BrokerKind::Nats => "broker",
         BrokerKind::RabbitMq => "consumer",

@@ -72,6 +72,8 @@ pub struct Figures {
     pub relay_exits: usize,
     /// Times the independent consumer had to resume (broker restarts).
     pub consumer_resumes: u64,
+    /// The purges run beside the relays (none unless the run purges).
+    pub purges: super::purger::Purges,
 }
 
 /// The committed events of a run whose events leave no row (zero-growth and table-less
@@ -328,6 +330,13 @@ impl fmt::Display for Figures {
             self.relay_exits.to_string(),
         )?;
         line(out, "consumer resumes", self.consumer_resumes.to_string())?;
+        if self.purges.ran + self.purges.failed > 0 {
+            line(
+                out,
+                "purges beside the relays (ok / failed)",
+                format!("{} / {}", self.purges.ran, self.purges.failed),
+            )?;
+        }
         line(
             out,
             "outbox rows not published at the end",
