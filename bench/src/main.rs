@@ -9,6 +9,7 @@ mod dbbound;
 mod drain;
 mod kafka;
 mod mysql;
+mod mysql_beside;
 mod naive;
 mod natsonly;
 mod parked;
@@ -68,6 +69,9 @@ enum Command {
     Sqlite,
     /// (h) MySQL or MariaDB (`--mysql-url`): the same as (g), on two databases of its own.
     Mysql,
+    /// (m) MySQL or MariaDB next to the application: its inserts' latency with the relay
+    /// draining and the purge archiving, against the same inserts alone.
+    MysqlBeside,
     /// (j) The bare claim-and-mark statement (`UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
     /// LOCKED) RETURNING …`), one client, no broker, on the same backlog and table shape.
     Sqlonly,
@@ -290,6 +294,7 @@ async fn run(cli: Cli) -> common::Result<()> {
         | Command::Bigtx
         | Command::Sqlite
         | Command::Mysql
+        | Command::MysqlBeside
         | Command::Natsonly
         | Command::Traces => true,
     };
@@ -335,6 +340,27 @@ async fn run(cli: Cli) -> common::Result<()> {
         );
         println!("{text}");
         let path = bench.out_dir().join("mysql.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
+    }
+    if cli.command == Command::MysqlBeside {
+        let bench = Bench::connect(cli.options, needs_nats, false, false).await?;
+        let phases = mysql_beside::run(&bench).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# MySQL / MariaDB next to the application\n\nMachine: nproc {} ({}), {}, load \
+             average {} at the start; {}.\n\n{}\n`{}`\n",
+            m.nproc,
+            m.cpu_model,
+            mysql::version(&bench).await?,
+            m.load_average,
+            m.brokers,
+            mysql_beside::render(&phases, &bench),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("mysql-beside.md");
         std::fs::write(&path, &text)?;
         eprintln!("results written to {}", path.display());
         return Ok(());

@@ -98,7 +98,11 @@ pub async fn run(bench: &Bench) -> Result<(BacklogResult, Latency)> {
     result
 }
 
-async fn open(server: &MySqlConnectOptions, database: &str, tables: &Tables) -> Result<MySqlPool> {
+pub(crate) async fn open(
+    server: &MySqlConnectOptions,
+    database: &str,
+    tables: &Tables,
+) -> Result<MySqlPool> {
     let pool = MySqlPoolOptions::new()
         .max_connections(4)
         .connect_with(server.clone().database(database))
@@ -111,7 +115,12 @@ async fn open(server: &MySqlConnectOptions, database: &str, tables: &Tables) -> 
 
 /// Writes the backlog: `n` events over `--aggregates` aggregates, ~200-byte JSON payloads,
 /// 1000 per transaction.
-async fn insert(bench: &Bench, pool: &MySqlPool, tables: &Tables, n: u64) -> Result<Duration> {
+pub(crate) async fn insert(
+    bench: &Bench,
+    pool: &MySqlPool,
+    tables: &Tables,
+    n: u64,
+) -> Result<Duration> {
     let outbox = MySqlOutbox::new(tables.clone());
     let aggregates = bench.options.aggregates.max(1);
     let started = Instant::now();
@@ -132,7 +141,7 @@ async fn insert(bench: &Bench, pool: &MySqlPool, tables: &Tables, n: u64) -> Res
     Ok(started.elapsed())
 }
 
-async fn pending(pool: &MySqlPool, tables: &Tables) -> Result<i64> {
+pub(crate) async fn pending(pool: &MySqlPool, tables: &Tables) -> Result<i64> {
     let sql = tables.render_mysql("SELECT count(*) FROM {events} WHERE status = 'pending'");
     Ok(sqlx::query_scalar(&sql).fetch_one(pool).await?)
 }

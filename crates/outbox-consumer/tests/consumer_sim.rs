@@ -201,6 +201,10 @@ struct Counts {
     replays: u64,
     timeout_rounds: u64,
     timeouts_fired: u64,
+    /// Given-up events whose grace the simulation ended (their dead letter not yet stored).
+    graces_ended: u64,
+    /// The last errors of failed deliveries (for a failure's message).
+    errors: Vec<String>,
 }
 
 impl Counts {
@@ -218,6 +222,10 @@ impl Counts {
         self.replays += other.replays;
         self.timeout_rounds += other.timeout_rounds;
         self.timeouts_fired += other.timeouts_fired;
+        self.graces_ended += other.graces_ended;
+        self.errors.extend(other.errors.iter().cloned());
+        let keep = self.errors.len().saturating_sub(6);
+        self.errors.drain(..keep);
     }
 }
 
@@ -387,6 +395,19 @@ impl World {
         }
     }
 
+    /// Makes due at once the given-up events still in their grace (see `BURY_GRACE` in the
+    /// processor), as if it had passed; returns how many.
+    async fn end_graces(&self) -> u64 {
+        sqlx::query(&self.db.tables.render(
+            "UPDATE {schema}.consumer_held SET next_attempt_at = now() \
+             WHERE dead AND next_attempt_at > now()",
+        ))
+        .execute(&self.db.pool)
+        .await
+        .unwrap()
+        .rows_affected()
+    }
+
     /// Kills every connection of the processors' pool.
     async fn kill_connections(&self) {
         let _ = sqlx::query(
@@ -450,10 +471,16 @@ impl World {
             Ok(_) => true,
             Err(e) if e.is_infrastructure() => {
                 counts.infrastructure += 1;
+                counts
+                    .errors
+                    .push(format!("{:?}: {e}", delivery.event.aggregate_id));
                 false
             }
-            Err(_) => {
+            Err(e) => {
                 counts.failures += 1;
+                counts
+                    .errors
+                    .push(format!("{:?}: {e}", delivery.event.aggregate_id));
                 false
             }
         }
@@ -483,7 +510,24 @@ async fn run_seed(seed: u64) -> Counts {
     let mut rounds = 0u32;
     loop {
         rounds += 1;
-        assert!(rounds < 5_000, "seed {seed}: no progress after 5000 rounds");
+        if rounds >= 5_000 {
+            let held: Vec<(String, String, i64, String, bool, String)> =
+                sqlx::query_as(&world.db.tables.render(
+                    "SELECT consumer, coalesce(aggregate_id, ''), coalesce(version, -1), \
+                     coalesce(next_attempt_at::text, 'waiting'), dead, reason \
+                     FROM {schema}.consumer_held ORDER BY id",
+                ))
+                .fetch_all(&world.db.pool)
+                .await
+                .unwrap_or_default();
+            panic!(
+                "seed {seed}: no progress after 5000 rounds: {} queued, {} dead, held {held:?}, \
+                 last errors {:?}",
+                queue.len(),
+                dead.len(),
+                counts.errors
+            );
+        }
         if !calm && rounds > 60 {
             // The faults stop; liveness from here.
             calm = true;
@@ -529,8 +573,14 @@ async fn run_seed(seed: u64) -> Counts {
             }
         }
         if queue.is_empty() {
-            if calm && dead.is_empty() && held_rows(&world.db).await == 0 {
-                break;
+            if calm && dead.is_empty() {
+                if held_rows(&world.db).await == 0 {
+                    break;
+                }
+                // An event given up by a sweep cut short before its dead letter was stored is
+                // left to that runner for a grace of 30 s, then any sweep stores it: the
+                // simulation lets the grace pass.
+                counts.graces_ended += world.end_graces().await;
             }
             calm = true;
             continue;
