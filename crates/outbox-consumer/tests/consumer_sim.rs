@@ -309,9 +309,13 @@ impl World {
         let options = PgConnectOptions::from_str(&database_url())
             .unwrap()
             .application_name(&app);
+        // Crashes drop the processors' futures, `BEGIN` included: a connection released
+        // inside a transaction sqlx does not know of is closed, as a service that drops
+        // futures must do (`outbox::postgres::outside_transaction`, reliability.md bug 34).
         let pool: PgPool = PgPoolOptions::new()
             .max_connections(WORKERS as u32 + 2)
             .acquire_timeout(Duration::from_secs(2))
+            .after_release(|conn, _| Box::pin(outbox::postgres::outside_transaction(conn)))
             .connect_with(options)
             .await
             .unwrap();
