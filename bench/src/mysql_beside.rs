@@ -1,16 +1,15 @@
 //! (m) `mysql-beside`: MySQL or MariaDB next to the application. The application's own
 //! inserts (four writers, one event per transaction, at `--rate`, default 500/s, for
-//! `--steady-seconds`) timed from BEGIN to COMMIT in three phases of one sitting, each on a
-//! database holding the same rows (`--events`: half published two days ago, half pending):
+//! `--steady-seconds`) timed from BEGIN to COMMIT in five phases of one sitting, each on a
+//! database of its own holding the same rows (`--events`: half published two days ago, half
+//! pending): alone; beside the relay binary draining the pending half into JetStream; beside
+//! the operators' purge (`Admin::purge` with archive, in a loop) moving the old rows to the
+//! archive; beside both; alone again (the spread of the baseline). Each phase reports the row
+//! lock waits the server counted, which tell waiting on the outbox's locks from sharing the
+//! machine's two cores.
 //!
-//! 1. alone: nothing else runs;
-//! 2. beside the outbox: the relay binary drains the pending half into JetStream while
-//!    `outbox purge --archive`'s loop (the operators' purge, through `Admin`) moves the old
-//!    published rows to the archive;
-//! 3. alone again, on a third copy (the spread of the baseline).
-//!
-//! The target: phase 2's p99 within 2× of the baseline's, no insert failing. Reported with the
-//! relay's CPU per event drained.
+//! The target: the phase with both's p99 within 2× of the baseline's, no insert failing.
+//! Reported with the relay's CPU per event drained.
 
 use std::{
     sync::{
@@ -43,6 +42,8 @@ pub struct Inserts {
     pub purged: u64,
     /// Rows the relay published meanwhile, and its CPU seconds.
     pub relayed: (i64, f64),
+    /// Row lock waits the server counted during the phase.
+    pub lock_waits: i64,
 }
 
 impl Inserts {
@@ -55,13 +56,32 @@ impl Inserts {
     }
 }
 
-/// Runs the three phases on databases of their own, dropped afterwards.
+/// The phases: name, what runs beside the inserts, whether the relay drains, whether the
+/// purge archives.
+const PHASES: [(&str, &str, bool, bool); 5] = [
+    ("alone", "nothing", false, false),
+    ("relay", "the relay draining", true, false),
+    ("purge", "purge --archive", false, true),
+    ("both", "the relay draining + purge --archive", true, true),
+    ("again", "nothing (again)", false, false),
+];
+
+/// The server's count of row lock waits (`Innodb_row_lock_waits`, server-wide).
+async fn row_lock_waits(pool: &MySqlPool) -> Result<i64> {
+    let (_, value): (String, String) =
+        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_row_lock_waits'")
+            .fetch_one(pool)
+            .await?;
+    Ok(value.parse()?)
+}
+
+/// Runs the phases on databases of their own, dropped afterwards.
 pub async fn run(bench: &Bench) -> Result<Vec<Inserts>> {
     let scope = bench.scope("mysql_beside")?;
     let server: MySqlConnectOptions = bench.options.mysql_url.parse()?;
-    let names: Vec<String> = ["alone", "beside", "again"]
+    let names: Vec<String> = PHASES
         .iter()
-        .map(|p| format!("{}_{p}", scope.stream.to_lowercase()))
+        .map(|p| format!("{}_{}", scope.stream.to_lowercase(), p.0))
         .collect();
     let result = interruptible(async {
         bench.create_stream(&scope).await?;
@@ -72,24 +92,23 @@ pub async fn run(bench: &Bench) -> Result<Vec<Inserts>> {
                 .await?;
         }
         admin.close().await?;
+        let base = bench
+            .options
+            .mysql_url
+            .rsplit_once('/')
+            .map_or(bench.options.mysql_url.as_str(), |(server, _)| server);
         let mut phases = Vec::new();
-        for (i, name) in names.iter().enumerate() {
+        for (&(_, beside, relay, purge), name) in PHASES.iter().zip(&names) {
             let pool = open(&server, name, &scope.tables).await?;
             seed(bench, &pool, &scope.tables).await?;
-            phases.push(if i == 1 {
-                let base = bench
-                    .options
-                    .mysql_url
-                    .rsplit_once('/')
-                    .map_or(bench.options.mysql_url.as_str(), |(server, _)| server);
-                beside(bench, &scope, &pool, &format!("{base}/{name}")).await?
-            } else {
-                bench.log(scope.scenario, format!("inserts alone ({name})"));
-                Inserts {
-                    beside: "nothing",
-                    ..writes(bench, &pool, &scope.tables).await?
-                }
-            });
+            bench.log(scope.scenario, format!("inserts beside {beside}"));
+            let url = format!("{base}/{name}");
+            let waits = row_lock_waits(&pool).await?;
+            let mut phase =
+                busy(bench, &scope, &pool, relay.then_some(url.as_str()), purge).await?;
+            phase.beside = beside;
+            phase.lock_waits = row_lock_waits(&pool).await? - waits;
+            phases.push(phase);
             pool.close().await;
         }
         Ok(phases)
@@ -125,23 +144,27 @@ async fn seed(bench: &Bench, pool: &MySqlPool, tables: &Tables) -> Result<()> {
     Ok(())
 }
 
-/// Phase 2: the relay drains and the purge archives while the application writes.
-async fn beside(
+/// One phase: the application writes while the relay drains (given its URL) and the purge
+/// archives (when `purge`), each or both or neither.
+async fn busy(
     bench: &Bench,
     scope: &crate::common::Scope,
     pool: &MySqlPool,
-    url: &str,
+    relay_url: Option<&str>,
+    purge: bool,
 ) -> Result<Inserts> {
     let tables = &scope.tables;
-    bench.log(scope.scenario, "inserts beside the relay and the purge");
     let before = pending(pool, tables).await?;
-    let mut relay = RelayProcess::start_on(bench, scope, url).await?;
-    let cpu = relay.cpu_seconds();
+    let mut relay = match relay_url {
+        Some(url) => Some(RelayProcess::start_on(bench, scope, url).await?),
+        None => None,
+    };
+    let cpu = relay.as_ref().map_or(0.0, RelayProcess::cpu_seconds);
     let stop = Arc::new(AtomicBool::new(false));
-    let admin = Admin::mysql(pool.clone(), tables);
-    let purger = tokio::spawn({
+    let purger = purge.then(|| {
+        let admin = Admin::mysql(pool.clone(), tables);
         let stop = stop.clone();
-        async move {
+        tokio::spawn(async move {
             let mut archived = 0;
             while !stop.load(Ordering::Relaxed) {
                 archived += admin
@@ -150,18 +173,21 @@ async fn beside(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Ok::<u64, sqlx::Error>(archived)
-        }
+        })
     });
     let mut phase = writes(bench, pool, tables).await?;
     stop.store(true, Ordering::Relaxed);
-    phase.purged = purger.await??;
-    relay.check_alive()?;
-    let cpu = relay.cpu_seconds() - cpu;
-    let left = pending(pool, tables).await?;
-    relay.stop().await?;
-    phase.beside = "relay draining + purge --archive";
-    // Published: the backlog drained and the phase's own inserts, less what is still pending.
-    phase.relayed = (before + phase.latencies_ms.len() as i64 - left, cpu);
+    if let Some(purger) = purger {
+        phase.purged = purger.await??;
+    }
+    if let Some(mut relay) = relay.take() {
+        relay.check_alive()?;
+        let cpu = relay.cpu_seconds() - cpu;
+        let left = pending(pool, tables).await?;
+        relay.stop().await?;
+        // Published: the backlog drained and the phase's own inserts, less what is pending.
+        phase.relayed = (before + phase.latencies_ms.len() as i64 - left, cpu);
+    }
     Ok(phase)
 }
 
@@ -221,8 +247,9 @@ pub fn render(phases: &[Inserts], bench: &Bench) -> String {
     let mut out = format!(
         "The application's inserts (four writers, one event per transaction, {rate:.0}/s for \
          {} s), BEGIN to COMMIT, on a table of {} rows (half published two days ago, half \
-         pending):\n\n| beside | committed | failed | p50 ms | p99 ms | max ms | archived | \
-         relay published | relay CPU µs/event |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         pending):\n\n| beside | committed | failed | p50 ms | p99 ms | max ms | row lock waits | \
+         archived | relay published | relay CPU µs/event |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         bench.options.steady_seconds, bench.options.events
     );
     for p in phases {
@@ -232,25 +259,26 @@ pub fn render(phases: &[Inserts], bench: &Bench) -> String {
             "–".into()
         };
         out += &format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |\n",
             p.beside,
             p.latencies_ms.len(),
             p.failed,
             p.quantile(0.5),
             p.quantile(0.99),
             p.latencies_ms.last().copied().unwrap_or(f64::NAN),
+            p.lock_waits,
             p.purged,
             p.relayed.0,
             per_event
         );
     }
-    if let [alone, busy, again] = phases {
+    if let ([alone, .., again], Some(both)) = (phases, phases.get(3)) {
         let base = alone.quantile(0.99).max(again.quantile(0.99));
         out += &format!(
             "\nBeside the relay and the purge, p99 is **{:.2}×** the worse of the two baselines \
              (p50 {:.2}×); target: at most 2×, no insert failing.\n",
-            busy.quantile(0.99) / base,
-            busy.quantile(0.5) / alone.quantile(0.5).max(again.quantile(0.5)),
+            both.quantile(0.99) / base,
+            both.quantile(0.5) / alone.quantile(0.5).max(again.quantile(0.5)),
         );
     }
     out

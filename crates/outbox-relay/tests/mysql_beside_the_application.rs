@@ -476,15 +476,17 @@ async fn the_clock_holds_past_2038() {
 }
 
 /// One UUID has one spelling: a row whose event id is the same UUID without hyphens is
-/// dead-lettered with the reason, never published as a second event (capitals are one key
-/// with lower case for the event id's unique key already).
+/// dead-lettered with the reason, never published as a second event. Capitals are the same
+/// spelling (the event id's unique key ignores case): such a row is published, its id read as
+/// the UUID it is.
 #[tokio::test]
 async fn an_event_id_in_another_spelling_is_unreadable() {
     let db = MySqlDb::new(1).await;
-    let id = uuid::Uuid::now_v7();
+    let (id, other) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
     for (key, spelling) in [
         ("a", id.hyphenated().to_string()),
         ("b", id.simple().to_string()),
+        ("c", other.hyphenated().to_string().to_uppercase()),
     ] {
         sqlx::query(&db.tables.render_mysql(
             "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type, payload) \
@@ -508,5 +510,138 @@ async fn an_event_id_in_another_spelling_is_unreadable() {
             (r.aggregate_id.as_str(), why.contains("one spelling"))
         })
         .collect();
-    assert_eq!(unreadable, [("a", false), ("b", true)]);
+    assert_eq!(unreadable, [("a", false), ("b", true), ("c", false)]);
+    assert_eq!(claimed.rows[2].event_id, other);
+}
+
+/// On a server that logs statements to its binary log, the relay's READ COMMITTED session
+/// logs rows instead: before, InnoDB refused every write of the relay (error 1665), no lease
+/// was ever taken and nothing was published.
+#[tokio::test]
+async fn the_relay_writes_on_a_server_logging_statements() {
+    let server = outbox_testkit::PrivateMariaDb::start_with(&[
+        "--log-bin=mariadb-bin",
+        "--binlog-format=STATEMENT",
+        "--server-id=1",
+    ])
+    .await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(4)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let tables = outbox::Tables::default();
+    MySqlOutbox::new(tables.clone())
+        .migrate(&pool, Default::default())
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    MySqlOutbox::new(tables.clone())
+        .enqueue(&mut tx, &Event::new("order", "a", "Placed"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let store = MySqlStore::open(pool.clone(), &tables).await.unwrap();
+    let fences = store.acquire("r1", 32, LONG).await.unwrap();
+    assert_eq!(fences.len(), 32);
+    let floors: Vec<(i32, i64)> = fences.iter().map(|f| (f.0, 0)).collect();
+    let claimed = store.claim(&floors, 10, 1 << 20, 1 << 20).await.unwrap();
+    let ids: Vec<i64> = claimed.rows.iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), 1);
+    let marked = store
+        .mark_published("r1", &fences, &ids, Marking::Claimed)
+        .await
+        .unwrap();
+    assert_eq!(marked, ids);
+}
+
+/// A hold written under the old collation whose key is not its head row's (the upsert of
+/// 'a ' met the hold of 'a') is given back to the head row's aggregate by migration 0004.
+/// Before, it held neither: never due, and a skip could not find it.
+#[tokio::test]
+async fn migration_0004_gives_each_hold_its_head_rows_key() {
+    let db = MySqlDb::new(1).await;
+    db.enqueue(&[
+        Event::new("order", "a", "Placed"),
+        Event::new("order", "a ", "Placed"),
+    ])
+    .await;
+    let rows = ids(&db).await;
+    db.exec(&format!(
+        "UPDATE {{events}} SET status = 'dead' WHERE id = {dead};
+         INSERT INTO {{holds}} (aggregate_type, aggregate_id, `partition`, event_id, held_until,
+                               created_at)
+         VALUES ('order', 'a', 0, {dead}, NULL, 0);
+         DELETE FROM {{migrations}} WHERE version = 4",
+        dead = rows[1]
+    ))
+    .await;
+    MySqlOutbox::new(db.tables.clone())
+        .migrate(&db.pool, Default::default())
+        .await
+        .unwrap();
+    let holds: Vec<(Vec<u8>, i64)> = sqlx::query_as(
+        &db.tables
+            .render_mysql("SELECT aggregate_id, event_id FROM {holds} ORDER BY event_id"),
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(holds, vec![(b"a ".to_vec(), rows[1])]);
+}
+
+/// A migration waiting for a transaction still open on the events table (a report, a dump)
+/// gives way every two seconds instead of queueing the application's inserts behind it until
+/// that transaction ends, and completes once it has.
+#[tokio::test]
+async fn a_migration_waiting_on_a_reader_lets_the_application_insert() {
+    let db = MySqlDb::new(1).await;
+    // The events table back at the collation migration 0004 changes.
+    db.exec(
+        "ALTER TABLE {events} \
+         MODIFY aggregate_type VARCHAR(255) COLLATE utf8mb4_bin NOT NULL \
+         CHECK (aggregate_type <> ''), \
+         MODIFY aggregate_id VARCHAR(255) COLLATE utf8mb4_bin NOT NULL \
+         CHECK (aggregate_id <> '');
+         DELETE FROM {migrations} WHERE version = 4",
+    )
+    .await;
+    let mut reader = MySqlConnection::connect(&db.url).await.unwrap();
+    sqlx::query("START TRANSACTION")
+        .execute(&mut reader)
+        .await
+        .unwrap();
+    sqlx::query(&db.tables.render_mysql("SELECT count(*) FROM {events}"))
+        .execute(&mut reader)
+        .await
+        .unwrap();
+    let (pool, tables) = (db.pool.clone(), db.tables.clone());
+    let migrate = tokio::spawn(async move {
+        MySqlOutbox::new(tables)
+            .migrate(&pool, Default::default())
+            .await
+    });
+    someone_waits(&db, "the migration to wait for the reader", || {
+        migrate.is_finished()
+    })
+    .await;
+    let mut app = MySqlConnection::connect(&db.url).await.unwrap();
+    let inserted = tokio::time::timeout(
+        Duration::from_secs(20),
+        insert_in(&mut app, &db, &Event::new("order", "b", "Placed")),
+    )
+    .await
+    .expect("the application's insert queued behind the migration");
+    assert_eq!(inserted, Ok(()));
+    sqlx::query("COMMIT").execute(&mut reader).await.unwrap();
+    migrate.await.unwrap().expect("the migration completes");
+    let collation: String = sqlx::query_scalar(
+        "SELECT collation_name FROM information_schema.columns
+         WHERE table_schema = ? AND table_name = 'outbox_events' AND column_name = 'aggregate_id'",
+    )
+    .bind(&db.database)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_ne!(collation, "utf8mb4_bin");
 }

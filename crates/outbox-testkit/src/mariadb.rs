@@ -21,13 +21,22 @@ const READY: Duration = Duration::from_secs(60);
 /// PostgreSQL. The folder and the processes go away on drop, also when the test panics.
 pub struct PrivateMariaDb {
     process: BrokerProcess,
+    /// Server options added to the defaults.
+    extra: Vec<String>,
 }
 
 impl PrivateMariaDb {
     /// Creates the data directory (root without a password) and starts the server.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// [`PrivateMariaDb::start`] with these server options too (`--binlog-format=STATEMENT`),
+    /// given after the defaults so that they win.
+    pub async fn start_with(options: &[&str]) -> Self {
         let mut server = Self {
             process: BrokerProcess::prepare(free_port()),
+            extra: options.iter().map(|o| (*o).to_owned()).collect(),
         };
         let status = Command::new("mariadb-install-db")
             .args([
@@ -99,6 +108,7 @@ impl PrivateMariaDb {
             "--max-connections=300".into(),
             "--skip-log-bin".into(),
         ]);
+        command.args(&self.extra);
         self.process.start(command).await;
         let port = self.process.port;
         wait_until("the private MariaDB to answer", READY, || async move {

@@ -352,9 +352,10 @@ fn claimed(row: &sqlx::mysql::MySqlRow, row_bytes: i64) -> Result<ClaimedRow, sq
     let unreadable = unreadable.or_else(|| match &parsed_id {
         Err(e) => Some(format!("event_id {:?} is not a UUID: {e}", shown())),
         // The column is text: one UUID could be written twice under two spellings (without
-        // hyphens, in braces) and pass the unique key as two events.
-        Ok(id) if id.hyphenated().to_string() != event_id => Some(format!(
-            "event_id {:?} is not a UUID in its one spelling (lowercase, hyphenated: {id})",
+        // hyphens, in braces) and pass the unique key as two events. Letter case cannot
+        // (the column's collation ignores it), so capitals are read as the same UUID.
+        Ok(id) if !id.hyphenated().to_string().eq_ignore_ascii_case(&event_id) => Some(format!(
+            "event_id {:?} is not a UUID in its one spelling (hyphenated: {id})",
             shown()
         )),
         Ok(_) => None,

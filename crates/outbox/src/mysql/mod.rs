@@ -201,9 +201,7 @@ async fn migrate_locked(
             .render_mysql(template)
             .replace("{partitions}", &partitions.to_string());
         for statement in statements(&sql) {
-            conn.execute(sqlx::raw_sql(statement))
-                .await
-                .map_err(Error::Database)?;
+            run_step(conn, statement).await?;
         }
         sqlx::query(&tables.render_mysql(
             "INSERT INTO {migrations} (version, description, checksum) VALUES (?, ?, ?)",
@@ -246,6 +244,53 @@ async fn migrate_locked(
         }
         _ => Ok(()),
     }
+}
+
+/// How long one migration statement waits for the table's metadata lock before it gives way:
+/// while an `ALTER TABLE` waits for a transaction still open on the table (a report, a dump),
+/// every new statement on that table queues behind it, the application's inserts included.
+const DDL_LOCK_WAIT_SECONDS: u32 = 2;
+
+/// Attempts of one migration statement that meets a lock wait timeout, a second apart.
+const DDL_ATTEMPTS: u32 = 30;
+
+/// Runs one migration statement waiting at most [`DDL_LOCK_WAIT_SECONDS`] for its locks, again
+/// after a pause each time it times out (every statement can run again): the application's
+/// writes queue behind it for that long at most, then go on while it waits its turn.
+async fn run_step(conn: &mut MySqlConnection, statement: &str) -> Result<(), Error> {
+    conn.execute(sqlx::raw_sql(&format!(
+        "SET SESSION lock_wait_timeout = {DDL_LOCK_WAIT_SECONDS}"
+    )))
+    .await
+    .map_err(Error::Database)?;
+    let mut attempt = 1;
+    loop {
+        match conn.execute(sqlx::raw_sql(statement)).await {
+            Ok(_) => return Ok(()),
+            Err(e) if mysql_number(&e) == Some(1205) && attempt < DDL_ATTEMPTS => {
+                attempt += 1;
+                // The pause on the server: the library depends on no async runtime.
+                conn.execute(sqlx::raw_sql("DO SLEEP(1)"))
+                    .await
+                    .map_err(Error::Database)?;
+            }
+            Err(e) if mysql_number(&e) == Some(1205) => {
+                return Err(Error::Schema(SchemaError::Locked(format!(
+                    "a migration statement waited {DDL_ATTEMPTS} times for a transaction \
+                     still open on the outbox's tables ({e}); run migrate again once it ends"
+                ))))
+            }
+            Err(e) => return Err(Error::Database(e)),
+        }
+    }
+}
+
+/// The server's error number, when `error` comes from MySQL.
+fn mysql_number(error: &sqlx::Error) -> Option<u16> {
+    error
+        .as_database_error()?
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|e| e.number())
 }
 
 fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {

@@ -10,8 +10,9 @@ use sqlx::{mysql::MySqlPoolOptions, Connection, Executor, MySqlConnection, MySql
 /// How long a connection's statements may wait for a lock, and run, on the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Session {
-    /// `innodb_lock_wait_timeout`, in whole seconds (at least 1): a statement blocked behind
-    /// another session's row lock fails after it, rather than after the server's 50 s.
+    /// `innodb_lock_wait_timeout`, in whole seconds rounded down (at least 1): a statement
+    /// blocked behind another session's row lock fails after it, rather than after the
+    /// server's 50 s.
     pub lock_wait: Duration,
     /// `max_statement_time` on MariaDB, `max_execution_time` on MySQL (which bounds `SELECT`s
     /// only): a statement running away fails after it.
@@ -45,7 +46,8 @@ impl Session {
     ///   (a claim of 1,024 rows) is kept as an index lookup, not turned into a join over a
     ///   derived table.
     pub fn statements(&self, version: &str) -> Vec<String> {
-        let lock_wait = self.lock_wait.as_secs_f64().ceil().max(1.0) as u64;
+        // Whole seconds, rounded down (the wait stays under the lease), at least 1.
+        let lock_wait = self.lock_wait.as_secs().max(1);
         let mut set = vec![
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
             "SET SESSION autocommit = 1".to_owned(),
@@ -67,13 +69,34 @@ impl Session {
         set
     }
 
-    /// Sets this session on `conn`.
+    /// Sets this session on `conn`. On a server that logs statements to its binary log
+    /// (`binlog_format = STATEMENT`), InnoDB refuses every write under READ COMMITTED (error
+    /// 1665): the session logs rows instead, which needs the `BINLOG ADMIN` privilege
+    /// (MariaDB) or `SYSTEM_VARIABLES_ADMIN` (MySQL); without it, the error says so.
     pub async fn set(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-        let version: String = sqlx::query_scalar("SELECT VERSION()")
-            .fetch_one(&mut *conn)
-            .await?;
+        let (version, log_bin, format): (String, i64, String) = sqlx::query_as(
+            "SELECT VERSION(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
         for statement in self.statements(&version) {
             conn.execute(sqlx::raw_sql(&statement)).await?;
+        }
+        if log_bin != 0 && format.eq_ignore_ascii_case("STATEMENT") {
+            conn.execute(sqlx::raw_sql("SET SESSION binlog_format = 'ROW'"))
+                .await
+                .map_err(|e| {
+                    sqlx::Error::Configuration(
+                        format!(
+                            "the server logs statements (binlog_format = STATEMENT), which \
+                             InnoDB refuses under READ COMMITTED, and this user may not set \
+                             its session to ROW ({e}): set binlog_format to ROW or MIXED on \
+                             the server, or grant the outbox's user BINLOG ADMIN (MariaDB) or \
+                             SYSTEM_VARIABLES_ADMIN (MySQL)"
+                        )
+                        .into(),
+                    )
+                })?;
         }
         Ok(())
     }
@@ -113,7 +136,7 @@ mod tests {
             statement: Duration::from_secs(30),
         };
         let maria = session.statements("10.11.6-MariaDB-0+deb12u1");
-        assert!(maria.contains(&"SET SESSION innodb_lock_wait_timeout = 3".to_owned()));
+        assert!(maria.contains(&"SET SESSION innodb_lock_wait_timeout = 2".to_owned()));
         assert!(maria.contains(&"SET SESSION max_statement_time = 30.000".to_owned()));
         assert!(!maria.iter().any(|s| s.contains("max_execution_time")));
         let mysql = session.statements("8.0.36");
