@@ -10,7 +10,10 @@
 //!   - `claim`: events are pending and this relay's claims have not succeeded for that long
 //!     (failing, or blocked behind a lock, until `statement_timeout` / `lock_timeout`);
 //!   - `stalled`: this relay found work within that time yet published (or dead-lettered)
-//!     nothing for that long: broker down, every attempt failing.
+//!     nothing for that long: broker down, every attempt failing;
+//!   - `lease`: events are pending and the lease heartbeat has failed for that long: the
+//!     relay can neither keep nor take a partition (its reads may still succeed: a server that
+//!     refuses its writes).
 //!
 //!   An idle relay, or a standby that owns no partition, is ready.
 
@@ -46,6 +49,8 @@ struct Marks {
     pending: i64,
     /// Why the broker cannot be reached, while it cannot (`None`: reachable, or not probed).
     broker_unreachable: Option<String>,
+    /// Since when the lease heartbeat has failed (`None`: its last round succeeded).
+    lease_failing: Option<Instant>,
 }
 
 /// Why a relay is not ready.
@@ -72,6 +77,7 @@ impl Health {
                 claim_waiting: None,
                 pending: 0,
                 broker_unreachable: None,
+                lease_failing: None,
             }),
         }
     }
@@ -122,6 +128,16 @@ impl Health {
         self.marks().broker_unreachable = cause;
     }
 
+    /// A round of the lease heartbeat (renew, acquire) succeeded or failed.
+    pub fn lease_round(&self, ok: bool) {
+        let mut m = self.marks();
+        if ok {
+            m.lease_failing = None;
+        } else {
+            m.lease_failing.get_or_insert_with(Instant::now);
+        }
+    }
+
     /// How long the relay loop has gone without turning.
     pub fn loop_silence(&self) -> Duration {
         self.marks().loop_turned.elapsed()
@@ -164,6 +180,17 @@ impl Health {
                 "claim",
                 format!(
                     "{} events pending and no claim has succeeded for {}s",
+                    m.pending,
+                    since.elapsed().as_secs()
+                ),
+            );
+        }
+        if let Some(since) = m.lease_failing.filter(|s| s.elapsed() > t && m.pending > 0) {
+            return not_ready(
+                "lease",
+                format!(
+                    "{} events pending and the lease heartbeat has failed for {}s (no \
+                     partition can be kept or taken)",
                     m.pending,
                     since.elapsed().as_secs()
                 ),
@@ -357,6 +384,29 @@ mod tests {
         health.claim_started();
         assert!(health.readiness().is_err());
         health.claim_done();
+        assert!(health.readiness().is_ok());
+    }
+
+    #[test]
+    fn a_lease_heartbeat_failing_with_events_pending_is_not_ready() {
+        let health = Health::new(Duration::from_secs(60));
+        health.lease_round(false);
+        health.marks().lease_failing = Some(Instant::now() - Duration::from_secs(61));
+        // Reads still succeed (a server refusing the relay's writes): before, a relay owning no
+        // partition was ready as a standby however long its lease writes failed.
+        health.database_ok();
+        assert!(health.readiness().is_ok(), "nothing pending: a standby");
+        health.pending(2);
+        let not_ready = health.readiness().unwrap_err();
+        assert_eq!(not_ready.reason, "lease");
+        assert!(
+            not_ready.message.starts_with("2 events pending"),
+            "{not_ready:?}"
+        );
+        // A later failure does not reset the time; a round that succeeds does.
+        health.lease_round(false);
+        assert!(health.readiness().is_err());
+        health.lease_round(true);
         assert!(health.readiness().is_ok());
     }
 

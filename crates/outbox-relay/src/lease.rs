@@ -233,6 +233,7 @@ pub async fn run(
             )
             .await
         };
+        health.lease_round(result.is_ok());
         if let Err(error) = result {
             metrics.database_errors.inc();
             tracing::warn!(%error, "lease heartbeat failed; leases lapse locally when due");

@@ -61,7 +61,7 @@ pub struct FailureLabels {
 }
 
 /// Every `reason` of `outbox_unready` (why `/readyz` fails; see [`crate::http`]).
-pub const UNREADY_REASONS: [&str; 5] = ["database", "broker", "loop", "claim", "stalled"];
+pub const UNREADY_REASONS: [&str; 6] = ["database", "broker", "loop", "claim", "stalled", "lease"];
 
 /// `reason` label of `outbox_unready`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
