@@ -139,7 +139,7 @@ impl MySqlStore {
         let partitions: i32 = sqlx::query_scalar(&meta)
             .fetch_optional(&pool)
             .await
-            .map_err(|e| match mysql_code(&e) {
+            .map_err(|e| match outbox::mysql::error_number(&e) {
                 Some(1146) => Error::Outbox(outbox::Error::Schema(outbox::SchemaError::Missing)),
                 _ => Error::Database(e),
             })?
@@ -327,14 +327,6 @@ where
         index: format!("{column:?}"),
         source: Box::new(e),
     })
-}
-
-/// The server's error number, when `error` comes from MySQL.
-fn mysql_code(error: &sqlx::Error) -> Option<u16> {
-    error
-        .as_database_error()?
-        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-        .map(|e| e.number())
 }
 
 fn millis(d: Duration) -> i64 {

@@ -267,14 +267,14 @@ async fn run_step(conn: &mut MySqlConnection, statement: &str) -> Result<(), Err
     loop {
         match conn.execute(sqlx::raw_sql(statement)).await {
             Ok(_) => return Ok(()),
-            Err(e) if mysql_number(&e) == Some(1205) && attempt < DDL_ATTEMPTS => {
+            Err(e) if error_number(&e) == Some(1205) && attempt < DDL_ATTEMPTS => {
                 attempt += 1;
                 // The pause on the server: the library depends on no async runtime.
                 conn.execute(sqlx::raw_sql("DO SLEEP(1)"))
                     .await
                     .map_err(Error::Database)?;
             }
-            Err(e) if mysql_number(&e) == Some(1205) => {
+            Err(e) if error_number(&e) == Some(1205) => {
                 return Err(Error::Schema(SchemaError::Locked(format!(
                     "a migration statement waited {DDL_ATTEMPTS} times for a transaction \
                      still open on the outbox's tables ({e}); run migrate again once it ends"
@@ -285,8 +285,9 @@ async fn run_step(conn: &mut MySqlConnection, statement: &str) -> Result<(), Err
     }
 }
 
-/// The server's error number, when `error` comes from MySQL.
-fn mysql_number(error: &sqlx::Error) -> Option<u16> {
+/// The server's error number (1205: lock wait timeout, 1062: duplicate key, …), when `error`
+/// comes from MySQL or MariaDB.
+pub fn error_number(error: &sqlx::Error) -> Option<u16> {
     error
         .as_database_error()?
         .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
@@ -294,15 +295,10 @@ fn mysql_number(error: &sqlx::Error) -> Option<u16> {
 }
 
 fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {
-    let (code, message) = error
+    let code = error_number(&error);
+    let message = error
         .as_database_error()
-        .map(|d| {
-            (
-                d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .map(|m| m.number()),
-                d.message().to_owned(),
-            )
-        })
+        .map(|d| d.message().to_owned())
         .unwrap_or_default();
     match code {
         // ER_DUP_ENTRY on the (aggregate, version) key.
