@@ -31,8 +31,19 @@ pub struct FileConfig {
     /// connection string (Service Bus), `amqp1://…` / `amqps1://…` (any AMQP 1.0 broker),
     /// `kafka://…`.
     pub broker_url: Option<String>,
-    /// Address of `/metrics`, `/healthz` and `/readyz` (default `127.0.0.1:9187`).
+    /// Address of the dashboard, its API, and (unless `metrics_listen` is set) `/metrics`,
+    /// `/healthz` and `/readyz` (default `127.0.0.1:9187`). Beyond loopback, the API's reads
+    /// need `read_token` or `admin_token`, and are refused when neither is set.
     pub listen: SocketAddr,
+    /// A listener of their own for `/metrics`, `/healthz` and `/readyz` (default: none, they
+    /// are served on `listen`), so that probes and scrapers reach them while the dashboard
+    /// stays on loopback. When set, `listen` serves only the dashboard and its API.
+    pub metrics_listen: Option<SocketAddr>,
+    /// `Host` names the dashboard and its API answer besides `localhost`, `127.0.0.1`,
+    /// `[::1]` and the listen address (default none): `name` on any port, `name:port` on
+    /// that one. Other hosts get 421 (DNS rebinding). `/metrics`, `/healthz`, `/readyz`
+    /// answer any host.
+    pub allowed_hosts: Vec<String>,
     /// `text` (default) or `json`.
     pub log_format: LogFormatSetting,
     /// Threads of `outbox relay`'s async runtime (default 1; at least 1). One thread serves
@@ -40,8 +51,13 @@ pub struct FileConfig {
     /// more let a relay use more than one core.
     pub worker_threads: NonZeroUsize,
     /// Bearer token for the dashboard's mutating actions (replay, skip); without one the
-    /// dashboard is read-only. Prefer `OUTBOX_ADMIN_TOKEN` to a file. Never logged.
+    /// dashboard is read-only. Prefer `OUTBOX_ADMIN_TOKEN` to a file. Never logged. Also
+    /// accepted for reads.
     pub admin_token: Option<String>,
+    /// Bearer token for the dashboard's reads (`/api/status`, `/api/dead-letters`). When set,
+    /// reads need it (or the admin token) even on loopback; unset, reads are open on loopback
+    /// and need the admin token beyond it. Prefer `OUTBOX_READ_TOKEN`. Never logged.
+    pub read_token: Option<String>,
     /// Relay settings.
     pub relay: RelayConfig,
     /// NATS JetStream settings.
@@ -104,9 +120,12 @@ impl Default for FileConfig {
             database_url: None,
             broker_url: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 9187)),
+            metrics_listen: None,
+            allowed_hosts: Vec::new(),
             log_format: LogFormatSetting::Text,
             worker_threads: NonZeroUsize::MIN,
             admin_token: None,
+            read_token: None,
             relay: RelayConfig::default(),
             nats: NatsConfig::default(),
             rabbitmq: RabbitMqConfig::default(),
@@ -125,9 +144,12 @@ const KEYS: &[&str] = &[
     "database_url",
     "broker_url",
     "listen",
+    "metrics_listen",
+    "allowed_hosts",
     "log_format",
     "worker_threads",
     "admin_token",
+    "read_token",
     "relay",
     "nats",
     "rabbitmq",

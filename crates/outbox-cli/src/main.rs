@@ -3,6 +3,7 @@
 
 mod commands;
 mod config;
+mod escape;
 mod logging;
 #[cfg(feature = "otel")]
 mod traces;
@@ -64,6 +65,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // One TLS provider for the process: the build links rustls with both ring and aws-lc-rs
+    // (through other clients), and sqlx's certificate verification (`sslmode=verify-ca`,
+    // `verify-full`, MySQL's `VERIFY_*`) takes the process default, which rustls cannot pick
+    // alone between two.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let result = match cli.command {
         // The relay sizes its runtime from its config (`worker_threads`).
@@ -76,7 +82,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {}", render_chain(error.as_ref()));
+            // The last line of defence for what an error quotes: URLs without their
+            // secrets, writers' data without control characters.
+            let text = outbox_relay::redact::urls_in(&render_chain(error.as_ref()));
+            eprintln!("error: {}", escape::control(&text));
             ExitCode::from(2)
         }
     }

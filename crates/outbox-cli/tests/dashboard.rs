@@ -138,6 +138,69 @@ async fn the_api_reads_without_a_token_and_refuses_unauthorised_actions() {
     let _ = std::fs::remove_file(config);
 }
 
+/// Polls `addr` until `path` answers 200; panics with the relay's log at the deadline.
+async fn wait_for_200(relay: &RelayProcess, addr: &str, path: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while http_get(addr, path).await.is_none_or(|(s, _)| s != 200) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{addr}{path} did not answer 200; relay log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_metrics_listener_of_its_own_serves_probes_and_scrapes_and_not_the_api() {
+    let db = TestDb::new(2).await;
+    let config = fast_config(&unique("p"), "");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let probes = format!("127.0.0.1:{}", free_port());
+    let dead_broker = format!("nats://127.0.0.1:{}", free_port());
+    let relay = RelayProcess::start_with_env(
+        &db,
+        &dead_broker,
+        &config,
+        &addr,
+        &[("OUTBOX_METRICS_LISTEN", probes.as_str())],
+    );
+    wait_for_200(&relay, &probes, "/metrics").await;
+    wait_for_200(&relay, &addr, "/api/status").await;
+    let (_, text) = http_get(&probes, "/metrics").await.unwrap();
+    assert!(text.contains("outbox_"), "{text}");
+    assert_eq!(http_get(&probes, "/healthz").await.unwrap().0, 200);
+    let (status, reason) = http_get(&probes, "/readyz").await.unwrap();
+    assert!(status == 200 || status == 503, "{status} {reason}");
+    for path in ["/", "/api/status", "/api/dead-letters"] {
+        assert_eq!(http_get(&probes, path).await.unwrap().0, 404, "{path}");
+    }
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(http_get(&addr, path).await.unwrap().0, 404, "{path}");
+    }
+    drop(relay);
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn a_relay_listening_beyond_loopback_without_a_token_refuses_reads() {
+    let db = TestDb::new(2).await;
+    let config = fast_config(&unique("p"), "");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let dead_broker = format!("nats://127.0.0.1:{}", free_port());
+    let relay = RelayProcess::start(&db, &dead_broker, &config, &format!("0.0.0.0:{port}"));
+    wait_for_200(&relay, &addr, "/metrics").await;
+    for path in ["/api/status", "/api/dead-letters"] {
+        let (status, body) = http_get(&addr, path).await.unwrap();
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(body.contains("read_token"), "{body}");
+    }
+    assert_eq!(http_get(&addr, "/healthz").await.unwrap().0, 200);
+    drop(relay);
+    let _ = std::fs::remove_file(config);
+}
+
 #[tokio::test]
 async fn in_chromium_the_page_shows_the_backlog_and_replays_a_dead_letter() {
     let (db, relay, addr, config) = fixture().await;
@@ -197,6 +260,16 @@ async fn in_chromium_the_page_shows_the_backlog_and_replays_a_dead_letter() {
             .unwrap(),
         "2"
     );
+    // The stylesheet loads under the Content-Security-Policy (the script does: the numbers
+    // above are its work).
+    let header_color = client
+        .execute(
+            "return getComputedStyle(document.querySelector('header')).backgroundColor",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(header_color, serde_json::json!("rgb(29, 36, 51)"));
     // A second refresh draws the chart and the rate: then the screenshot shows them.
     wait_until("a second refresh", WAIT, || async {
         client

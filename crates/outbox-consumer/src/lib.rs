@@ -48,6 +48,8 @@ mod store;
 mod trace;
 mod upcast;
 pub mod versions;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 pub use config::ConsumerConfig;
 pub use envelope::{DecodeError, Envelope};
@@ -58,3 +60,5 @@ pub use message::Message;
 pub use metrics::{ConsumerMetrics, Count};
 pub use processor::{DeadLetters, Outcome, Processor};
 pub use upcast::{UpcastError, Upcaster, Upcasters};
+#[cfg(feature = "webhook")]
+pub use webhook::WebhookVerifier;

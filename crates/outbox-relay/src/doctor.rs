@@ -103,9 +103,9 @@ impl Check {
 /// `host:port` of a URL (`scheme://[user[:password]@]host[:port][/…]`), never its credentials;
 /// `default_port` when it names none. `None` when there is no host.
 pub fn server_address(url: &str, default_port: u16) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // After the credentials, wherever a password with `/`, `@`, `:` or `#` makes them end.
+    let server = crate::redact::after_userinfo(url)?;
+    let host_port = server.split(['/', '?', '#']).next().unwrap_or("");
     // The first of several `host:port,host:port` (Kafka's bootstrap list).
     let host_port = host_port.split(',').next().unwrap_or("");
     if host_port.is_empty() {
@@ -153,6 +153,7 @@ mod tests {
     fn addresses_never_carry_credentials() {
         for (url, expected) in [
             ("postgres://u:p@db:5999/x", Some("db:5999")),
+            ("postgres://u:p/SEC@x:y@db:5999/x", Some("db:5999")),
             ("postgres://db/x", Some("db:5432")),
             ("amqp://guest:s3cr@t@rabbit:5673/%2f", Some("rabbit:5673")),
             ("kafka://a:9092,b:9093", Some("a:9092")),

@@ -42,6 +42,7 @@ mod maintenance;
 pub mod otel;
 pub mod publisher;
 pub mod publishers;
+pub mod redact;
 mod relay;
 pub mod retry;
 pub mod source;

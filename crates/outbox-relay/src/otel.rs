@@ -304,6 +304,8 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
                     unexported.inc_by(spans as u64);
                     let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
                     if n.is_power_of_two() {
+                        // The HTTP client's error quotes the endpoint, password and all.
+                        let error = crate::redact::urls_in(&error.to_string());
                         tracing::warn!(%error, spans, failures = n,
                             "OpenTelemetry: the collector did not take a batch of spans \
                              (outbox_trace_spans_unexported_total); publishing goes on");

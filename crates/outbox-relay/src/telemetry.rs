@@ -44,6 +44,30 @@ use prometheus_client::{
 /// Distinct destination label values kept before further ones are reported as `other`.
 pub const MAX_DESTINATION_LABELS: usize = 200;
 
+/// Characters of a writer's text kept in a label value; longer values end in `…`.
+pub const MAX_LABEL_CHARS: usize = 120;
+
+/// `text`, written by any writer, as a label value the text exposition can carry: shortened to
+/// [`MAX_LABEL_CHARS`] characters, with `\`, `"` and line feeds escaped as the exposition format
+/// requires (the Prometheus client writes label values as given), so that no destination can
+/// close its label, forge another (`inj",relay_id="x`) or break the exposition for every scrape.
+pub fn label_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_LABEL_CHARS) + 8);
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX_LABEL_CHARS {
+            out.push('…');
+            break;
+        }
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// `destination` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DestinationLabel {
@@ -325,15 +349,18 @@ impl Metrics {
         }
     }
 
-    /// The label value for `destination`, capping cardinality.
+    /// The label value for `destination`: escaped for the text exposition and shortened
+    /// ([`label_value`]), capping cardinality at [`MAX_DESTINATION_LABELS`] distinct values
+    /// (further ones are `other`).
     pub fn destination_label(&self, destination: &str) -> String {
+        let label = label_value(destination);
         let mut seen = self.seen_destinations.lock().expect("not poisoned");
-        if seen.contains(destination) {
-            return destination.to_owned();
+        if seen.contains(&label) {
+            return label;
         }
         if seen.len() < MAX_DESTINATION_LABELS {
-            seen.insert(destination.to_owned());
-            return destination.to_owned();
+            seen.insert(label.clone());
+            return label;
         }
         "other".to_owned()
     }
@@ -391,5 +418,82 @@ mod tests {
         }
         assert_eq!(m.destination_label("one-too-many"), "other");
         assert_eq!(m.destination_label("d0"), "d0");
+    }
+
+    /// Parses every sample line of an exposition the way a scraper does: name, then a label
+    /// set of `name="value"` pairs with `\\`, `\"` and `\n` escapes, then the value.
+    fn parse_labels(line: &str) -> Vec<(String, String)> {
+        let open = line.find('{').expect("a label set");
+        let mut rest = line[open + 1..].chars().peekable();
+        let mut labels = Vec::new();
+        loop {
+            let name: String = rest.by_ref().take_while(|c| *c != '=').collect();
+            assert_eq!(rest.next(), Some('"'), "a quoted value in {line}");
+            let mut value = String::new();
+            loop {
+                match rest.next().expect("a closed value") {
+                    '\\' => match rest.next().expect("an escape") {
+                        'n' => value.push('\n'),
+                        c @ ('\\' | '"') => value.push(c),
+                        c => panic!("invalid escape \\{c} in {line}"),
+                    },
+                    '"' => break,
+                    '\n' => panic!("a raw line feed in {line}"),
+                    c => value.push(c),
+                }
+            }
+            labels.push((name, value));
+            match rest.next() {
+                Some(',') => continue,
+                Some('}') => return labels,
+                other => panic!("{other:?} after a label value in {line}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_destination_cannot_forge_a_label_or_break_the_exposition() {
+        let m = Metrics::new();
+        let hostile = [
+            "inj\",relay_id=\"forged",
+            "\"",
+            "back\\slash",
+            "line\nfeed outbox_ready 0",
+            "end\\",
+        ];
+        for destination in hostile {
+            m.published
+                .get_or_create(&DestinationLabel {
+                    destination: m.destination_label(destination),
+                })
+                .inc();
+        }
+        let text = m.encode();
+        let mut read = Vec::new();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("outbox_published_total{"))
+        {
+            let labels = parse_labels(line);
+            assert_eq!(labels.len(), 1, "one label only in {line}");
+            assert_eq!(labels[0].0, "destination");
+            read.push(labels[0].1.clone());
+        }
+        read.sort();
+        let mut expected: Vec<String> = hostile.iter().map(|d| d.to_string()).collect();
+        expected.sort();
+        assert_eq!(
+            read, expected,
+            "each destination reads back whole from\n{text}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("feed")), "{text}");
+    }
+
+    #[test]
+    fn a_huge_destination_is_shortened_in_its_label() {
+        let m = Metrics::new();
+        let label = m.destination_label(&"x".repeat(50_000_000));
+        assert_eq!(label.chars().count(), MAX_LABEL_CHARS + 1);
+        assert!(label.ends_with('…'));
     }
 }

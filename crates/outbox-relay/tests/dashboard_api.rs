@@ -17,14 +17,18 @@ const TOKEN: &str = "t0ken-for-tests";
 
 /// Serves the dashboard of `db` with `token` on a free loopback port; returns its address.
 async fn serve(db: &TestDb, token: Option<&str>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listen = listener.local_addr().unwrap();
+    let addr = listen.to_string();
     let router = dashboard::router(Dashboard {
         admin: Admin::new(db.pool.clone(), &db.tables),
         store: Arc::new(PgStore::open(db.pool.clone(), &db.tables).await.unwrap()),
         metrics: Arc::new(Metrics::new()),
         token: token.map(str::to_owned),
+        read_token: None,
+        listen,
+        allowed_hosts: Vec::new(),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move { axum::serve(listener, router).await });
     addr
 }

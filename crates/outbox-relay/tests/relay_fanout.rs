@@ -235,6 +235,7 @@ async fn a_copy_no_stream_takes_is_dropped_and_every_event_still_flows_in_order(
                 stream: reader.stream.clone(),
                 create_stream: false,
                 ack_timeout: Duration::from_secs(2),
+                ..Default::default()
             },
         )
         .await

@@ -10,10 +10,13 @@ use std::{
 
 use axum::{body::Bytes, extract::State, http::HeaderMap, http::StatusCode, routing::post, Router};
 use outbox::Event;
-use outbox_relay::publishers::webhook::{sign, WebhookConfig, WebhookPublisher, SIGNATURE_HEADER};
+use outbox_relay::publishers::webhook::{sign, WebhookConfig, WebhookPublisher};
 use outbox_testkit::{unique, wait_until, TestDb};
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// A signing secret given as a raw string (its UTF-8 bytes are the key).
+const SECRET: &str = "a raw signing secret of 33 bytes!";
 
 /// One request as received: path, headers, body.
 type Request = (String, HashMap<String, String>, Vec<u8>);
@@ -73,7 +76,7 @@ async fn posts_signed_events_retries_transient_statuses_and_dead_letters_permane
     let publisher = Arc::new(
         WebhookPublisher::new(WebhookConfig {
             url,
-            secret: Some("s3cret".into()),
+            secrets: vec![SECRET.into()],
             ..Default::default()
         })
         .unwrap(),
@@ -113,7 +116,13 @@ async fn posts_signed_events_retries_transient_statuses_and_dead_letters_permane
     assert_eq!(ok.1["event-type"], "Placed");
     assert_eq!(ok.1["content-type"], "application/json");
     assert_eq!(ok.1["idempotency-key"], ok.1["event-id"]);
-    assert_eq!(ok.1[SIGNATURE_HEADER], sign("s3cret", &ok.2));
+    assert_eq!(ok.1["webhook-id"], ok.1["event-id"]);
+    let timestamp: i64 = ok.1["webhook-timestamp"].parse().unwrap();
+    assert_eq!(
+        ok.1["webhook-signature"],
+        sign(&[SECRET.into()], &ok.1["event-id"], timestamp, &ok.2).unwrap()
+    );
+    assert!(!ok.1.contains_key("x-outbox-signature"), "retired");
     assert_eq!(of("flaky").len(), 3, "two 503s, then the 204");
     assert_eq!(
         of("gone").len(),

@@ -23,7 +23,7 @@ pub use mariadb::PrivateMariaDb;
 pub use mqtt::MqttReader;
 pub use mysql::{mysql_url, MySqlDb};
 pub use nats::{NatsReader, NATS_URL};
-pub use postgres::PrivatePostgres;
+pub use postgres::{PrivatePostgres, ServerTls};
 pub use process::{free_port, BrokerProcess, NatsServer};
 pub use rabbitmq::{RabbitReader, RABBITMQ_URL};
 pub use redis_streams::{stream_deliveries, REDIS_URL};

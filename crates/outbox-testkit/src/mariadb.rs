@@ -8,7 +8,7 @@ use std::{
 
 use sqlx::{ConnectOptions, Connection};
 
-use crate::{free_port, wait_until, BrokerProcess};
+use crate::{free_port, wait_until, BrokerProcess, ServerTls};
 
 /// How long a (re)started server may take to accept queries (crash recovery included).
 const READY: Duration = Duration::from_secs(60);
@@ -34,10 +34,31 @@ impl PrivateMariaDb {
     /// [`PrivateMariaDb::start`] with these server options too (`--binlog-format=STATEMENT`),
     /// given after the defaults so that they win.
     pub async fn start_with(options: &[&str]) -> Self {
+        Self::create(options, None).await
+    }
+
+    /// Like [`PrivateMariaDb::start_with`], serving TLS with `tls` and refusing every
+    /// connection without it (`--require-secure-transport=ON`).
+    pub async fn start_tls_only(options: &[&str], tls: &ServerTls) -> Self {
+        Self::create(options, Some(tls)).await
+    }
+
+    async fn create(options: &[&str], tls: Option<&ServerTls>) -> Self {
         let mut server = Self {
             process: BrokerProcess::prepare(free_port()),
             extra: options.iter().map(|o| (*o).to_owned()).collect(),
         };
+        if let Some(tls) = tls {
+            let dir = &server.process.dir;
+            let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+            std::fs::write(&cert, &tls.cert_pem).expect("write server.crt");
+            std::fs::write(&key, &tls.key_pem).expect("write server.key");
+            server.extra.extend([
+                format!("--ssl-cert={}", cert.display()),
+                format!("--ssl-key={}", key.display()),
+                "--require-secure-transport=ON".to_owned(),
+            ]);
+        }
         let status = Command::new("mariadb-install-db")
             .args([
                 "--no-defaults",

@@ -14,6 +14,16 @@ use crate::{free_port, wait_until, BrokerProcess};
 /// How long a (re)started server may take to accept queries (crash recovery included).
 const READY: Duration = Duration::from_secs(60);
 
+/// A server certificate (PEM, its chain) and its private key (PEM), for a private server that
+/// speaks TLS.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    /// The certificate chain, leaf first.
+    pub cert_pem: String,
+    /// The certificate's private key (PKCS#8).
+    pub key_pem: String,
+}
+
 /// A PostgreSQL cluster created with `initdb` in a temporary folder, run as a foreground
 /// `postgres` process in a process group of its own (through the testkit's [`BrokerProcess`]),
 /// and stopped by killing that group (SIGKILL): a crash, followed by crash recovery on the next
@@ -38,6 +48,17 @@ impl PrivatePostgres {
 
     /// Like [`PrivatePostgres::start`], with extra server settings (`"wal_level=logical"`).
     pub async fn start_with(settings: &[&str]) -> Self {
+        Self::create(settings, None).await
+    }
+
+    /// Like [`PrivatePostgres::start_with`], serving TLS with `tls` and refusing every TCP
+    /// connection without TLS (`hostssl` lines only in `pg_hba.conf`, `hostnossl … reject`),
+    /// replication connections included. The Unix socket stays open without TLS.
+    pub async fn start_tls_only(settings: &[&str], tls: &ServerTls) -> Self {
+        Self::create(settings, Some(tls)).await
+    }
+
+    async fn create(settings: &[&str], tls: Option<&ServerTls>) -> Self {
         let bin = postgres_bin();
         let user = if current_uid() == 0 {
             Some((id_of("-u"), id_of("-g")))
@@ -69,8 +90,42 @@ impl PrivatePostgres {
             .status()
             .expect("run initdb");
         assert!(status.success(), "initdb failed: {status}");
+        if let Some(tls) = tls {
+            server.require_tls(tls);
+        }
         server.start_server().await;
         server
+    }
+
+    /// Writes the certificate, its key and a TLS-only `pg_hba.conf` into the data directory,
+    /// and turns `ssl` on.
+    fn require_tls(&mut self, tls: &ServerTls) {
+        let data = self.data_dir();
+        let write = |name: &str, text: &str| {
+            let path = data.join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {name}: {e}"));
+            // PostgreSQL refuses a key readable by others, and reads it as its own user.
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+            if let Some((uid, gid)) = self.user {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
+            }
+        };
+        write("server.crt", &tls.cert_pem);
+        write("server.key", &tls.key_pem);
+        write(
+            "pg_hba.conf",
+            "local all all trust\n\
+             hostssl all all 127.0.0.1/32 trust\n\
+             hostssl replication all 127.0.0.1/32 trust\n\
+             hostnossl all all 0.0.0.0/0 reject\n\
+             hostnossl replication all 0.0.0.0/0 reject\n",
+        );
+        self.settings.extend([
+            "ssl=on".to_owned(),
+            "ssl_cert_file=server.crt".into(),
+            "ssl_key_file=server.key".into(),
+        ]);
     }
 
     /// `postgres://postgres@127.0.0.1:{port}/postgres`.

@@ -6,6 +6,7 @@
 use outbox_consumer::dead_letters::{DeadLetter, Replayed, Selection};
 
 use super::{connect, print, require_url, CommandResult, DatabaseArgs};
+use crate::escape;
 
 /// Options of `outbox consumer-dead-letters`.
 #[derive(clap::Args, Debug)]
@@ -306,6 +307,7 @@ pub async fn run(args: Args) -> CommandResult {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// The dead letters as a table; what the broker delivered has its control characters escaped.
 fn table(source: &str, letters: &[DeadLetter]) -> String {
     let mut out = format!("{} dead letter(s) in {source}\n", letters.len());
     if letters.is_empty() {
@@ -318,11 +320,11 @@ fn table(source: &str, letters: &[DeadLetter]) -> String {
     for l in letters {
         out.push_str(&format!(
             "{:<36}  {:<20}  {:>8}  {:<30}  {}\n",
-            l.event_id.as_deref().unwrap_or("-"),
-            l.event_type.as_deref().unwrap_or("-"),
+            escape::control(l.event_id.as_deref().unwrap_or("-")),
+            escape::control(l.event_type.as_deref().unwrap_or("-")),
             l.attempts,
-            l.origin,
-            l.reason
+            escape::control(&l.origin),
+            escape::control(&l.reason)
         ));
     }
     out

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use outbox_relay::admin::{Admin, DeadLetter, DeadLetterFilter};
 
 use super::{CommandResult, DatabaseArgs};
+use crate::escape;
 
 /// Options of `outbox dead-letters`.
 #[derive(clap::Args, Debug)]
@@ -178,9 +179,10 @@ pub async fn run(args: Args) -> CommandResult {
                 super::print(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
             } else {
                 super::print(&format!(
-                    "{}\nheaders: {}\npayload: {body}\n",
+                    "{}\nheaders: {}\npayload: {}\n",
                     table(std::slice::from_ref(&letter)),
-                    letter.headers
+                    escape::control(&letter.headers.to_string()),
+                    escape::control(&body)
                 ));
             }
         }
@@ -280,10 +282,10 @@ pub async fn run(args: Args) -> CommandResult {
                     "{}  {}  {:<6}  by {:<12} {:?}  {}\n",
                     e.id,
                     e.at.format("%Y-%m-%d %H:%M:%S"),
-                    e.action,
-                    e.actor,
+                    escape::control(&e.action),
+                    escape::control(&e.actor),
                     e.event_ids,
-                    e.reason
+                    escape::control(&e.reason)
                 ));
             }
             super::print(&out);
@@ -292,6 +294,7 @@ pub async fn run(args: Args) -> CommandResult {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The dead letters as a table; writers' data in it has its control characters escaped.
 fn table(letters: &[DeadLetter]) -> String {
     let mut out = format!(
         "{:>8}  {:<24} {:<28} {:>8} {:>6}  {}\n",
@@ -303,11 +306,11 @@ fn table(letters: &[DeadLetter]) -> String {
         out.push_str(&format!(
             "{:>8}  {:<24} {:<28} {:>8} {:>6}  {}\n",
             l.id,
-            l.event_type,
-            aggregate,
+            escape::control(&l.event_type),
+            escape::control(&aggregate),
             l.attempts,
             if l.parked { "yes" } else { "no" },
-            error
+            escape::control(&error)
         ));
     }
     out

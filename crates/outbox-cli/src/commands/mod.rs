@@ -69,14 +69,26 @@ fn kind(url: &str) -> Result<Kind, String> {
     if url.starts_with("sqlite:") {
         return Ok(Kind::Sqlite);
     }
-    match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("postgres" | "postgresql") => Ok(Kind::Postgres),
-        Some("mysql" | "mariadb") => Ok(Kind::MySql),
-        Some(scheme) => Err(format!(
-            "unsupported database URL scheme {scheme:?}: {SPOKEN}"
-        )),
-        None => Err(format!("the database URL has no scheme: {SPOKEN}")),
+    let (kind, default_port) = match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") => (Kind::Postgres, 5432),
+        Some("mysql" | "mariadb") => (Kind::MySql, 3306),
+        Some(scheme) => {
+            return Err(format!(
+                "unsupported database URL scheme {scheme:?}: {SPOKEN}"
+            ))
+        }
+        None => return Err(format!("the database URL has no scheme: {SPOKEN}")),
+    };
+    // Refused before a parser reads part of the password as the host or the port.
+    if outbox_relay::redact::userinfo_needs_encoding(url) {
+        let address = outbox_relay::doctor::server_address(url, default_port)
+            .unwrap_or_else(|| "the local socket".to_owned());
+        return Err(format!(
+            "the URL of the database at {address} has a `/`, `?` or `#` in its user name or \
+             password: percent-encode them (%2F, %3F, %23)"
+        ));
     }
+    Ok(kind)
 }
 
 /// How long opening one connection may take before the server counts as not answering.
@@ -84,7 +96,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `host:port` of the server a database URL names, for messages (never the credentials).
 pub fn database_address(url: &str) -> String {
-    let default_port = if kind(url) == Ok(Kind::MySql) {
+    let default_port = if url.starts_with("mysql://") || url.starts_with("mariadb://") {
         3306
     } else {
         5432

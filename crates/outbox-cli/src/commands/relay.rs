@@ -31,6 +31,10 @@ pub struct Settings {
     /// Address for the dashboard, /metrics, /healthz and /readyz [default: 127.0.0.1:9187].
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Address of a listener of their own for /metrics, /healthz and /readyz; `--listen`
+    /// then serves only the dashboard and its API [default: none].
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Schema holding the outbox [default: outbox].
     #[arg(long)]
     schema: Option<String>,
@@ -55,6 +59,9 @@ impl Settings {
         }
         if let Some(listen) = self.listen {
             cfg.listen = listen;
+        }
+        if let Some(listen) = self.metrics_listen {
+            cfg.metrics_listen = Some(listen);
         }
         if let Some(schema) = self.schema {
             cfg.relay.schema = schema;
@@ -128,6 +135,7 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
     stop_on_signal(shutdown.clone())?;
     logging::init(log_format.unwrap_or(cfg.log_format.into()));
     cfg.relay.validate()?;
+    outbox_relay::dashboard::check_allowed_hosts(&cfg.allowed_hosts)?;
     #[cfg(feature = "otel")]
     let traces = crate::traces::Traces::from_env()?;
     let database_url = cfg.database_url.as_deref().ok_or(
@@ -141,23 +149,43 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
     )?;
     // The endpoints are served from the start: /healthz answers while the relay waits for
     // its database or broker, /readyz says which it waits for.
-    let startup = http::Startup::new(format!(
+    let waiting_for = format!(
         "waiting for the database at {}",
         super::database_address(database_url)
-    ));
+    );
+    let startup = http::Startup::new(waiting_for.clone());
     let (bound, server) = http::serve(cfg.listen, startup.router(), shutdown.clone()).await?;
+    // With `metrics_listen`, the probes and the scrape have a listener of their own, and
+    // `listen` serves the dashboard alone (503 until the relay runs).
+    let probes_startup = http::Startup::new(waiting_for);
+    let probes = match cfg.metrics_listen {
+        Some(addr) => {
+            let (probes_bound, task) =
+                http::serve(addr, probes_startup.router(), shutdown.clone()).await?;
+            tracing::info!(listen = %probes_bound,
+                "serving /metrics, /healthz and /readyz on a listener of their own");
+            Some(task)
+        }
+        None => None,
+    };
     tracing::info!(listen = %bound, "serving /healthz; /readyz answers 503 until the relay runs");
-    let waiting = |what: String| startup.waiting_for(what);
+    let waiting = |what: String| {
+        startup.waiting_for(what.clone());
+        probes_startup.waiting_for(what);
+    };
     let db = tokio::select! {
-        db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches), waiting) => db?,
+        db = connect_waiting(database_url, pool_size(cfg.relay.max_inflight_batches), &waiting) => db?,
         () = shutdown.cancelled() => {
             let _ = server.await;
+            if let Some(probes) = probes {
+                let _ = probes.await;
+            }
             return Ok(ExitCode::SUCCESS);
         }
     };
     let broker = outbox_relay::publishers::BrokerKind::of_url(&broker_url)?;
     let broker_address = broker.address(&broker_url);
-    startup.waiting_for(format!("connecting to the {}", broker.name()));
+    waiting(format!("connecting to the {}", broker.name()));
     let broker_cause = match &broker_address {
         Some(address) => outbox_relay::doctor::reach(address, BROKER_PROBE)
             .await
@@ -215,17 +243,33 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
         store,
         metrics: relay.metrics(),
         token: cfg.admin_token.clone().filter(|t| !t.is_empty()),
+        read_token: cfg.read_token.clone().filter(|t| !t.is_empty()),
+        listen: bound,
+        allowed_hosts: cfg.allowed_hosts.clone(),
     });
-    startup.serve(http::router(relay.metrics(), relay.health()).merge(dashboard));
+    let endpoints = http::router(relay.metrics(), relay.health());
+    if probes.is_some() {
+        probes_startup.serve(endpoints);
+        startup.serve(dashboard);
+    } else {
+        startup.serve(endpoints.merge(dashboard));
+    }
     if let (Some(cause), Some(address)) = (broker_cause, broker_address) {
         relay.health().broker_unreachable(Some(cause));
         tokio::spawn(watch_broker(address, relay.health(), shutdown.clone()));
     }
-    tracing::info!(listen = %bound, relay_id = relay.relay_id(),
-        "serving the dashboard (/), /api, /metrics, /healthz, /readyz");
+    let serving = if probes.is_some() {
+        "serving the dashboard (/) and /api"
+    } else {
+        "serving the dashboard (/), /api, /metrics, /healthz, /readyz"
+    };
+    tracing::info!(listen = %bound, relay_id = relay.relay_id(), "{serving}");
     let result = relay.run(shutdown.clone()).await;
     shutdown.cancel();
     let _ = server.await;
+    if let Some(probes) = probes {
+        let _ = probes.await;
+    }
     result?;
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,7 @@
 //! result for the same rows (`tests/admin_conformance.rs`), the result the simulation's model
 //! (`outbox-sim`, `db_admin.rs`) gives.
 
+mod listing;
 mod mysql;
 mod postgres;
 mod sqlite;
@@ -57,7 +58,11 @@ impl DeadLetterFilter {
     }
 }
 
-/// A dead-lettered event as operators see it.
+/// A dead-lettered event as operators see it: every value bounded whatever the row holds
+/// (text cut to 1024 characters, the error to 4096, at most 32 headers with names cut to 128
+/// and values to 256 characters, headers over 64 KiB not shown; `truncated` names what was
+/// cut), and the values of sensitive headers (`authorization`, `cookie`, names containing
+/// `token`, `secret`, `password`, `api-key`, `signature`, …) replaced by `[redacted]`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct DeadLetter {
     /// Row id (what `replay` and `skip` take).
@@ -79,9 +84,9 @@ pub struct DeadLetter {
     pub destination: Option<String>,
     /// Content type.
     pub content_type: String,
-    /// Headers as stored; a JSON string holding the stored text when it is JSON the relay
-    /// cannot parse (a number out of range, nesting too deep), so that the list never fails
-    /// on the very rows it must show.
+    /// Headers as stored, bounded and redacted; a JSON string holding the stored text when
+    /// it is JSON the relay cannot parse (a number out of range, nesting too deep), so that
+    /// the list never fails on the very rows it must show.
     pub headers: serde_json::Value,
     /// When it happened; `None` when the stored text is not a time (SQLite keeps any text,
     /// and such a row is dead for that reason: `last_error` says so).
@@ -94,6 +99,9 @@ pub struct DeadLetter {
     pub payload_size: i64,
     /// Whether it still parks its aggregate's later events.
     pub parked: bool,
+    /// The fields shown cut (`destination`, `headers`, `last_error`, …); empty when every
+    /// value is shown whole.
+    pub truncated: Vec<&'static str>,
 }
 
 /// One audit record.
@@ -251,16 +259,20 @@ impl Admin {
         }
     }
 
-    /// Dead letters matching `filter`, oldest first.
+    /// Dead letters matching `filter`, oldest first, each bounded and redacted (see
+    /// [`DeadLetter`]): what a listing holds in memory depends on its `limit`, never on what
+    /// the rows hold.
     pub async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-        match &self.backend {
+        let mut letters = match &self.backend {
             Backend::Postgres(pg) => pg.dead_letters(filter).await,
             Backend::MySql(my) => my.dead_letters(filter).await,
             Backend::Sqlite(lite) => lite.dead_letters(filter).await,
-        }
+        }?;
+        letters.iter_mut().for_each(listing::bound);
+        Ok(letters)
     }
 
     /// The payload of row `id`, if it exists.

@@ -34,11 +34,11 @@ impl MySqlAdmin {
         Self {
             pool,
             tables: tables.clone(),
-            file: std::sync::Arc::new(
-                tables
+            file: std::sync::Arc::new(super::listing::render_limits(
+                &tables
                     .render_mysql(include_str!("sql/mysql.sql"))
                     .replace("{now_ms}", crate::store::NOW_MS),
-            ),
+            )),
         }
     }
 
@@ -133,7 +133,8 @@ impl MySqlAdmin {
             .await?;
         rows.iter()
             .map(|r| {
-                let headers: String = r.try_get("headers")?;
+                let (headers, truncated) =
+                    super::listing::read_headers(r.try_get("headers")?, r.try_get("headers_size")?);
                 let occurred_at: NaiveDateTime = r.try_get("occurred_at")?;
                 Ok(DeadLetter {
                     id: r.try_get("id")?,
@@ -145,13 +146,13 @@ impl MySqlAdmin {
                     schema_version: r.try_get("schema_version")?,
                     destination: r.try_get("destination")?,
                     content_type: r.try_get("content_type")?,
-                    headers: serde_json::from_str(&headers)
-                        .unwrap_or(serde_json::Value::String(headers)),
+                    headers,
                     occurred_at: Some(occurred_at.and_utc()),
                     attempts: r.try_get("attempts")?,
                     last_error: r.try_get("last_error")?,
                     payload_size: r.try_get("payload_size")?,
                     parked: r.try_get::<i64, _>("parked")? != 0,
+                    truncated,
                 })
             })
             .collect()

@@ -35,7 +35,7 @@ impl PgAdmin {
             purge: r("purge"),
             archive: r("archive"),
             purgeable: r("purgeable"),
-            list_dead: r("list_dead"),
+            list_dead: super::listing::render_limits(&r("list_dead")),
             payload: r("payload"),
             replay: r("replay"),
             skip: r("skip"),
@@ -132,6 +132,8 @@ impl PgAdmin {
             .await?;
         rows.iter()
             .map(|r| {
+                let (headers, truncated) =
+                    super::listing::read_headers(r.try_get("headers")?, r.try_get("headers_size")?);
                 Ok(DeadLetter {
                     id: r.try_get("id")?,
                     event_id: r.try_get::<Uuid, _>("event_id")?.to_string(),
@@ -142,15 +144,13 @@ impl PgAdmin {
                     schema_version: r.try_get("schema_version")?,
                     destination: r.try_get("destination")?,
                     content_type: r.try_get("content_type")?,
-                    headers: {
-                        let text: String = r.try_get("headers")?;
-                        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
-                    },
+                    headers,
                     occurred_at: Some(r.try_get("occurred_at")?),
                     attempts: r.try_get("attempts")?,
                     last_error: r.try_get("last_error")?,
                     payload_size: r.try_get("payload_size")?,
                     parked: r.try_get("parked")?,
+                    truncated,
                 })
             })
             .collect()

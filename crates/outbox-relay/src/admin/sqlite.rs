@@ -64,7 +64,7 @@ impl SqliteAdmin {
             archive_batch: r("archive_batch"),
             archive: r("archive"),
             delete_archived: r("delete_archived"),
-            list_dead: r("list_dead"),
+            list_dead: super::listing::render_limits(&r("list_dead")),
             payload: r("payload"),
             replay: r("replay"),
             hold_heads: r("hold_heads"),
@@ -160,7 +160,8 @@ impl SqliteAdmin {
         rows.iter()
             .map(|r| {
                 let text_or_empty = |name: &str| text(r, name).map(Option::unwrap_or_default);
-                let headers = text_or_empty("headers")?;
+                let (headers, truncated) =
+                    super::listing::read_headers(text(r, "headers")?, r.try_get("headers_size")?);
                 Ok(DeadLetter {
                     id: r.try_get("id")?,
                     event_id: text_or_empty("event_id")?,
@@ -171,13 +172,13 @@ impl SqliteAdmin {
                     schema_version: r.try_get("schema_version")?,
                     destination: text(r, "destination")?,
                     content_type: text_or_empty("content_type")?,
-                    headers: serde_json::from_str(&headers)
-                        .unwrap_or(serde_json::Value::String(headers)),
+                    headers,
                     occurred_at: parse_time(&text_or_empty("occurred_at")?),
                     attempts: r.try_get("attempts")?,
                     last_error: text_or_empty("last_error")?,
                     payload_size: r.try_get("payload_size")?,
                     parked: r.try_get("parked")?,
+                    truncated,
                 })
             })
             .collect()

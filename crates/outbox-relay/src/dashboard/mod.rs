@@ -2,27 +2,35 @@
 //!
 //! | endpoint | token | what |
 //! | --- | --- | --- |
-//! | `GET /` | no | the page |
-//! | `GET /api/status` | no | backlog, lag, dead count, totals, partitions and owners |
-//! | `GET /api/dead-letters?limit=&event_type=&aggregate_type=&aggregate_id=&error=` | no | dead letters with their errors |
-//! | `POST /api/dead-letters/replay` `{"ids": [..], "reason": ".."}` | yes | replay (audited) |
-//! | `POST /api/dead-letters/skip` `{"ids": [..], "reason": ".."}` | yes | skip (audited, reason required) |
+//! | `GET /`, `/dashboard.js`, `/dashboard.css` | no | the page (it holds no data) |
+//! | `GET /api/status` | read | backlog, lag, dead count, totals, partitions and owners |
+//! | `GET /api/dead-letters?limit=&event_type=&aggregate_type=&aggregate_id=&error=` | read | dead letters with their errors; `limit` 1 to 200 (default 100), each row bounded and its sensitive headers redacted (see [`crate::admin::DeadLetter`]) |
+//! | `POST /api/dead-letters/replay` `{"ids": [..], "reason": ".."}` | admin | replay (audited) |
+//! | `POST /api/dead-letters/skip` `{"ids": [..], "reason": ".."}` | admin | skip (audited, reason required) |
 //!
-//! Reading needs no token; every mutating call needs `Authorization: Bearer <admin_token>`.
-//! Without a configured token the mutating calls are refused (403). The token and the origin
-//! are checked before the body is read, so a refused caller learns nothing about its body (401
-//! or 403, never a validation error); an authorised caller with a malformed body gets 400 or
-//! 422 and a message naming what is wrong. The token travels in a header the page sets from an
-//! input field, never in a cookie, so another site cannot make a browser send it (CSRF);
-//! requests whose `Origin` is not this server are refused too. Bound to localhost unless
-//! `--listen` says otherwise. No secret is ever returned.
+//! What each boundary enforces, in the order a request meets it:
+//! * [`hosts`]: only requests whose `Host` is allowed are answered (421 otherwise), so a page
+//!   on another site that rebinds its name to this relay's address reads nothing.
+//! * [`access`]: reads need a token beyond loopback or when a read token is set; actions need
+//!   the admin token and this server's origin, checked before the body is read, so a refused
+//!   caller learns nothing about its body (401 or 403, never a validation error); an
+//!   authorised caller with a malformed body gets 400 or 422 and a message naming what is
+//!   wrong.
+//! * [`security_headers`] on every response.
+//!
+//! `/metrics`, `/healthz` and `/readyz` are not part of this router (see [`crate::http`]): they
+//! take no token and any `Host`, for probes and scrapers. No secret is ever returned.
 
-use std::sync::Arc;
+mod access;
+mod hosts;
+mod security_headers;
+
+use std::{net::SocketAddr, sync::Arc};
 
 use axum::{
-    extract::{rejection::JsonRejection, Query, Request, State},
-    http::{header, HeaderMap, StatusCode},
-    middleware::{self, Next},
+    extract::{rejection::JsonRejection, Query, State},
+    http::{header, StatusCode},
+    middleware,
     response::{Html, IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -35,9 +43,16 @@ use crate::{
     telemetry::Metrics,
 };
 
-const PAGE: &str = include_str!("index.html");
+pub use hosts::check_allowed_hosts;
 
-/// What the dashboard reads and acts on.
+const PAGE: &str = include_str!("index.html");
+const SCRIPT: &str = include_str!("dashboard.js");
+const STYLE: &str = include_str!("dashboard.css");
+
+/// The most dead letters one `GET /api/dead-letters` returns, whatever `limit` asks.
+pub const MAX_LIST_LIMIT: i64 = 200;
+
+/// What the dashboard reads and acts on, and who may.
 #[derive(Clone)]
 pub struct Dashboard {
     /// Operator actions.
@@ -46,26 +61,60 @@ pub struct Dashboard {
     pub store: Arc<dyn Store>,
     /// This relay's metrics (totals).
     pub metrics: Arc<Metrics>,
-    /// Bearer token for mutating calls; `None` makes the dashboard read-only.
+    /// Bearer token for mutating calls, also accepted for reads; `None` makes the dashboard
+    /// read-only.
     pub token: Option<String>,
+    /// Bearer token for reads only; when set, reads need it (or the admin token) even on
+    /// loopback.
+    pub read_token: Option<String>,
+    /// The address the dashboard is served at: beyond loopback, reads need a token; its IP is
+    /// an allowed `Host`.
+    pub listen: SocketAddr,
+    /// `Host` names allowed besides `localhost`, `127.0.0.1`, `[::1]` and the listen address
+    /// (`name` on any port, `name:port`); checked by [`check_allowed_hosts`].
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The dashboard's routes, to merge with the metrics router.
 pub fn router(dashboard: Dashboard) -> Router {
+    let hosts = Arc::new(hosts::HostAllowList::new(
+        dashboard.listen,
+        &dashboard.allowed_hosts,
+    ));
     let dashboard = Arc::new(dashboard);
+    let reads = Router::new()
+        .route("/api/status", get(status))
+        .route("/api/dead-letters", get(dead_letters))
+        .route_layer(middleware::from_fn_with_state(
+            dashboard.clone(),
+            access::readers,
+        ));
     let actions = Router::new()
         .route("/api/dead-letters/replay", post(replay))
         .route("/api/dead-letters/skip", post(skip))
         .route_layer(middleware::from_fn_with_state(
             dashboard.clone(),
-            authorized,
+            access::admins,
         ));
     Router::new()
         .route("/", get(|| async { Html(PAGE) }))
-        .route("/api/status", get(status))
-        .route("/api/dead-letters", get(dead_letters))
+        .route(
+            "/dashboard.js",
+            get(|| asset("text/javascript; charset=utf-8", SCRIPT)),
+        )
+        .route(
+            "/dashboard.css",
+            get(|| asset("text/css; charset=utf-8", STYLE)),
+        )
+        .merge(reads)
         .merge(actions)
+        .route_layer(middleware::from_fn_with_state(hosts, hosts::allowed))
+        .route_layer(middleware::from_fn(security_headers::add))
         .with_state(dashboard)
+}
+
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -106,7 +155,7 @@ async fn dead_letters(State(d): State<Arc<Dashboard>>, Query(q): Query<ListQuery
         aggregate_type: q.aggregate_type,
         aggregate_id: q.aggregate_id,
         error_contains: q.error,
-        limit: Some(q.limit.unwrap_or(100).clamp(1, 1000)),
+        limit: Some(q.limit.unwrap_or(100).clamp(1, MAX_LIST_LIMIT)),
         ..Default::default()
     };
     match d.admin.dead_letters(&filter).await {
@@ -121,47 +170,6 @@ async fn dead_letters(State(d): State<Arc<Dashboard>>, Query(q): Query<ListQuery
 struct Action {
     ids: Vec<i64>,
     reason: String,
-}
-
-/// Why a mutating call is refused: the status and a message.
-type Refusal = (StatusCode, &'static str);
-
-/// Runs a mutating call only for an authorised caller, before its body is read.
-async fn authorized(State(d): State<Arc<Dashboard>>, request: Request, next: Next) -> Response {
-    match authorize(&d, request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err((status, message)) => error(status, message),
-    }
-}
-
-/// Checks the bearer token (constant-time) and the request's origin.
-fn authorize(d: &Dashboard, headers: &HeaderMap) -> Result<(), Refusal> {
-    let Some(expected) = &d.token else {
-        return Err((
-            StatusCode::FORBIDDEN,
-            "the dashboard is read-only: no admin_token is configured",
-        ));
-    };
-    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST)) {
-        let origin = origin.to_str().unwrap_or_default();
-        let host = host.to_str().unwrap_or_default();
-        if origin != format!("http://{host}") && origin != format!("https://{host}") {
-            return Err((StatusCode::FORBIDDEN, "cross-origin request refused"));
-        }
-    }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-        return Err((StatusCode::UNAUTHORIZED, "a valid bearer token is required"));
-    }
-    Ok(())
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The action in a body, or the status and a message naming what is wrong with it (400 for
@@ -215,18 +223,5 @@ async fn skip(
     match d.admin.skip(&action.ids, "dashboard", &action.reason).await {
         Ok(n) => Json(serde_json::json!({ "released": n })).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::constant_time_eq;
-
-    #[test]
-    fn compares_tokens_exactly() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
     }
 }

@@ -16,19 +16,9 @@ mod registry;
 
 pub use registry::{connect, BrokerKind, BrokerSettings};
 
-/// Replaces the password in `scheme://user:password@host…` with `***`, for logs. The last `@`
-/// ends the user info, so a password containing `@` is hidden whole.
+/// The URL with its secrets hidden, for logs: [`crate::redact::url`].
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
-    }
+    crate::redact::url(url)
 }
 
 #[cfg(test)]

@@ -49,8 +49,9 @@ pub struct Message {
 
 impl Message {
     /// Calls `f` for every header to put on the broker message, without building a map and
-    /// without allocating: the writer's headers (except those the relay sets), then the
-    /// relay's standard ones, their values formatted on the stack.
+    /// without allocating: the writer's headers (except those the relay sets, in any case),
+    /// then the relay's standard ones, their values formatted on the stack. Each relay header
+    /// name is visited once, with the relay's value.
     pub fn visit_headers(&self, mut f: impl FnMut(&str, &str)) {
         if !self.native_headers {
             for (name, value) in &self.headers {
@@ -59,7 +60,7 @@ impl Message {
             return;
         }
         for (name, value) in &self.headers {
-            if !header::ALL.contains(&name.as_str()) && self.may_carry(name) {
+            if self.may_carry_writer_header(name) {
                 f(name, value);
             }
         }
@@ -93,14 +94,23 @@ impl Message {
         self.is_copy() || !name.eq_ignore_ascii_case(header::COPY_OF_SCHEMA_VERSION)
     }
 
-    /// All headers to put on the broker message: the writer's, then the relay's standard ones
-    /// (which win on a name clash).
+    /// Whether the writer's header `name` travels beside the relay's native headers: not one
+    /// the relay sets itself, in any case (`Event-Id` would reach a consumer that reads header
+    /// names case-insensitively ahead of the real `event-id`), and the copy marker only on a
+    /// copy.
+    fn may_carry_writer_header(&self, name: &str) -> bool {
+        !is_relay_header(name) && self.may_carry(name)
+    }
+
+    /// All headers to put on the broker message: the writer's (but those the relay sets, in
+    /// any case), then the relay's standard ones. The same headers as [`Self::visit_headers`],
+    /// sorted by name.
     pub fn broker_headers(&self) -> Vec<(String, String)> {
         if !self.native_headers {
             return self.headers.clone().into_iter().collect();
         }
         let mut out: BTreeMap<String, String> = self.headers.clone();
-        out.retain(|name, _| self.may_carry(name));
+        out.retain(|name, _| self.may_carry_writer_header(name));
         out.insert(header::EVENT_ID.into(), self.event_id.to_string());
         out.insert(header::EVENT_TYPE.into(), self.event_type.clone());
         out.insert(
@@ -120,6 +130,12 @@ impl Message {
         out.insert(header::CONTENT_TYPE.into(), self.content_type.clone());
         out.into_iter().collect()
     }
+}
+
+/// Whether `name` is one of the relay's native header names ([`header::ALL`]), ignoring ASCII
+/// case (brokers and consumers differ on whether header names are case-sensitive).
+pub(crate) fn is_relay_header(name: &str) -> bool {
+    header::ALL.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
 
 /// A decimal integer formatted on the stack.
@@ -241,6 +257,47 @@ mod tests {
                 t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
             );
         }
+    }
+
+    /// A writer's header named like a relay header, in any case, never travels: each relay
+    /// header is on the message once, with the relay's value, in both views.
+    #[test]
+    fn writer_headers_named_like_relay_headers_are_dropped_in_any_case() {
+        let mut m = super::sample(7, "a1");
+        for (name, value) in [
+            ("Event-Id", "forged"),
+            ("EVENT-TYPE", "Forged"),
+            ("Aggregate-Id", "victim"),
+            ("aggregate-ID", "victim"),
+            ("Content-Type", "text/forged"),
+            ("Copy-Of-Schema-Version", "9"),
+            ("x-tenant", "t1"),
+        ] {
+            m.headers.insert(name.into(), value.into());
+        }
+        let mut visited = Vec::new();
+        m.visit_headers(|k, v| visited.push((k.to_owned(), v.to_owned())));
+        visited.sort();
+        assert_eq!(visited, m.broker_headers(), "both views agree");
+        for relay in super::header::ALL {
+            let same: Vec<_> = visited
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(relay))
+                .collect();
+            assert_eq!(same.len(), 1, "{relay}: {same:?}");
+        }
+        let value = |name: &str| {
+            visited
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(value("event-id"), Some(m.event_id.to_string().as_str()));
+        assert_eq!(value("event-type"), Some("OrderPlaced"));
+        assert_eq!(value("aggregate-id"), Some("a1"));
+        assert_eq!(value("content-type"), Some("application/json"));
+        assert_eq!(value("copy-of-schema-version"), None);
+        assert_eq!(value("x-tenant"), Some("t1"));
     }
 
     #[test]

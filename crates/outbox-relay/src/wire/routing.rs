@@ -5,6 +5,8 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::PublishError;
+
 /// Placeholders a destination template may use.
 const PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type", "schema_version"];
 
@@ -140,6 +142,24 @@ pub(crate) fn render(
     out
 }
 
+/// Refuses, as permanent, a destination outside a configured allow-list of prefixes (`field`
+/// names the setting, such as `nats.subject_prefixes`). An empty list allows every
+/// destination the broker's own rules allow. A prefix is matched as written: `orders.` allows
+/// `orders.placed` but not `orders_admin`.
+pub(crate) fn check_prefixes(
+    field: &str,
+    destination: &str,
+    prefixes: &[String],
+) -> Result<(), PublishError> {
+    if prefixes.is_empty() || prefixes.iter().any(|p| destination.starts_with(p.as_str())) {
+        return Ok(());
+    }
+    Err(PublishError::permanent(format!(
+        "destination {destination:?} refused: it starts with none of the prefixes {field} \
+         allows ({prefixes:?})"
+    )))
+}
+
 pub(crate) fn check_template(field: &str, template: &str) -> Result<(), String> {
     if template.trim().is_empty() {
         return Err(format!("{field}: must not be empty"));
@@ -230,6 +250,20 @@ mod tests {
         assert_eq!(routing.route(None, "order", "OrderPaid", 3), "payments.v3");
         assert_eq!(routing.route(None, "user", "Renamed", 1), "users");
         assert_eq!(routing.route(None, "order", "Placed", 1), "order.Placed");
+    }
+
+    #[test]
+    fn prefixes_allow_only_what_they_name_and_none_allow_all() {
+        check_prefixes("x.prefixes", "anything", &[]).unwrap();
+        let prefixes = vec!["orders.".to_owned(), "users".to_owned()];
+        check_prefixes("x.prefixes", "orders.placed", &prefixes).unwrap();
+        check_prefixes("x.prefixes", "users-v2", &prefixes).unwrap();
+        let refused = check_prefixes("x.prefixes", "orders_admin", &prefixes).unwrap_err();
+        assert!(!refused.is_transient());
+        assert!(
+            refused.message.contains("\"orders_admin\"") && refused.message.contains("x.prefixes"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -75,6 +75,7 @@ impl Harness for Nats {
                 stream: self.stream.clone(),
                 create_stream: false,
                 ack_timeout: Duration::from_secs(2),
+                ..Default::default()
             })
             .await
             .expect("nats publisher"),

@@ -36,11 +36,20 @@ WHERE id IN ({ids}) AND status = 'published';
 -- name: delete_batch
 DELETE FROM {events} WHERE id IN ({ids}) AND status = 'published';
 -- name: list_dead
+-- Every column bounded (the limits are admin/listing.rs's, one character more than it shows
+-- so that it can tell a cut): text and the error cut, headers read only when small enough
+-- (`headers_size` says how large they are), the payload not read (its size only).
 -- ? event type (twice), ? aggregate type (twice), ? aggregate id (twice), ? since (twice),
 -- ? until (twice), ? error text (twice), ? ids as a JSON array (twice), ? limit
-SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-       e.schema_version, e.destination, e.content_type, CAST(e.headers AS CHAR) AS headers,
-       e.occurred_at, e.attempts, COALESCE(e.last_error, '') AS last_error,
+SELECT e.id, LEFT(e.event_id, {text_read}) AS event_id,
+       LEFT(e.aggregate_type, {text_read}) AS aggregate_type,
+       LEFT(e.aggregate_id, {text_read}) AS aggregate_id, e.aggregate_version,
+       LEFT(e.event_type, {text_read}) AS event_type, e.schema_version,
+       LEFT(e.destination, {text_read}) AS destination,
+       LEFT(e.content_type, {text_read}) AS content_type,
+       CASE WHEN e.headers_bytes <= {headers_read} THEN CAST(e.headers AS CHAR) END AS headers,
+       e.headers_bytes AS headers_size,
+       e.occurred_at, e.attempts, LEFT(COALESCE(e.last_error, ''), {error_read}) AS last_error,
        e.payload_bytes AS payload_size,
        CAST(EXISTS (SELECT 1 FROM {holds} h
                     WHERE h.event_id = e.id AND h.held_until IS NULL) AS SIGNED) AS parked

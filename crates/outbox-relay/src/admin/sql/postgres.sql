@@ -23,17 +23,28 @@ INSERT INTO {schema}.{events_name}_archive SELECT * FROM moved;
 SELECT count(*)::bigint FROM {schema}.{events}
 WHERE status = 'published' AND published_at < now() - make_interval(secs => $1);
 -- name: list_dead
+-- Every column bounded (the limits are admin/listing.rs's, one character more than it shows
+-- so that it can tell a cut): text and the error cut, headers read only when their JSON text
+-- is small enough (`headers_size` says how large they are), the payload not read (its size
+-- only). So a row with a 50 MB destination costs the listing a few KiB.
 -- $1 event type, $2 aggregate type, $3 aggregate id, $4 since, $5 until, $6 error text,
 -- $7 limit, $8 ids
-SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-       e.schema_version, e.destination, e.content_type, e.headers::text AS headers,
+SELECT e.id, e.event_id, left(e.aggregate_type, {text_read}) AS aggregate_type,
+       left(e.aggregate_id, {text_read}) AS aggregate_id, e.aggregate_version,
+       left(e.event_type, {text_read}) AS event_type, e.schema_version,
+       left(e.destination, {text_read}) AS destination,
+       left(e.content_type, {text_read}) AS content_type,
+       CASE WHEN octet_length(hd.text) <= {headers_read} THEN hd.text END AS headers,
+       octet_length(hd.text)::bigint AS headers_size,
        -- Clamped to what the relay can represent (a row may say ±infinity).
        LEAST(GREATEST(e.occurred_at, '4714-11-24 00:00:00+00 BC'),
              '262142-12-31 23:59:59+00') AS occurred_at, e.attempts,
-       coalesce(e.last_error, '') AS last_error, octet_length(e.payload)::bigint AS payload_size,
+       left(coalesce(e.last_error, ''), {error_read}) AS last_error,
+       octet_length(e.payload)::bigint AS payload_size,
        EXISTS (SELECT 1 FROM {schema}.holds h
                WHERE h.event_id = e.id AND h.held_until IS NULL) AS parked
 FROM {schema}.{events} e
+CROSS JOIN LATERAL (SELECT e.headers::text AS text) hd
 WHERE e.status = 'dead'
   AND ($1::text IS NULL OR e.event_type = $1)
   AND ($2::text IS NULL OR e.aggregate_type = $2)

@@ -38,18 +38,26 @@ DELETE FROM {events} WHERE id IN (SELECT value FROM json_each(?1)) AND status = 
 -- name: list_dead
 -- SQLite keeps whatever a writer gives, in any type: the text columns are read as bytes (the
 -- relay shows invalid UTF-8 replaced) and the numbers cast, so that the list never fails on
--- the very rows it must show. ?1 event type, ?2 aggregate type, ?3 aggregate id, ?4 since,
+-- the very rows it must show. Every column bounded (the limits are admin/listing.rs's): text
+-- cut to as many bytes as its characters can take, and a byte more; the time to 64 bytes
+-- (a longer one is no time); headers read only when small enough (`headers_size` says how
+-- large they are); the payload not read (its size only).
+-- ?1 event type, ?2 aggregate type, ?3 aggregate id, ?4 since,
 -- ?5 until (RFC 3339), ?6 error text, ?7 limit, ?8 ids (JSON array)
-SELECT e.id, CAST(e.event_id AS BLOB) AS event_id,
-       CAST(e.aggregate_type AS BLOB) AS aggregate_type,
-       CAST(e.aggregate_id AS BLOB) AS aggregate_id,
+SELECT e.id, substr(CAST(e.event_id AS BLOB), 1, {text_read_bytes}) AS event_id,
+       substr(CAST(e.aggregate_type AS BLOB), 1, {text_read_bytes}) AS aggregate_type,
+       substr(CAST(e.aggregate_id AS BLOB), 1, {text_read_bytes}) AS aggregate_id,
        CAST(e.aggregate_version AS INTEGER) AS aggregate_version,
-       CAST(e.event_type AS BLOB) AS event_type,
+       substr(CAST(e.event_type AS BLOB), 1, {text_read_bytes}) AS event_type,
        CAST(e.schema_version AS INTEGER) AS schema_version,
-       CAST(e.destination AS BLOB) AS destination,
-       CAST(e.content_type AS BLOB) AS content_type, CAST(e.headers AS BLOB) AS headers,
-       CAST(e.occurred_at AS BLOB) AS occurred_at, CAST(e.attempts AS INTEGER) AS attempts,
-       CAST(coalesce(e.last_error, '') AS BLOB) AS last_error,
+       substr(CAST(e.destination AS BLOB), 1, {text_read_bytes}) AS destination,
+       substr(CAST(e.content_type AS BLOB), 1, {text_read_bytes}) AS content_type,
+       CASE WHEN length(CAST(coalesce(e.headers, '') AS BLOB)) <= {headers_read}
+            THEN CAST(coalesce(e.headers, '') AS BLOB) END AS headers,
+       length(CAST(coalesce(e.headers, '') AS BLOB)) AS headers_size,
+       substr(CAST(e.occurred_at AS BLOB), 1, 64) AS occurred_at,
+       CAST(e.attempts AS INTEGER) AS attempts,
+       substr(CAST(coalesce(e.last_error, '') AS BLOB), 1, 4 * {error_read}) AS last_error,
        length(CAST(e.payload AS BLOB)) AS payload_size,
        EXISTS (SELECT 1 FROM {holds} h
                WHERE h.event_id = e.id AND h.held_until IS NULL) AS parked

@@ -42,6 +42,11 @@ pub struct KafkaConfig {
     /// and settings that have a field above are refused.
     #[serde(deserialize_with = "scalar_map")]
     pub properties: BTreeMap<String, String>,
+    /// Topic prefixes an event may be published to (default none: any legal topic but the
+    /// internal ones). A prefix matches as written (`orders.` allows `orders.placed`).
+    /// Internal topics (`__consumer_offsets`, `__transaction_state`, any `__…`) stay refused
+    /// whatever this allows.
+    pub topic_prefixes: Vec<String>,
 }
 
 /// `security.protocol`.
@@ -141,6 +146,7 @@ impl Default for KafkaConfig {
             compression: Compression::None,
             allow_auto_create_topics: false,
             properties: BTreeMap::new(),
+            topic_prefixes: Vec::new(),
         }
     }
 }
@@ -159,6 +165,7 @@ impl fmt::Debug for KafkaConfig {
             .field("compression", &self.compression)
             .field("allow_auto_create_topics", &self.allow_auto_create_topics)
             .field("properties", &self.properties)
+            .field("topic_prefixes", &self.topic_prefixes)
             .finish()
     }
 }
@@ -242,6 +249,16 @@ impl KafkaConfig {
         }
         for (key, value) in &self.properties {
             check_property(key, value)?;
+        }
+        if let Some(bad) = self
+            .topic_prefixes
+            .iter()
+            .find(|p| p.is_empty() || p.starts_with("__"))
+        {
+            return Err(format!(
+                "kafka.topic_prefixes: {bad:?} must be non-empty and not an internal topic's \
+                 (__)"
+            ));
         }
         Ok(())
     }
@@ -344,7 +361,8 @@ pub fn bootstrap_list(url: &str) -> Result<String, String> {
     if list.is_empty() || list.contains(['/', '@', '?']) {
         return Err(format!(
             "broker URL {url:?}: expected kafka://host:port[,host:port] (credentials go in \
-             [kafka] sasl_username / sasl_password)"
+             [kafka] sasl_username / sasl_password)",
+            url = crate::redact::url(url)
         ));
     }
     Ok(list.to_owned())

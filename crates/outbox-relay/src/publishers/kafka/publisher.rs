@@ -278,15 +278,28 @@ impl Publisher for KafkaPublisher {
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
-        if is_valid_topic(destination) {
-            Ok(())
-        } else {
-            Err(PublishError::permanent(format!(
-                "{destination:?} is not a valid Kafka topic name (1 to 249 characters of \
-                 letters, digits, '.', '_' or '-'; not \".\" or \"..\")"
-            )))
-        }
+        check_topic(destination, &self.config.topic_prefixes)
     }
+}
+
+/// Refuses, as permanent, a topic an event may not be published to: an illegal name, an
+/// internal topic (`__consumer_offsets`, `__transaction_state`: any `__` prefix, which Kafka
+/// reserves for itself), or one outside `kafka.topic_prefixes` when that is set. The error
+/// names the topic and the rule.
+fn check_topic(topic: &str, prefixes: &[String]) -> Result<(), PublishError> {
+    if !is_valid_topic(topic) {
+        return Err(PublishError::permanent(format!(
+            "kafka: {topic:?} is not a valid Kafka topic name (1 to 249 characters of \
+             letters, digits, '.', '_' or '-'; not \".\" or \"..\")"
+        )));
+    }
+    if topic.starts_with("__") {
+        return Err(PublishError::permanent(format!(
+            "kafka: topic {topic:?} refused: topics starting with \"__\" are Kafka's internal \
+             topics (consumer offsets, transaction state)"
+        )));
+    }
+    crate::routing::check_prefixes("kafka.topic_prefixes", topic, prefixes)
 }
 
 #[cfg(test)]
@@ -296,6 +309,33 @@ mod tests {
 
     fn class(error: KafkaError) -> crate::FailureClass {
         classify(&error, None).class
+    }
+
+    #[test]
+    fn internal_and_illegal_topics_are_refused_naming_topic_and_rule() {
+        check_topic("orders.placed", &[]).unwrap();
+        check_topic("_schemas_like", &[]).unwrap();
+        for (topic, rule) in [
+            ("__consumer_offsets", "internal"),
+            ("__transaction_state", "internal"),
+            ("__anything", "internal"),
+            (".", "not a valid"),
+            ("..", "not a valid"),
+            ("", "not a valid"),
+            ("a/b", "not a valid"),
+            ("a b", "not a valid"),
+            (&"t".repeat(250), "not a valid"),
+        ] {
+            let error = check_topic(topic, &[]).unwrap_err();
+            assert_eq!(error.class, Permanent, "{topic}");
+            assert!(error.message.contains(rule), "{error}");
+            assert!(error.message.contains(&format!("{topic:?}")), "{error}");
+        }
+        check_topic(&"t".repeat(249), &[]).unwrap();
+        let prefixes = vec!["orders.".to_owned()];
+        check_topic("orders.placed", &prefixes).unwrap();
+        let error = check_topic("billing", &prefixes).unwrap_err();
+        assert!(error.message.contains("kafka.topic_prefixes"), "{error}");
     }
 
     #[test]

@@ -29,6 +29,10 @@ pub struct MqttConfig {
     pub keep_alive: Duration,
     /// Largest payload published (default 1 MiB; MQTT allows 256 MB, brokers often less).
     pub max_payload_bytes: usize,
+    /// Topic prefixes an event may be published to (default none: any topic but the
+    /// broker's own). A prefix matches as written (`shop/` allows `shop/orders`). `$` topics
+    /// (`$SYS/…`) stay refused whatever this allows.
+    pub topic_prefixes: Vec<String>,
 }
 
 impl Default for MqttConfig {
@@ -43,6 +47,7 @@ impl Default for MqttConfig {
             ack_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(30),
             max_payload_bytes: 1024 * 1024,
+            topic_prefixes: Vec::new(),
         }
     }
 }
@@ -59,6 +64,7 @@ impl std::fmt::Debug for MqttConfig {
             .field("ack_timeout", &self.ack_timeout)
             .field("keep_alive", &self.keep_alive)
             .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("topic_prefixes", &self.topic_prefixes)
             .finish()
     }
 }
@@ -101,6 +107,16 @@ impl MqttConfig {
         }
         if self.max_payload_bytes == 0 || self.max_payload_bytes > 256 * 1024 * 1024 {
             return Err("mqtt.max_payload_bytes: must be between 1 and 256 MiB".into());
+        }
+        if let Some(bad) = self
+            .topic_prefixes
+            .iter()
+            .find(|p| p.is_empty() || p.starts_with('$') || p.contains(['+', '#', '\0']))
+        {
+            return Err(format!(
+                "mqtt.topic_prefixes: {bad:?} must be non-empty, not start with '$' and hold no \
+                 wildcard or NUL"
+            ));
         }
         Ok(())
     }

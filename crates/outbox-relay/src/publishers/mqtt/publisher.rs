@@ -214,6 +214,7 @@ impl Publisher for MqttPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
             check_payload_size(message, self.config.max_payload_bytes)?;
+            self.check_destination(&message.destination)?;
             let _slot = self
                 .slots
                 .acquire()
@@ -250,15 +251,27 @@ impl Publisher for MqttPublisher {
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
-        if is_valid_topic(destination) {
-            Ok(())
-        } else {
-            Err(PublishError::permanent(format!(
-                "{destination:?} is not a valid MQTT topic name (1 to 65535 bytes, no '+' or \
-                 '#' wildcards, no NUL)"
-            )))
-        }
+        check_topic(destination, &self.config.topic_prefixes)
     }
+}
+
+/// Refuses, as permanent, a topic an event may not be published to: an illegal name, a `$`
+/// topic (the broker's own, `$SYS/…`; MQTT 5 §4.7.2), or one outside `mqtt.topic_prefixes`
+/// when that is set. The error names the topic and the rule.
+fn check_topic(topic: &str, prefixes: &[String]) -> Result<(), PublishError> {
+    if !is_valid_topic(topic) {
+        return Err(PublishError::permanent(format!(
+            "mqtt: {topic:?} is not a valid MQTT topic name (1 to 65535 bytes, no '+' or '#' \
+             wildcards, no NUL)"
+        )));
+    }
+    if topic.starts_with('$') {
+        return Err(PublishError::permanent(format!(
+            "mqtt: topic {topic:?} refused: topics starting with '$' are the broker's own \
+             ($SYS/…)"
+        )));
+    }
+    crate::routing::check_prefixes("mqtt.topic_prefixes", topic, prefixes)
 }
 
 /// Whether `topic` can be published to: non-empty, at most 65,535 bytes, no wildcard and no
@@ -292,6 +305,27 @@ mod tests {
         assert!(classify(&ack(PubAckReason::QuotaExceeded), "t", true)
             .unwrap_err()
             .is_transient());
+    }
+
+    #[test]
+    fn broker_topics_and_wildcards_are_refused_naming_topic_and_rule() {
+        check_topic("shop/orders/placed", &[]).unwrap();
+        for (topic, rule) in [
+            ("$SYS/broker/clients", "refused"),
+            ("$share/g/t", "refused"),
+            ("a/+/b", "not a valid"),
+            ("a/#", "not a valid"),
+            ("a\0b", "not a valid"),
+            ("", "not a valid"),
+        ] {
+            let error = check_topic(topic, &[]).unwrap_err();
+            assert!(!error.is_transient(), "{topic:?}");
+            assert!(error.message.contains(rule), "{error}");
+        }
+        let prefixes = vec!["shop/".to_owned()];
+        check_topic("shop/orders", &prefixes).unwrap();
+        let error = check_topic("billing/paid", &prefixes).unwrap_err();
+        assert!(error.message.contains("mqtt.topic_prefixes"), "{error}");
     }
 
     #[test]

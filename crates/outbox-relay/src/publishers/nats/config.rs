@@ -16,6 +16,11 @@ pub struct NatsConfig {
     /// Wait for the PubAck at most this long (default 10s); then the attempt is transient.
     #[serde(with = "humantime_serde")]
     pub ack_timeout: Duration,
+    /// Subject prefixes an event may be published to (default none: any subject but the
+    /// server's own). A prefix matches as written (`orders.` allows `orders.placed`, not
+    /// `orders_admin.x`). System and API subjects (`$…`, `_INBOX.…`) stay refused whatever
+    /// this allows.
+    pub subject_prefixes: Vec<String>,
 }
 
 impl Default for NatsConfig {
@@ -25,6 +30,7 @@ impl Default for NatsConfig {
             stream: "OUTBOX".into(),
             create_stream: true,
             ack_timeout: Duration::from_secs(10),
+            subject_prefixes: Vec::new(),
         }
     }
 }
@@ -45,6 +51,18 @@ impl NatsConfig {
         }
         if self.ack_timeout.is_zero() {
             return Err("nats.ack_timeout: must be more than 0".into());
+        }
+        for prefix in &self.subject_prefixes {
+            if prefix.is_empty() || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(format!(
+                    "nats.subject_prefixes: {prefix:?} must be non-empty, without whitespace"
+                ));
+            }
+            if let Some(rule) = super::subjects::system_subject_rule(prefix) {
+                return Err(format!(
+                    "nats.subject_prefixes: {prefix:?} names the server's own subjects ({rule})"
+                ));
+            }
         }
         Ok(())
     }

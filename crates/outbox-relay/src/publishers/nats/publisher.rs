@@ -9,6 +9,7 @@ use tokio::sync::Mutex;
 
 use super::{
     acks::{Acks, NoAck},
+    subjects::check_subject,
     NatsConfig,
 };
 use crate::{check_payload_size, Error, Message, PublishError, Publisher};
@@ -123,31 +124,72 @@ impl NatsPublisher {
             Some(status) if !status.is_success() => return Err(SendError::Status(status)),
             _ => {}
         }
-        if is_plain_ack(&reply.payload) {
-            return Ok(());
-        }
-        match serde_json::from_slice::<AckReply>(&reply.payload) {
-            Ok(AckReply { error: None }) => Ok(()),
-            Ok(AckReply { error: Some(error) }) => Err(SendError::Refused(error)),
-            Err(e) => Err(SendError::Unreadable(e.to_string())),
-        }
+        read_ack(&reply.payload)
     }
 }
 
-/// A JetStream reply: a PubAck (`{"stream":…,"seq":…}`, its fields not needed), or an error.
+/// Whether a reply is the stream's acknowledgement: a JetStream PubAck, naming the stream that
+/// stored the message and its sequence there. Anything else is not one, whoever sent it (a
+/// core-NATS service answering on the subject, a JetStream API endpoint, garbage), and the
+/// message is not published.
+fn read_ack(reply: &[u8]) -> Result<(), SendError> {
+    if is_plain_ack(reply) {
+        return Ok(());
+    }
+    match serde_json::from_slice::<AckReply>(reply) {
+        Ok(AckReply {
+            error: Some(error), ..
+        }) => Err(SendError::Refused(error)),
+        Ok(AckReply {
+            stream: Some(stream),
+            seq: Some(_),
+            error: None,
+        }) if !stream.is_empty() => Ok(()),
+        Ok(_) => Err(SendError::NotAnAck(
+            "a JSON reply without a stream name and sequence".into(),
+        )),
+        Err(e) => Err(SendError::NotAnAck(format!("not JetStream's JSON: {e}"))),
+    }
+}
+
+/// A JetStream reply: a PubAck (`{"stream":…,"seq":…}`), or an error.
 #[derive(serde::Deserialize)]
 struct AckReply {
+    #[serde(default)]
+    stream: Option<String>,
+    #[serde(default)]
+    seq: Option<u64>,
     #[serde(default)]
     error: Option<ApiError>,
 }
 
-/// Whether `reply` is a PubAck without an error, told without parsing it: a JSON object whose
-/// first key is `stream` and in which the key `error` does not occur (JetStream writes its
-/// replies itself, without escapes in keys). Anything else is parsed.
+/// Whether `reply` is a PubAck without an error, told without parsing it: a JSON object that
+/// starts with a non-empty `stream` name (no escapes) and a `seq` number, and in which the
+/// key `error` does not occur (JetStream writes its replies itself, without escapes in keys).
+/// Anything else is parsed.
 fn is_plain_ack(reply: &[u8]) -> bool {
-    reply.starts_with(br#"{"stream":"#)
-        && reply.ends_with(b"}")
-        && !reply.windows(7).any(|w| w == br#""error""#)
+    let Some(rest) = reply.strip_prefix(br#"{"stream":""#) else {
+        return false;
+    };
+    let name = rest
+        .iter()
+        .take_while(|&&b| b != b'"' && b != b'\\' && b >= b' ')
+        .count();
+    let rest = &rest[name..];
+    let Some(rest) = rest
+        .strip_prefix(br#"","seq":"#)
+        .or_else(|| rest.strip_prefix(br#"", "seq":"#))
+    else {
+        return false;
+    };
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let rest = &rest[digits..];
+    name > 0
+        && digits > 0
+        && (rest == b"}"
+            || (rest.starts_with(b",")
+                && rest.ends_with(b"}")
+                && !rest.windows(7).any(|w| w == br#""error""#)))
 }
 
 /// The error of a JetStream reply.
@@ -174,8 +216,8 @@ enum SendError {
     Refused(ApiError),
     /// A status reply other than no responders.
     Status(StatusCode),
-    /// A reply that is not JetStream's.
-    Unreadable(String),
+    /// A reply that is not a PubAck (what it is instead).
+    NotAnAck(String),
 }
 
 /// JetStream error codes of a message that no retry can store: over the stream's message size,
@@ -216,20 +258,29 @@ fn classify(error: SendError, destination: &str) -> PublishError {
         SendError::Status(status) => {
             PublishError::transient(format!("nats: the server answered status {status}"))
         }
-        SendError::Unreadable(e) => {
-            PublishError::transient(format!("nats: unreadable acknowledgement: {e}"))
-        }
+        // Something on the subject answers, and it is not a stream: no retry makes it one,
+        // and a transient class would pause the whole publisher over one event's subject.
+        SendError::NotAnAck(what) => PublishError::permanent(format!(
+            "nats: the reply on subject {destination:?} is not a JetStream acknowledgement \
+             ({what}); a service, not a stream, answers there"
+        )),
     }
 }
 
 /// The message's headers as NATS headers. A value with CR or LF would end the header line
 /// (async-nats panics on one): a permanent error, never a panic. `ClaimedRow::decode` refuses
 /// such rows already; this guards messages built elsewhere. The relay's own header names are
-/// built once, not parsed for every message.
+/// built once, not parsed for every message. A writer's header in the server's own namespace
+/// (`Nats-…`, in any case) is dropped: JetStream acts on those (`Nats-Rollup` purges a
+/// subject, `Nats-Expected-Stream` and `Nats-TTL` change what is stored), and the relay sets
+/// the one it needs, `Nats-Msg-Id`, itself.
 fn nats_headers(message: &Message) -> Result<HeaderMap, PublishError> {
     let mut headers = HeaderMap::new();
     let mut invalid = None;
     message.visit_headers(|name, value| {
+        if is_server_header(name) {
+            return;
+        }
         if value.contains(['\r', '\n']) {
             invalid = Some(name.to_owned());
             return;
@@ -248,6 +299,13 @@ fn nats_headers(message: &Message) -> Result<HeaderMap, PublishError> {
             "nats: header {name:?} contains CR or LF"
         ))),
     }
+}
+
+/// Whether `name` is in the NATS server's header namespace (`Nats-`, any case).
+fn is_server_header(name: &str) -> bool {
+    name.as_bytes()
+        .get(..5)
+        .is_some_and(|p| p.eq_ignore_ascii_case(b"nats-"))
 }
 
 /// The relay's standard header names, as NATS header names.
@@ -272,6 +330,9 @@ impl Publisher for NatsPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
             check_payload_size(message, self.max_payload_bytes())?;
+            // Here too, whoever calls: a refused subject must never reach the server, nor be
+            // added to the stream.
+            self.check_destination(&message.destination)?;
             let destination = &message.destination;
             match self.send(message, nats_headers(message)?).await {
                 Ok(()) => Ok(()),
@@ -305,42 +366,8 @@ impl Publisher for NatsPublisher {
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
-        if is_valid_subject(destination) {
-            Ok(())
-        } else {
-            Err(PublishError::permanent(format!(
-                "{destination:?} is not a valid NATS subject (dot-separated non-empty tokens, \
-                 no spaces, no wildcards)"
-            )))
-        }
+        check_subject(destination, &self.config.subject_prefixes)
     }
-}
-
-/// Whether `subject` can be published to: non-empty dot-separated tokens without whitespace,
-/// control characters or wildcards. On bytes when the subject is ASCII (every byte above space
-/// but DEL), by character otherwise (Unicode whitespace and controls).
-pub fn is_valid_subject(subject: &str) -> bool {
-    if subject.is_empty() || subject.len() > 1024 {
-        return false;
-    }
-    if !subject.is_ascii() {
-        return subject.split('.').all(|token| {
-            !token.is_empty()
-                && token != "*"
-                && token != ">"
-                && !token.chars().any(|c| c.is_whitespace() || c.is_control())
-        });
-    }
-    // Printable bytes only (a pass without branches, which the compiler vectorises), then the
-    // tokens: none empty, none a lone wildcard.
-    let bytes = subject.as_bytes();
-    let unprintable = bytes
-        .iter()
-        .fold(false, |bad, &b| bad | (b <= b' ') | (b == 0x7f));
-    !unprintable
-        && bytes
-            .split(|&b| b == b'.')
-            .all(|token| !matches!(token, [] | [b'*'] | [b'>']))
 }
 
 /// The stream subject pattern that captures `subject`: `first.>`, or the subject itself when it
@@ -356,62 +383,6 @@ pub(super) fn subject_pattern(subject: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn validates_subjects() {
-        assert!(is_valid_subject("order.OrderPlaced"));
-        assert!(is_valid_subject("a"));
-        assert!(is_valid_subject("commandes.été"));
-        for bad in [
-            "",
-            "a..b",
-            ".a",
-            "a.",
-            "a b",
-            "a.*",
-            "a.>",
-            "a\n",
-            "a\x7f",
-            "a\tb",
-            "é.a b",
-            "é.\u{a0}",
-            "é.\u{85}",
-            "é..a",
-            "*",
-            ">",
-            "a.*.b",
-            ">.a",
-        ] {
-            assert!(!is_valid_subject(bad), "{bad:?}");
-        }
-    }
-
-    /// The one-pass check agrees with the plain reading of the rule on every subject of up to
-    /// five characters over an alphabet of the characters that matter.
-    #[test]
-    fn the_byte_check_agrees_with_the_rule() {
-        let rule = |subject: &str| {
-            !subject.is_empty()
-                && subject.split('.').all(|token| {
-                    !token.is_empty()
-                        && token != "*"
-                        && token != ">"
-                        && !token.chars().any(|c| c.is_whitespace() || c.is_control())
-                })
-        };
-        let alphabet = ['a', '.', '*', '>', ' ', '\t', '\x7f', '\0', '~'];
-        let mut subjects = vec![String::new()];
-        for _ in 0..5 {
-            let longer: Vec<String> = subjects
-                .iter()
-                .flat_map(|s| alphabet.iter().map(move |c| format!("{s}{c}")))
-                .collect();
-            for s in &longer {
-                assert_eq!(is_valid_subject(s), rule(s), "{s:?}");
-            }
-            subjects = longer;
-        }
-    }
-
     /// async-nats panics on a header value with CR or LF: such a value is a permanent error.
     #[test]
     fn a_header_value_with_a_line_break_is_a_permanent_error_not_a_panic() {
@@ -422,6 +393,30 @@ mod tests {
         m.aggregate_id = "42".into();
         let headers = nats_headers(&m).unwrap();
         assert_eq!(headers.get("aggregate-id").unwrap().as_str(), "42");
+    }
+
+    /// A writer cannot set headers JetStream acts on; the relay's `Nats-Msg-Id` is its own.
+    #[test]
+    fn writer_headers_in_the_servers_namespace_are_dropped() {
+        let mut m = crate::message::sample(1, "42");
+        for name in [
+            "Nats-Rollup",
+            "nats-expected-stream",
+            "NATS-MSG-ID",
+            "Nats-TTL",
+        ] {
+            m.headers.insert(name.into(), "forged".into());
+        }
+        m.headers.insert("natsy".into(), "kept".into());
+        let headers = nats_headers(&m).unwrap();
+        let names: Vec<String> = headers.iter().map(|(n, _)| n.to_string()).collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.to_ascii_lowercase().starts_with("nats-")),
+            "{names:?}"
+        );
+        assert_eq!(headers.get("natsy").unwrap().as_str(), "kept");
     }
 
     /// A header the message does not have is not sent.
@@ -447,11 +442,44 @@ mod tests {
             &br#"{"error":{"code":503,"description":"no space"}}"#[..],
             br#"{"stream":"OUTBOX","error":{"code":400}}"#,
             br#"{"stream":"OUTBOX""#,
+            br#"{"stream":"OUTBOX"}"#,
+            br#"{"stream":"","seq":1}"#,
+            br#"{"stream":"OUTBOX","seq":}"#,
             b"",
             b"garbage",
         ] {
             assert!(!is_plain_ack(other), "{}", String::from_utf8_lossy(other));
         }
+    }
+
+    /// Only a PubAck (a stream name and a sequence) acknowledges a publish; a reply without an
+    /// `error` that is not one (a service's answer, an API response) is a permanent failure.
+    #[test]
+    fn only_a_pub_ack_acknowledges() {
+        for ack in [
+            &br#"{"stream":"OUTBOX","seq":12}"#[..],
+            br#"{"stream":"OUTBOX", "seq":12, "domain":"hub"}"#,
+            br#"{"seq":12,"stream":"OUTBOX","duplicate":true}"#,
+        ] {
+            assert!(read_ack(ack).is_ok(), "{}", String::from_utf8_lossy(ack));
+        }
+        for other in [
+            &br#"{"stream":"OUTBOX"}"#[..],
+            br#"{"seq":3}"#,
+            br#"{"stream":"","seq":3}"#,
+            br#"{"type":"io.nats.jetstream.api.v1.stream_delete_response","success":true}"#,
+            br#"{"ok":true}"#,
+            b"ok",
+            b"",
+        ] {
+            let error = classify(read_ack(other).unwrap_err(), "svc.echo");
+            assert!(!error.is_transient(), "{}", String::from_utf8_lossy(other));
+            assert!(error.message.contains("\"svc.echo\""), "{error}");
+        }
+        assert!(matches!(
+            read_ack(br#"{"error":{"code":503,"description":"no space"}}"#),
+            Err(SendError::Refused(_))
+        ));
     }
 
     #[test]

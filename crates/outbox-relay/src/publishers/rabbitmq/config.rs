@@ -21,6 +21,11 @@ pub struct RabbitMqConfig {
     /// Give up connecting after this long; the next publish tries again (default 5s).
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// Routing-key prefixes an event may be published with (default none: any key of at most
+    /// 255 bytes). A prefix matches as written (`orders.` allows `orders.placed`). With the
+    /// default exchange (`exchange = ""`) the routing key is a queue name, so this is the list
+    /// of queues events may reach; `amq.` queues stay refused whatever it allows.
+    pub routing_key_prefixes: Vec<String>,
 }
 
 impl Default for RabbitMqConfig {
@@ -32,6 +37,7 @@ impl Default for RabbitMqConfig {
             max_payload_bytes: 16 * 1024 * 1024,
             channels: 256,
             connect_timeout: Duration::from_secs(5),
+            routing_key_prefixes: Vec::new(),
         }
     }
 }
@@ -53,6 +59,15 @@ impl RabbitMqConfig {
         }
         if self.connect_timeout.is_zero() {
             return Err("rabbitmq.connect_timeout: must be more than 0".into());
+        }
+        if let Some(bad) = self
+            .routing_key_prefixes
+            .iter()
+            .find(|p| p.is_empty() || p.len() > 255)
+        {
+            return Err(format!(
+                "rabbitmq.routing_key_prefixes: {bad:?} must be 1 to 255 bytes"
+            ));
         }
         Ok(())
     }

@@ -99,9 +99,15 @@ impl RabbitMqPublisher {
         Ok((conn, ch))
     }
 
+    /// The message's AMQP properties. A writer's `CC` or `BCC` header (any case) is dropped:
+    /// RabbitMQ reads those as extra routing keys (sender-selected distribution), and fails
+    /// the channel when they are not an array.
     fn properties(message: &Message) -> BasicProperties {
         let mut headers = FieldTable::default();
         message.visit_headers(|name, value| {
+            if name.eq_ignore_ascii_case("CC") || name.eq_ignore_ascii_case("BCC") {
+                return;
+            }
             headers.insert(
                 ShortString::from(name.to_owned()),
                 AMQPValue::LongString(LongString::from(value.to_owned())),
@@ -182,6 +188,7 @@ impl Publisher for RabbitMqPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
             check_payload_size(message, self.config.max_payload_bytes)?;
+            self.check_destination(&message.destination)?;
             let _slot = self
                 .slots
                 .acquire()
@@ -223,12 +230,78 @@ impl Publisher for RabbitMqPublisher {
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
-        if destination.len() > 255 {
-            return Err(PublishError::permanent(format!(
-                "routing key is {} bytes, over AMQP's 255",
-                destination.len()
-            )));
+        check_routing_key(
+            destination,
+            &self.config.exchange,
+            &self.config.routing_key_prefixes,
+        )
+    }
+}
+
+/// Refuses, as permanent, a routing key an event may not be published with. The exchange is
+/// always the configured one (the key cannot name another); the key is at most 255 bytes
+/// (AMQP's short string), and on the default exchange, where a key is a queue name, never an
+/// `amq.` queue (server-named and reply-to queues of other clients).
+fn check_routing_key(key: &str, exchange: &str, prefixes: &[String]) -> Result<(), PublishError> {
+    if key.len() > 255 {
+        return Err(PublishError::permanent(format!(
+            "rabbitmq: routing key {:?}… is {} bytes, over AMQP's 255",
+            key.chars().take(64).collect::<String>(),
+            key.len()
+        )));
+    }
+    if exchange.is_empty() && key.starts_with("amq.") {
+        return Err(PublishError::permanent(format!(
+            "rabbitmq: routing key {key:?} refused: on the default exchange it names a queue, \
+             and amq. queues belong to the broker and its clients (reply-to, server-named)"
+        )));
+    }
+    crate::routing::check_prefixes("rabbitmq.routing_key_prefixes", key, prefixes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_keys_stay_within_their_rules() {
+        check_routing_key("order.placed", "outbox", &[]).unwrap();
+        check_routing_key("amq.gen-x", "outbox", &[]).unwrap();
+        let long = "k".repeat(256);
+        let error = check_routing_key(&long, "outbox", &[]).unwrap_err();
+        assert!(
+            !error.is_transient() && error.message.contains("256 bytes"),
+            "{error}"
+        );
+        for reply_queue in ["amq.rabbitmq.reply-to", "amq.gen-JzTY20BRgKO"] {
+            let error = check_routing_key(reply_queue, "", &[]).unwrap_err();
+            assert!(!error.is_transient(), "{reply_queue}");
+            assert!(
+                error.message.contains(&format!("{reply_queue:?}")),
+                "{error}"
+            );
         }
-        Ok(())
+        let prefixes = vec!["orders.".to_owned()];
+        check_routing_key("orders.placed", "outbox", &prefixes).unwrap();
+        let error = check_routing_key("billing.paid", "outbox", &prefixes).unwrap_err();
+        assert!(
+            error.message.contains("rabbitmq.routing_key_prefixes"),
+            "{error}"
+        );
+    }
+
+    /// A writer's `CC`/`BCC` never reach RabbitMQ, which would route on them.
+    #[test]
+    fn sender_selected_distribution_headers_are_dropped() {
+        let mut m = crate::message::sample(1, "a1");
+        m.headers.insert("CC".into(), "other.key".into());
+        m.headers.insert("bcc".into(), "other.key".into());
+        let properties = RabbitMqPublisher::properties(&m);
+        let headers = properties.headers().as_ref().unwrap().inner();
+        assert!(headers
+            .keys()
+            .all(|k| !k.as_str().eq_ignore_ascii_case("cc")
+                && !k.as_str().eq_ignore_ascii_case("bcc")));
+        assert!(headers.contains_key("traceparent"));
     }
 }

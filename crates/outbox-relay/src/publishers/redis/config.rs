@@ -32,6 +32,12 @@ pub struct RedisConfig {
     pub response_timeout: Duration,
     /// Largest payload published (default 1 MiB; Redis itself takes up to 512 MB).
     pub max_payload_bytes: usize,
+    /// Stream key prefixes an event may be added to (default none: any key). A prefix matches
+    /// as written (`events:` allows `events:orders`). Set it whenever the server holds other
+    /// keys than the relay's streams: without it a writer can add entries to any stream on
+    /// the server (keys of other types are refused by Redis itself). Keys in the relay's own
+    /// dedupe namespace stay refused whatever this allows.
+    pub stream_prefixes: Vec<String>,
 }
 
 impl Default for RedisConfig {
@@ -46,6 +52,7 @@ impl Default for RedisConfig {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
             max_payload_bytes: 1024 * 1024,
+            stream_prefixes: Vec::new(),
         }
     }
 }
@@ -62,6 +69,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("stream_prefixes", &self.stream_prefixes)
             .finish()
     }
 }
@@ -86,6 +94,9 @@ impl RedisConfig {
         }
         if self.max_payload_bytes == 0 || self.max_payload_bytes > 512 * 1024 * 1024 {
             return Err("redis.max_payload_bytes: must be between 1 and 512 MiB".into());
+        }
+        if self.stream_prefixes.iter().any(String::is_empty) {
+            return Err("redis.stream_prefixes: a prefix must not be empty".into());
         }
         Ok(())
     }

@@ -29,6 +29,11 @@ return {1, id}
 /// `header.payload`.
 pub const PAYLOAD_FIELD: &str = "payload";
 
+/// What sets the relay's dedupe keys (`{stream}:outbox-dedupe:<message id>`) apart: a stream
+/// key holding it is refused, so that no event can be added to, or collide with, a key the
+/// relay keeps for itself.
+const DEDUPE_KEY_MARK: &str = ":outbox-dedupe:";
+
 /// Publishes to Redis Streams. The connection is opened lazily and re-opened after a loss;
 /// publishes in the meantime fail as transient.
 pub struct RedisPublisher {
@@ -61,7 +66,7 @@ impl RedisPublisher {
     /// cluster slot, as a script touching both keys requires.
     fn dedupe_key(message: &Message) -> String {
         format!(
-            "{{{}}}:outbox-dedupe:{}",
+            "{{{}}}{DEDUPE_KEY_MARK}{}",
             message.destination, message.message_id
         )
     }
@@ -142,6 +147,7 @@ impl Publisher for RedisPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
             check_payload_size(message, self.config.max_payload_bytes)?;
+            self.check_destination(&message.destination)?;
             let entry = self.add(message).await.map_err(|e| classify(&e))?;
             self.wait_for_replicas(&entry).await
         })
@@ -156,13 +162,27 @@ impl Publisher for RedisPublisher {
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
-        if destination.is_empty() || destination.len() > 1024 {
-            return Err(PublishError::permanent(format!(
-                "{destination:?} is not a usable stream key (1 to 1024 bytes)"
-            )));
-        }
-        Ok(())
+        check_stream_key(destination, &self.config.stream_prefixes)
     }
+}
+
+/// Refuses, as permanent, a stream key an event may not be added to: empty or over 1024
+/// bytes, in the relay's own dedupe namespace, or outside `redis.stream_prefixes` when that
+/// is set. The error names the key and the rule.
+fn check_stream_key(key: &str, prefixes: &[String]) -> Result<(), PublishError> {
+    if key.is_empty() || key.len() > 1024 {
+        return Err(PublishError::permanent(format!(
+            "redis: {:?} is not a usable stream key (1 to 1024 bytes)",
+            key.chars().take(64).collect::<String>()
+        )));
+    }
+    if key.contains(DEDUPE_KEY_MARK) {
+        return Err(PublishError::permanent(format!(
+            "redis: stream key {key:?} refused: keys holding {DEDUPE_KEY_MARK:?} are the \
+             relay's dedupe keys"
+        )));
+    }
+    crate::routing::check_prefixes("redis.stream_prefixes", key, prefixes)
 }
 
 #[cfg(test)]
@@ -175,6 +195,21 @@ mod tests {
         redis::parse_redis_value(reply.as_bytes())
             .and_then(redis::Value::extract_error)
             .unwrap_err()
+    }
+
+    #[test]
+    fn stream_keys_stay_out_of_the_relays_keys_and_inside_the_prefixes() {
+        check_stream_key("orders", &[]).unwrap();
+        let relay_key = "{orders}:outbox-dedupe:0190a0a0-0000-7000-8000-000000000000";
+        let error = check_stream_key(relay_key, &[]).unwrap_err();
+        assert!(!error.is_transient());
+        assert!(error.message.contains("dedupe"), "{error}");
+        assert!(check_stream_key("", &[]).is_err());
+        assert!(check_stream_key(&"k".repeat(1025), &[]).is_err());
+        let prefixes = vec!["events:".to_owned()];
+        check_stream_key("events:orders", &prefixes).unwrap();
+        let error = check_stream_key("jobs:queue", &prefixes).unwrap_err();
+        assert!(error.message.contains("redis.stream_prefixes"), "{error}");
     }
 
     #[test]

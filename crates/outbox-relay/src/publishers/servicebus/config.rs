@@ -50,6 +50,11 @@ pub struct ServiceBusConfig {
     /// properties too, so a payload just under the limit can still be refused by the broker
     /// (as permanent).
     pub max_payload_bytes: usize,
+    /// Destination prefixes an event may be sent to (default none: any entity the other rules
+    /// allow). A prefix matches as written (`orders-` allows `orders-placed`). On a generic
+    /// broker with an address template such as `/exchange/{destination}`, where the
+    /// destination picks the exchange, set it to the exchanges events may reach (`ev/`).
+    pub entity_prefixes: Vec<String>,
 }
 
 impl Default for ServiceBusConfig {
@@ -60,6 +65,7 @@ impl Default for ServiceBusConfig {
             ack_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             max_payload_bytes: 256 * 1024,
+            entity_prefixes: Vec::new(),
         }
     }
 }
@@ -97,6 +103,15 @@ impl ServiceBusConfig {
         }
         if self.max_payload_bytes == 0 {
             return Err("servicebus.max_payload_bytes: must be more than 0".into());
+        }
+        if let Some(bad) = self
+            .entity_prefixes
+            .iter()
+            .find(|p| p.is_empty() || p.starts_with('$'))
+        {
+            return Err(format!(
+                "servicebus.entity_prefixes: {bad:?} must be non-empty and not a '$' system node"
+            ));
         }
         Ok(())
     }

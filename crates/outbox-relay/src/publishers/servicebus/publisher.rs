@@ -512,32 +512,76 @@ impl Publisher for ServiceBusPublisher {
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
-        if destination.is_empty() || destination.chars().any(char::is_control) {
-            return Err(PublishError::permanent(
-                "amqp1: destination must be non-empty printable text",
-            ));
-        }
-        if self.is_service_bus() {
-            // Entity names: letters, digits, '.', '-', '_', '/' (topic/subscription paths),
-            // at most 260 characters.
-            let ok = destination.len() <= 260
-                && destination
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/'));
-            if !ok {
-                return Err(PublishError::permanent(format!(
-                    "servicebus: {destination:?} is not a valid entity name (letters, digits, \
-                     '.', '-', '_', '/'; at most 260 characters)"
-                )));
-            }
-        } else if destination.len() > 255 {
+        check_entity(
+            destination,
+            self.is_service_bus(),
+            &self.config.entity_prefixes,
+        )
+    }
+}
+
+/// Path segments of a Service Bus entity that lead to something other than the entity:
+/// a topic's subscriptions and their rules (the `$`-prefixed subqueues, `$DeadLetterQueue`
+/// and `$Transfer`, and nodes such as `$management` and `$cbs` are refused by the character
+/// rule).
+const SERVICE_BUS_SUB_PATHS: [&str; 2] = ["subscriptions", "rules"];
+
+/// Refuses, as permanent, a destination the relay may not send to; the error names it and the
+/// rule. Any broker: non-empty printable text, not a `$` node (`$management`, `$cbs`: the
+/// broker's management and authorisation endpoints), inside `servicebus.entity_prefixes` when
+/// that is set. Service Bus: an entity name (letters, digits, `.`, `-`, `_`, `/` between
+/// segments that start and end with a letter or digit, at most 260 characters), none of whose
+/// segments reaches a subscription or rule. A generic broker: at most 255 bytes.
+fn check_entity(
+    destination: &str,
+    service_bus: bool,
+    prefixes: &[String],
+) -> Result<(), PublishError> {
+    if destination.is_empty() || destination.chars().any(char::is_control) {
+        return Err(PublishError::permanent(
+            "amqp1: destination must be non-empty printable text",
+        ));
+    }
+    if destination.starts_with('$') {
+        return Err(PublishError::permanent(format!(
+            "amqp1: destination {destination:?} refused: '$' nodes are the broker's own \
+             ($management, $cbs)"
+        )));
+    }
+    if service_bus {
+        let ok = destination.len() <= 260
+            && destination.split('/').all(|segment| {
+                segment.starts_with(|c: char| c.is_ascii_alphanumeric())
+                    && segment.ends_with(|c: char| c.is_ascii_alphanumeric())
+                    && segment
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+            });
+        if !ok {
             return Err(PublishError::permanent(format!(
-                "amqp1: destination is {} bytes, over 255",
-                destination.len()
+                "servicebus: {destination:?} is not a valid entity name (letters, digits, \
+                 '.', '-', '_', '/' between segments that start and end with a letter or \
+                 digit; at most 260 characters; no '$' subqueue)"
             )));
         }
-        Ok(())
+        let sub_path = destination.split('/').skip(1).find(|segment| {
+            SERVICE_BUS_SUB_PATHS
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(segment))
+        });
+        if let Some(segment) = sub_path {
+            return Err(PublishError::permanent(format!(
+                "servicebus: destination {destination:?} refused: its segment {segment:?} \
+                 leads to a topic's subscriptions or rules, not to an entity"
+            )));
+        }
+    } else if destination.len() > 255 {
+        return Err(PublishError::permanent(format!(
+            "amqp1: destination is {} bytes, over 255",
+            destination.len()
+        )));
     }
+    crate::routing::check_prefixes("servicebus.entity_prefixes", destination, prefixes)
 }
 
 #[cfg(test)]
@@ -662,5 +706,44 @@ mod tests {
         assert!(sb.check_destination("orders/sub-1").is_ok());
         let e = sb.check_destination("orders placed").unwrap_err();
         assert_eq!(e.class, FailureClass::Permanent);
+    }
+
+    /// System nodes, subqueues and subscription paths are refused naming the destination and
+    /// the rule; prefixes narrow what is left.
+    #[test]
+    fn system_nodes_and_subqueues_are_refused() {
+        for (destination, rule) in [
+            ("$management", "refused"),
+            ("$cbs", "refused"),
+            ("orders/$deadletterqueue", "not a valid"),
+            ("orders/$DeadLetterQueue", "not a valid"),
+            ("orders/Subscriptions/s1/$deadletterqueue", "not a valid"),
+            ("orders/Subscriptions/s1", "subscriptions"),
+            ("orders/subscriptions/s1/rules/r", "subscriptions"),
+            ("/orders", "not a valid"),
+            ("orders/", "not a valid"),
+            ("orders//x", "not a valid"),
+            ("orders/.x", "not a valid"),
+        ] {
+            let error = check_entity(destination, true, &[]).unwrap_err();
+            assert_eq!(error.class, FailureClass::Permanent, "{destination}");
+            assert!(
+                error.message.contains(&format!("{destination:?}")),
+                "{error}"
+            );
+            assert!(error.message.contains(rule), "{error}");
+        }
+        check_entity("orders", true, &[]).unwrap();
+        check_entity("shop/orders.v2", true, &[]).unwrap();
+        // A generic broker: '$' nodes refused, paths are the template's business.
+        assert!(check_entity("$management", false, &[]).is_err());
+        check_entity("ev/order.placed", false, &[]).unwrap();
+        let prefixes = vec!["ev/".to_owned()];
+        check_entity("ev/order.placed", false, &prefixes).unwrap();
+        let error = check_entity("amq.topic/x", false, &prefixes).unwrap_err();
+        assert!(
+            error.message.contains("servicebus.entity_prefixes"),
+            "{error}"
+        );
     }
 }

@@ -38,6 +38,15 @@ pub struct SqsConfig {
     /// (default 262144, 256 KiB; up to 1048576 for queues configured so). Payloads may use this
     /// less 8 KiB kept for the attributes.
     pub max_message_bytes: usize,
+    /// AWS account ids whose queues a destination may name by queue URL (default none: a
+    /// destination must be a queue name, resolved in the relay's own account). A queue URL
+    /// must also be on the endpoint in use (`endpoint_url`, else `sqs.REGION.amazonaws.com`
+    /// of the region in use).
+    pub queue_url_accounts: Vec<String>,
+    /// Queue name prefixes an event may be sent to, by name or URL (default none: any queue
+    /// the other rules allow). A prefix matches as written (`orders-` allows
+    /// `orders-placed.fifo`).
+    pub queue_prefixes: Vec<String>,
 }
 
 impl Default for SqsConfig {
@@ -48,6 +57,8 @@ impl Default for SqsConfig {
             batch_linger: Duration::from_millis(5),
             request_timeout: Duration::from_secs(10),
             max_message_bytes: 256 * 1024,
+            queue_url_accounts: Vec::new(),
+            queue_prefixes: Vec::new(),
         }
     }
 }
@@ -90,6 +101,18 @@ impl SqsConfig {
                 2 * ATTRIBUTE_ROOM
             ));
         }
+        if let Some(bad) = self
+            .queue_url_accounts
+            .iter()
+            .find(|a| a.len() != 12 || !a.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(format!(
+                "sqs.queue_url_accounts: {bad:?} is not an AWS account id (12 digits)"
+            ));
+        }
+        if self.queue_prefixes.iter().any(String::is_empty) {
+            return Err("sqs.queue_prefixes: a prefix must not be empty".into());
+        }
         Ok(())
     }
 
@@ -106,18 +129,20 @@ impl SqsConfig {
             if !(rest.starts_with("http://") || rest.starts_with("https://")) {
                 return Err(format!(
                     "broker URL {url:?}: use sqs://REGION, sqs+http://host:port or \
-                     sqs+https://host"
+                     sqs+https://host",
+                    url = crate::redact::url(url)
                 ));
             }
             self.endpoint_url = rest.trim_end_matches('/').to_owned();
         } else {
             return Err(format!(
                 "broker URL {url:?} is not an SQS URL (sqs://REGION, sqs+http://host:port, \
-                 sqs+https://host)"
+                 sqs+https://host)",
+                url = crate::redact::url(url)
             ));
         }
         self.validate()
-            .map_err(|e| format!("broker URL {url:?}: {e}"))
+            .map_err(|e| format!("broker URL {:?}: {e}", crate::redact::url(url)))
     }
 
     /// Largest payload accepted: `max_message_bytes` less the room kept for the attributes.

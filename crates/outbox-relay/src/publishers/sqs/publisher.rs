@@ -33,6 +33,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct SqsPublisher {
     client: Client,
     config: SqsConfig,
+    /// The region requests go to, which a queue URL destination must name.
+    region: String,
     urls: Arc<QueueUrls>,
     batcher: Batcher<SdkSender>,
 }
@@ -116,7 +118,7 @@ impl SqsPublisher {
                     .into(),
             ));
         };
-        builder = builder.region(region);
+        builder = builder.region(region.clone());
         if !config.endpoint_url.is_empty() {
             builder = builder.endpoint_url(config.endpoint_url.clone());
         }
@@ -132,11 +134,12 @@ impl SqsPublisher {
                 max_bytes: config.max_message_bytes,
             },
         );
-        tracing::info!(region = %config.region, endpoint = %config.endpoint_url,
+        tracing::info!(region = %config.region, endpoint = %crate::redact::url(&config.endpoint_url),
             "sqs publisher ready");
         Ok(Self {
             client,
             config,
+            region: region.to_string(),
             urls,
             batcher,
         })
@@ -207,39 +210,74 @@ impl Publisher for SqsPublisher {
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), PublishError> {
-        check_destination(destination, &self.config.endpoint_url)
+        check_destination(destination, &self.config, &self.region)
     }
 }
 
-/// A queue name (1 to 80 of `A-Za-z0-9_-`, `.fifo` may follow and counts in the 80), or an
-/// `https://` queue URL (`http://` too when the endpoint is `http://`, as emulators are).
-fn check_destination(destination: &str, endpoint_url: &str) -> Result<(), PublishError> {
-    if is_url(destination) {
-        let plain_ok = endpoint_url.starts_with("http://");
-        let rest = destination
-            .strip_prefix("https://")
-            .or_else(|| destination.strip_prefix("http://").filter(|_| plain_ok));
-        return match rest {
-            Some(rest) if rest.contains('/') && !rest.chars().any(char::is_whitespace) => Ok(()),
-            _ => Err(PublishError::permanent(format!(
-                "{destination:?} is not a valid SQS queue URL (https://host/account/queue)"
-            ))),
-        };
-    }
-    let stem = destination.strip_suffix(".fifo").unwrap_or(destination);
+/// Refuses, as permanent, a destination the relay may not send to; the error names it and the
+/// rule. A destination is a queue name (1 to 80 of `A-Za-z0-9_-`, `.fifo` may follow and
+/// counts in the 80), resolved in the relay's own account, or a queue URL
+/// `ENDPOINT/ACCOUNT/NAME` on the endpoint in use (`config.endpoint_url`, else
+/// `https://sqs.REGION.amazonaws.com` of `region`, the region in use) whose account is in
+/// `sqs.queue_url_accounts`: a writer cannot send the event, with the relay's credentials, to
+/// a queue of another account (one it owns and opened to anyone), another region or another
+/// host. The queue's name must start with one of `sqs.queue_prefixes` when that is set.
+fn check_destination(
+    destination: &str,
+    config: &SqsConfig,
+    region: &str,
+) -> Result<(), PublishError> {
+    let name = match is_url(destination) {
+        true => queue_url_name(destination, config, region)?,
+        false => destination,
+    };
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
     let ok = !stem.is_empty()
-        && destination.len() <= 80
+        && name.len() <= 80
         && stem
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if ok {
-        Ok(())
-    } else {
-        Err(PublishError::permanent(format!(
-            "{destination:?} is not a valid SQS queue name (1 to 80 characters of A-Z a-z 0-9 _ \
-             -, optionally ending in .fifo) nor a queue URL"
-        )))
+    if !ok {
+        return Err(PublishError::permanent(format!(
+            "sqs: {destination:?} is not a valid SQS queue name (1 to 80 characters of A-Z a-z \
+             0-9 _ -, optionally ending in .fifo) nor a queue URL"
+        )));
     }
+    crate::routing::check_prefixes("sqs.queue_prefixes", name, &config.queue_prefixes)
+}
+
+/// The queue name of queue URL `url`, once the URL is found on the endpoint in use and in an
+/// allowed account.
+fn queue_url_name<'a>(
+    url: &'a str,
+    config: &SqsConfig,
+    region: &str,
+) -> Result<&'a str, PublishError> {
+    let refused = |rule: String| {
+        Err(PublishError::permanent(format!(
+            "sqs: queue URL {url:?} refused: {rule}"
+        )))
+    };
+    let endpoint = match config.endpoint_url.as_str() {
+        "" => format!("https://sqs.{region}.amazonaws.com"),
+        endpoint => endpoint.trim_end_matches('/').to_owned(),
+    };
+    let path = url
+        .strip_prefix(endpoint.as_str())
+        .and_then(|rest| rest.strip_prefix('/'));
+    let Some(path) = path else {
+        return refused(format!("it is not on the endpoint in use, {endpoint}"));
+    };
+    let Some((account, name)) = path.split_once('/') else {
+        return refused("it is not ENDPOINT/ACCOUNT/QUEUE".into());
+    };
+    if !config.queue_url_accounts.iter().any(|a| a == account) {
+        return refused(format!(
+            "account {account:?} is not in sqs.queue_url_accounts {:?}",
+            config.queue_url_accounts
+        ));
+    }
+    Ok(name)
 }
 
 fn is_url(destination: &str) -> bool {
@@ -558,15 +596,15 @@ mod tests {
 
     #[test]
     fn validates_destinations() {
+        let config = SqsConfig::default();
         for ok in [
             "orders",
             "orders-v2_x",
             "orders.fifo",
             &"a".repeat(80),
             &format!("{}.fifo", "a".repeat(75)),
-            "https://sqs.eu-west-1.amazonaws.com/123456789012/orders",
         ] {
-            check_destination(ok, "").unwrap();
+            check_destination(ok, &config, "eu-west-1").unwrap();
         }
         for bad in [
             "",
@@ -578,16 +616,80 @@ mod tests {
             &format!("{}.fifo", "a".repeat(76)),
             "https://",
             "http://127.0.0.1:4566/000000000000/q",
+            "arn:aws:sqs:eu-west-1:123456789012:orders",
         ] {
-            let error = check_destination(bad, "").unwrap_err();
+            let error = check_destination(bad, &config, "eu-west-1").unwrap_err();
             assert_eq!(error.class, Permanent, "{bad:?}");
             assert!(error.message.contains(&format!("{bad:?}")), "{error}");
         }
+    }
+
+    /// A queue URL must be on the endpoint in use, in an allowed account, and a name inside
+    /// the allowed prefixes; each refusal names the URL and the rule.
+    #[test]
+    fn queue_urls_stay_in_the_configured_accounts_region_and_prefixes() {
+        let own = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
+        let refused = |destination: &str, config: &SqsConfig, rule: &str| {
+            let error = check_destination(destination, config, "eu-west-1").unwrap_err();
+            assert_eq!(error.class, Permanent, "{destination}");
+            assert!(
+                error.message.contains(&format!("{destination:?}")) && error.message.contains(rule),
+                "{error}"
+            );
+        };
+        // No account allowed: no URL at all.
+        refused(own, &SqsConfig::default(), "sqs.queue_url_accounts");
+        let config = SqsConfig {
+            queue_url_accounts: vec!["123456789012".into()],
+            ..Default::default()
+        };
+        check_destination(own, &config, "eu-west-1").unwrap();
+        refused(
+            "https://sqs.eu-west-1.amazonaws.com/999999999999/drop",
+            &config,
+            "account \"999999999999\"",
+        );
+        refused(
+            "https://sqs.us-east-1.amazonaws.com/123456789012/orders",
+            &config,
+            "endpoint in use",
+        );
+        refused(
+            "https://sqs.eu-west-1.amazonaws.com.evil.example/123456789012/orders",
+            &config,
+            "endpoint in use",
+        );
+        refused(
+            "https://evil.example/123456789012/orders",
+            &config,
+            "endpoint in use",
+        );
+        refused(
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/a/b",
+            &config,
+            "not a valid",
+        );
+        let emulator = SqsConfig {
+            endpoint_url: "http://127.0.0.1:4566".into(),
+            queue_url_accounts: vec!["000000000000".into()],
+            queue_prefixes: vec!["orders-".into()],
+            ..Default::default()
+        };
         check_destination(
-            "http://127.0.0.1:4566/000000000000/q",
-            "http://127.0.0.1:4566",
+            "http://127.0.0.1:4566/000000000000/orders-placed",
+            &emulator,
+            "us-east-1",
         )
         .unwrap();
+        check_destination("orders-placed.fifo", &emulator, "us-east-1").unwrap();
+        refused("billing", &emulator, "sqs.queue_prefixes");
+        let error = check_destination(
+            "http://127.0.0.1:4566/000000000000/billing",
+            &emulator,
+            "us-east-1",
+        )
+        .unwrap_err();
+        assert!(error.message.contains("sqs.queue_prefixes"), "{error}");
     }
 
     #[test]

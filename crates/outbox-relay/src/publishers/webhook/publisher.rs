@@ -1,43 +1,57 @@
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use futures::future::BoxFuture;
-use hmac::{Hmac, Mac};
-use reqwest::StatusCode;
-use sha2::Sha256;
+use reqwest::{redirect, StatusCode};
 
-use super::WebhookConfig;
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
-
-/// Header carrying the body's signature: `sha256=<lowercase hex HMAC-SHA256(secret, body)>`.
-pub const SIGNATURE_HEADER: &str = "x-outbox-signature";
+use super::{
+    headers::{self, IDEMPOTENCY_KEY, WEBHOOK_ID, WEBHOOK_SIGNATURE, WEBHOOK_TIMESTAMP},
+    secret::{signature_header, SigningKey},
+    url_template::UrlTemplate,
+    WebhookConfig,
+};
+use crate::{check_payload_size, message::header, Error, Message, PublishError, Publisher};
 
 /// POSTs each event to an HTTP endpoint.
 pub struct WebhookPublisher {
     client: reqwest::Client,
     config: WebhookConfig,
+    url: UrlTemplate,
+    keys: Vec<SigningKey>,
 }
 
 impl WebhookPublisher {
-    /// Builds the HTTP client (no request is made).
+    /// Checks the configuration and builds the HTTP client (no request is made). The client
+    /// follows no redirect and sends no `Referer`.
     pub fn new(config: WebhookConfig) -> Result<Self, Error> {
         config.validate().map_err(Error::Config)?;
+        let url = UrlTemplate::parse(&config.url).map_err(Error::Config)?;
+        let keys = config
+            .secrets
+            .iter()
+            .map(|s| SigningKey::parse(s))
+            .collect::<Result<_, _>>()
+            .map_err(Error::Config)?;
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
             .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
+            // A redirect would take the body, its signature and the writer's headers to a URL
+            // the operator never configured; a 3xx is answered as a failure instead.
+            .redirect(redirect::Policy::none())
+            .referer(false)
             .build()
             .map_err(|e| Error::Broker(format!("webhook: {e}")))?;
-        Ok(Self { client, config })
+        Ok(Self {
+            client,
+            config,
+            url,
+            keys,
+        })
     }
 }
 
-/// `sha256=<hex>` of the HMAC-SHA256 of `body` under `secret`.
-pub fn sign(secret: &str, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(body);
-    let digest = mac.finalize().into_bytes();
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256={hex}")
-}
-
-/// Classifies an HTTP status: the one place webhook outcomes become retry decisions.
+/// Classifies an HTTP status: the one place webhook outcomes become retry decisions. A 3xx is
+/// a permanent failure like other 4xx: the endpoint is misconfigured (redirects are never
+/// followed), and no retry of the same URL changes that.
 fn classify(status: StatusCode) -> Result<(), PublishError> {
     if status.is_success() {
         Ok(())
@@ -46,37 +60,57 @@ fn classify(status: StatusCode) -> Result<(), PublishError> {
         || status.is_server_error()
     {
         Err(PublishError::transient(format!("webhook: HTTP {status}")))
+    } else if status.is_redirection() {
+        Err(PublishError::permanent(format!(
+            "webhook: HTTP {status}: redirects are not followed; set webhook.url to the final \
+             endpoint"
+        )))
     } else {
         Err(PublishError::permanent(format!("webhook: HTTP {status}")))
     }
+}
+
+/// Unix seconds now, for `webhook-timestamp`.
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 impl Publisher for WebhookPublisher {
     fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {
             check_payload_size(message, self.config.max_payload_bytes)?;
+            // A destination that cannot be sent never will be: dead-letter it, and never send
+            // the request anywhere else.
             let url = self
-                .config
                 .url
-                .replace("{destination}", &message.destination);
-            let mut request = self
+                .render(&message.destination)
+                .map_err(|e| PublishError::permanent(format!("webhook: {e}")))?;
+            let id = message.message_id.to_string();
+            let timestamp = unix_now();
+            let mut own = vec![
+                (header::CONTENT_TYPE, message.content_type.clone()),
+                (IDEMPOTENCY_KEY, id.clone()),
+                (WEBHOOK_TIMESTAMP, timestamp.to_string()),
+            ];
+            if !self.keys.is_empty() {
+                own.push((
+                    WEBHOOK_SIGNATURE,
+                    signature_header(&self.keys, &id, timestamp, &message.payload),
+                ));
+            }
+            own.push((WEBHOOK_ID, id));
+            let headers = headers::request_headers(own, message)
+                .map_err(|e| PublishError::permanent(format!("webhook: {e}")))?;
+            let request = self
                 .client
-                .post(&url)
-                .header(reqwest::header::CONTENT_TYPE, &message.content_type)
-                .header("idempotency-key", message.message_id.to_string())
+                .post(url)
+                .headers(headers)
                 .body(message.payload.clone());
-            for (name, value) in message.broker_headers() {
-                if name != "content-type" {
-                    request = request.header(name, value);
-                }
-            }
-            if let Some(secret) = &self.config.secret {
-                request = request.header(SIGNATURE_HEADER, sign(secret, &message.payload));
-            }
             match request.send().await {
                 Ok(response) => classify(response.status()),
-                // The request could not be built (a header value or a destination that HTTP
-                // cannot carry): no retry changes that.
+                // The request could not be built: no retry changes that.
                 Err(e) if e.is_builder() => Err(PublishError::permanent(format!(
                     "webhook: {}",
                     e.without_url()
@@ -103,15 +137,6 @@ impl Publisher for WebhookPublisher {
 mod tests {
     use super::*;
 
-    #[test]
-    fn signs_like_rfc_4231_test_case_2() {
-        // RFC 4231, test case 2: key "Jefe", data "what do ya want for nothing?".
-        assert_eq!(
-            sign("Jefe", b"what do ya want for nothing?"),
-            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
-    }
-
     /// A header value HTTP cannot carry (a control character, which rows may hold) used to be
     /// a transient error: retried forever, pausing the whole publisher each time.
     #[tokio::test]
@@ -126,6 +151,10 @@ mod tests {
         m.headers.insert("note".into(), "bell\u{7}".into());
         let err = publisher.publish(&m).await.unwrap_err();
         assert!(!err.is_transient(), "{err}");
+        m.headers.clear();
+        m.destination = "..".into();
+        let err = publisher.publish(&m).await.unwrap_err();
+        assert!(!err.is_transient(), "{err}");
     }
 
     #[test]
@@ -135,7 +164,7 @@ mod tests {
             let e = classify(StatusCode::from_u16(s).unwrap()).unwrap_err();
             assert!(e.is_transient(), "{s}");
         }
-        for s in [400, 401, 404, 410, 422] {
+        for s in [300, 301, 302, 303, 307, 308, 400, 401, 404, 410, 422] {
             let e = classify(StatusCode::from_u16(s).unwrap()).unwrap_err();
             assert!(!e.is_transient(), "{s}");
         }

@@ -1,7 +1,7 @@
 //! Where the replication connection goes: the database URL the relay was given, read into the
 //! replication client's settings (the pool's options cannot give the password back).
 
-use pgwire_replication::{ReplicationConfig, TlsConfig};
+use pgwire_replication::{ReplicationConfig, SslMode, TlsConfig};
 
 use crate::Error;
 
@@ -30,8 +30,11 @@ impl std::fmt::Debug for ReplicationTarget {
 
 impl ReplicationTarget {
     /// Reads a `postgres://user:password@host:port/database?sslmode=…` URL (`host=` in the
-    /// query may name a Unix socket directory). `sslmode` is `disable` (default), `prefer`,
-    /// `require`, `verify-ca` or `verify-full` (with `sslrootcert=` for a CA file).
+    /// query may name a Unix socket directory). `sslmode` means what it means to libpq and to
+    /// the relay's pool: `prefer` (the default) and `allow` try TLS and go on without it when
+    /// the server refuses TLS, `require` demands TLS without checking the certificate,
+    /// `verify-ca` checks it against `sslrootcert=` (a PEM file; the Mozilla roots without
+    /// one), `verify-full` checks the host name too, and `disable` never uses TLS.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let bad = |why: &str| Error::Config(format!("database URL for replication: {why}"));
         let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
@@ -42,7 +45,7 @@ impl ReplicationTarget {
             percent_decode(s).ok_or_else(|| bad("user or password is not valid percent-encoding"))
         };
         let mut host = parsed.host_str().unwrap_or("localhost").to_owned();
-        let mut sslmode = "disable".to_owned();
+        let mut sslmode = "prefer".to_owned();
         let mut root_cert = None;
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
@@ -53,7 +56,13 @@ impl ReplicationTarget {
             }
         }
         let tls = match sslmode.as_str() {
-            "disable" | "allow" | "prefer" => TlsConfig::disabled(),
+            "disable" => TlsConfig::disabled(),
+            // libpq's `allow` tries without TLS first; TLS first is the safer of the two
+            // orders and meets every server `allow` meets.
+            "allow" | "prefer" => TlsConfig {
+                mode: SslMode::Prefer,
+                ..TlsConfig::disabled()
+            },
             "require" => TlsConfig::require(),
             "verify-ca" => TlsConfig::verify_ca(root_cert),
             "verify-full" => TlsConfig::verify_full(root_cert),
@@ -137,6 +146,21 @@ mod tests {
         assert!(!format!("{t:?}").contains("s@cret"));
         let t = ReplicationTarget::from_url("postgres://postgres@127.0.0.1/test").unwrap();
         assert_eq!(t.port, 5432);
+        assert_eq!(t.tls.mode, SslMode::Prefer, "libpq's default");
+        for (mode, expected) in [
+            ("disable", SslMode::Disable),
+            ("allow", SslMode::Prefer),
+            ("prefer", SslMode::Prefer),
+            ("require", SslMode::Require),
+            ("verify-ca", SslMode::VerifyCa),
+            ("verify-full", SslMode::VerifyFull),
+        ] {
+            let url = format!("postgres://postgres@db/test?sslmode={mode}");
+            assert_eq!(
+                ReplicationTarget::from_url(&url).unwrap().tls.mode,
+                expected
+            );
+        }
         for (bad, expected) in [
             ("mysql://x@h/db", "postgres://"),
             ("postgres://x@h/db?sslmode=maybe", "unknown sslmode"),
