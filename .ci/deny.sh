@@ -12,8 +12,15 @@ fi
 snapshot=$(cat deny/advisory-db/SNAPSHOT)
 age_days=$(( ( $(date +%s) - $(date -d "${snapshot#* }" +%s) ) / 86400 ))
 echo "advisory snapshot: $snapshot ($age_days days old)"
-if [ "$age_days" -gt 180 ]; then
-  echo "warning: the vendored advisories are over 180 days old; run deny/refresh-advisories.sh" >&2
+if [ "$age_days" -gt 90 ]; then
+  echo "warning: the vendored advisories are over 90 days old; run deny/refresh-advisories.sh" >&2
+fi
+# A crate added to Cargo.lock since the snapshot has had no advisory looked up for it.
+missing=$(comm -23 <(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.lock | sort -u) deny/advisory-db/CRATES)
+if [ -n "$missing" ]; then
+  echo "crates in Cargo.lock that deny/advisory-db was not refreshed for (run" \
+    "deny/refresh-advisories.sh): $missing" >&2
+  exit 1
 fi
 # cargo-deny's directory for the default database URL (name-xxhash64 of the URL, lowercased).
 dbs=target/advisory-dbs

@@ -16,5 +16,7 @@ sed -n 's/^name = "\(.*\)"$/\1/p' "$root/Cargo.lock" | sort -u | while read -r c
         cp -r "$src/crates/$crate" "$out/crates/"
     fi
 done
+# The crates this snapshot was taken for: .ci/deny.sh fails when Cargo.lock names another.
+sed -n 's/^name = "\(.*\)"$/\1/p' "$root/Cargo.lock" | sort -u > "$out/CRATES"
 git -C "$src" log -1 --format='%H %cI' > "$out/SNAPSHOT"
 echo "vendored $(find "$out/crates" -name '*.md' | wc -l) advisories from $(cat "$out/SNAPSHOT")"

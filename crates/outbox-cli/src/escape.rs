@@ -38,6 +38,29 @@ impl<W: Write> Write for Escaping<W> {
     }
 }
 
+/// What the CLI prints to stdout, its line breaks and tabs kept and every other character
+/// [`control`] escapes written as `\uXXXX`: the last guard for a command that prints writers'
+/// data (a saga's correlation id, a held event's type) without escaping its fields. The form
+/// is JSON's own escape, so `--json` output stays valid JSON meaning the same text (serde_json
+/// already escaped every C0 control inside its strings; C1 controls and bidirectional marks it
+/// writes as they are).
+pub fn output(text: &str) -> Cow<'_, str> {
+    let escaped = |c: char| c != '\n' && c != '\t' && needs_escape(c);
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escaped(c) {
+            // Every such character is in the Basic Multilingual Plane: one \uXXXX each.
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c,
@@ -61,6 +84,24 @@ fn write_escaped(out: &mut impl Write, c: char) -> fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::control;
+
+    #[test]
+    fn output_keeps_lines_and_json_valid() {
+        use super::output;
+        assert_eq!(output("a\tb\nc"), "a\tb\nc");
+        assert_eq!(output("o1\x1b[2J\r"), "o1\\u001b[2J\\u000d");
+        let json = serde_json::to_string(&"Order\u{202e}desreveR \u{9b}").unwrap();
+        let printed = output(&json);
+        assert!(
+            !printed.contains('\u{202e}') && !printed.contains('\u{9b}'),
+            "{printed}"
+        );
+        assert_eq!(
+            serde_json::from_str::<String>(&printed).unwrap(),
+            "Order\u{202e}desreveR \u{9b}",
+            "still valid JSON of the same text"
+        );
+    }
 
     #[test]
     fn escapes_what_a_terminal_or_a_log_reader_would_obey() {

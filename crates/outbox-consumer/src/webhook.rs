@@ -11,20 +11,45 @@
 //! 3. one `v1` signature matches one of the verifier's secrets, compared in constant time over
 //!    the raw body bytes (verify before parsing the body);
 //! 4. its `webhook-id` was not accepted before within the window: a captured request replayed
-//!    while its timestamp is still fresh is refused as [`WebhookError::Replayed`].
+//!    while its timestamp is still fresh is refused, as [`WebhookError::Replayed`] once the
+//!    first delivery was handled, as [`WebhookError::InFlight`] while it is being handled.
 //!
-//! The replay guard is in memory, bounded and per process: ids are kept until their timestamp
-//! leaves the tolerance (after which step 2 refuses the request anyway), and a full set refuses
-//! new requests ([`WebhookError::Busy`], a 503 the relay retries) rather than forget ids early.
-//! It is lost on restart and not shared between replicas. Applying each event once is the
-//! inbox's job ([`crate::Processor`]): the guard stops replays, the inbox makes redelivery
-//! harmless.
+//! The replay guard is in memory, bounded and per process: ids are kept until their latest
+//! timestamp leaves the tolerance (after which step 2 refuses the request anyway), and a full
+//! set refuses new requests ([`WebhookError::Busy`], a 503 the relay retries) rather than
+//! forget ids early. It is lost on restart and not shared between replicas. Applying each event
+//! once is the inbox's job ([`crate::Processor`]): the guard stops replays, the inbox makes
+//! redelivery harmless.
 //!
-//! The relay retries a delivery whose answer it did not get with the same `webhook-id` (and a
-//! new timestamp), which this guard refuses as a replay. Answer `Replayed` with a 2xx
-//! ([`WebhookError::status`] does): the first delivery is being or has been handled. When
-//! handling an accepted request fails, call [`WebhookVerifier::forget`] before answering with
-//! an error, so that the relay's retry is accepted.
+//! An accepted request is *in flight* until the receiver says how handling it ended:
+//! [`WebhookVerifier::complete`] once the handler committed (a later request with the id is
+//! `Replayed`, answered 200: the event is applied), [`WebhookVerifier::forget`] when it failed
+//! (the sender's next attempt is accepted). The relay retries a delivery whose answer it did
+//! not get with the same `webhook-id` and a new timestamp; while the first is still in flight
+//! that retry is `InFlight`, answered 503, which the relay retries later: a 2xx never
+//! acknowledges an event whose handling has not succeeded. A receiver that calls neither (a
+//! crash mid-handler) leaves the id in flight until its timestamp leaves the window; the relay's
+//! attempts after that are accepted again.
+//!
+//! ```
+//! # use outbox_consumer::webhook::{WebhookVerifier, WebhookError};
+//! # fn handle(_: &[u8]) -> Result<(), ()> { Ok(()) }
+//! fn receive(verifier: &WebhookVerifier, headers: &http::HeaderMap, body: &[u8]) -> u16 {
+//!     match verifier.verify(headers, body) {
+//!         Ok(delivery) => match handle(body) {
+//!             Ok(()) => {
+//!                 verifier.complete(&delivery.id);
+//!                 204
+//!             }
+//!             Err(_) => {
+//!                 verifier.forget(&delivery.id);
+//!                 500
+//!             }
+//!         },
+//!         Err(refused) => refused.status().as_u16(),
+//!     }
+//! }
+//! ```
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -103,22 +128,27 @@ pub enum WebhookError {
     /// No `v1` signature matches any secret.
     #[error("no signature matches")]
     BadSignature,
-    /// The id was already accepted within the window.
-    #[error("webhook-id `{0}` was already accepted")]
+    /// The id was accepted within the window and its handling completed.
+    #[error("webhook-id `{0}` was already handled")]
     Replayed(String),
+    /// The id was accepted within the window and is still being handled (neither
+    /// [`WebhookVerifier::complete`] nor [`WebhookVerifier::forget`] was called for it).
+    #[error("webhook-id `{0}` is being handled")]
+    InFlight(String),
     /// The replay guard is full of ids still inside the window.
     #[error("too many requests inside the tolerance window to guard against replays")]
     Busy,
 }
 
 impl WebhookError {
-    /// The HTTP status to answer with: 200 for [`Self::Replayed`] (a duplicate, not handled
-    /// again), 503 for [`Self::Busy`] (the relay retries), 401 for a failed signature or an
-    /// out-of-window timestamp, 400 for malformed headers, 500 for configuration errors.
+    /// The HTTP status to answer with: 200 for [`Self::Replayed`] (handled already, not
+    /// handled again), 503 for [`Self::InFlight`] and [`Self::Busy`] (the relay retries later),
+    /// 401 for a failed signature or an out-of-window timestamp, 400 for malformed headers, 500
+    /// for configuration errors.
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Replayed(_) => StatusCode::OK,
-            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::InFlight(_) | Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::BadSignature | Self::Stale { .. } | Self::Future { .. } => {
                 StatusCode::UNAUTHORIZED
             }
@@ -270,6 +300,15 @@ impl WebhookVerifier {
         })
     }
 
+    /// Records that the accepted request `id` was handled (its change committed): a later
+    /// request with the id is [`WebhookError::Replayed`], answered 200.
+    pub fn complete(&self, id: &str) {
+        self.seen
+            .lock()
+            .expect("the replay guard's lock is never held across a panic")
+            .complete(id);
+    }
+
     /// Forgets an accepted id, so that the sender's next attempt with it is accepted: call it
     /// when handling the request failed.
     pub fn forget(&self, id: &str) {
@@ -319,15 +358,24 @@ fn parse_timestamp(text: &str) -> Result<i64, WebhookError> {
         .map_err(|_| WebhookError::InvalidHeader(WEBHOOK_TIMESTAMP))
 }
 
+/// An accepted id: when it leaves the window, and whether its handling completed.
+struct Entry {
+    expires: i64,
+    done: bool,
+}
+
 /// Accepted ids and when each leaves the window.
 #[derive(Default)]
 struct Seen {
-    expiry: HashMap<String, i64>,
+    expiry: HashMap<String, Entry>,
     by_expiry: BTreeSet<(i64, String)>,
 }
 
 impl Seen {
-    /// Records `id` until `expires`, unless it is already held; drops what expired by `now`.
+    /// Records `id` (in flight) until `expires`, unless it is already held: then it is kept
+    /// until the later of its expiry and `expires` (a replay of the newer request is refused
+    /// as long as that request is fresh), and refused as replayed or in flight. Drops what
+    /// expired by `now`.
     fn admit(
         &mut self,
         id: &str,
@@ -342,20 +390,40 @@ impl Seen {
             self.by_expiry.pop_first();
             self.expiry.remove(&old);
         }
-        if self.expiry.contains_key(id) {
-            return Err(WebhookError::Replayed(id.to_owned()));
+        if let Some(entry) = self.expiry.get_mut(id) {
+            if expires > entry.expires {
+                self.by_expiry.remove(&(entry.expires, id.to_owned()));
+                self.by_expiry.insert((expires, id.to_owned()));
+                entry.expires = expires;
+            }
+            return Err(match entry.done {
+                true => WebhookError::Replayed(id.to_owned()),
+                false => WebhookError::InFlight(id.to_owned()),
+            });
         }
         if self.expiry.len() >= capacity {
             return Err(WebhookError::Busy);
         }
-        self.expiry.insert(id.to_owned(), expires);
+        self.expiry.insert(
+            id.to_owned(),
+            Entry {
+                expires,
+                done: false,
+            },
+        );
         self.by_expiry.insert((expires, id.to_owned()));
         Ok(())
     }
 
+    fn complete(&mut self, id: &str) {
+        if let Some(entry) = self.expiry.get_mut(id) {
+            entry.done = true;
+        }
+    }
+
     fn remove(&mut self, id: &str) {
-        if let Some(at) = self.expiry.remove(id) {
-            self.by_expiry.remove(&(at, id.to_owned()));
+        if let Some(entry) = self.expiry.remove(id) {
+            self.by_expiry.remove(&(entry.expires, id.to_owned()));
         }
     }
 }
@@ -456,6 +524,11 @@ mod tests {
     fn refuses_a_replay_inside_the_window_and_forgets_it_after() {
         let v = WebhookVerifier::new([SECRET]).unwrap();
         v.verify_at(&vector(), BODY, TIMESTAMP).unwrap();
+        // Still being handled: a retry must not be acknowledged.
+        let early = v.verify_at(&vector(), BODY, TIMESTAMP + 30).unwrap_err();
+        assert_eq!(early, WebhookError::InFlight(ID.into()));
+        assert_eq!(early.status(), StatusCode::SERVICE_UNAVAILABLE);
+        v.complete(ID);
         let replay = v.verify_at(&vector(), BODY, TIMESTAMP + 60).unwrap_err();
         assert_eq!(replay, WebhookError::Replayed(ID.into()));
         assert_eq!(replay.status(), StatusCode::OK);
@@ -477,6 +550,26 @@ mod tests {
         v.verify_at(&vector(), BODY, TIMESTAMP).unwrap();
         v.forget(ID);
         v.verify_at(&vector(), BODY, TIMESTAMP).unwrap();
+    }
+
+    /// A retry with a newer timestamp keeps the id held until that timestamp leaves the
+    /// window: a capture of the retry cannot be replayed once the first request's window ends.
+    #[test]
+    fn a_fresher_retry_extends_the_ids_window() {
+        let v = WebhookVerifier::new([SECRET]).unwrap();
+        v.verify_at(&vector(), BODY, TIMESTAMP).unwrap();
+        v.complete(ID);
+        let retry_at = TIMESTAMP + 200;
+        let retry = headers(ID, &retry_at.to_string(), &sign(ID, retry_at, BODY));
+        assert_eq!(
+            v.verify_at(&retry, BODY, retry_at).unwrap_err(),
+            WebhookError::Replayed(ID.into())
+        );
+        assert_eq!(
+            v.verify_at(&retry, BODY, TIMESTAMP + 400).unwrap_err(),
+            WebhookError::Replayed(ID.into()),
+            "past the first request's window, inside the retry's"
+        );
     }
 
     #[test]

@@ -68,7 +68,8 @@ async fn read_request<R: tokio::io::AsyncRead + Unpin>(
     Some((raw, headers, body))
 }
 
-/// A receiver that verifies every request and answers with the verdict's status.
+/// A receiver that verifies every request, handles the accepted ones (successfully) and
+/// answers with the verdict's status.
 async fn receiver(verifier: Arc<WebhookVerifier>) -> (String, Arc<Mutex<Vec<Seen>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -83,7 +84,11 @@ async fn receiver(verifier: Arc<WebhookVerifier>) -> (String, Arc<Mutex<Vec<Seen
                 while let Some((raw, headers, body)) = read_request(&mut read).await {
                     let verdict = verifier.verify(&headers, &body).map(|v| v.id);
                     let status = match &verdict {
-                        Ok(_) => 204,
+                        // The handler (a no-op here) succeeded: the id is complete.
+                        Ok(id) => {
+                            verifier.complete(id);
+                            204
+                        }
                         Err(e) => e.status().as_u16(),
                     };
                     log.lock().unwrap().push((raw, verdict));

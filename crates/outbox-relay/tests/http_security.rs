@@ -210,6 +210,20 @@ async fn reads_beyond_loopback_need_a_token_and_are_refused_without_one() {
     )
     .await;
     assert_eq!(get(&local_guarded, "/api/status", &[]).await.status, 401);
+    // A loopback listener that answers a proxy's name serves callers beyond loopback.
+    let proxied = serve(
+        &db,
+        Access {
+            allowed_hosts: vec!["relay.example.com".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    for host in ["relay.example.com", "127.0.0.1"] {
+        let reply = get(&proxied, "/api/dead-letters", &[("host", host)]).await;
+        assert_eq!(reply.status, 403, "{host}: {}", reply.body);
+        assert!(reply.body.contains("allowed_hosts"), "{}", reply.body);
+    }
 }
 
 #[tokio::test]
@@ -251,7 +265,16 @@ async fn a_request_naming_another_host_is_refused_except_by_probes_and_scrapers(
         format!("[::1]:{port}"),
         "Relay.Internal".into(),
     ] {
-        let reply = request(&addr, &host, "GET", "/api/status", &[], "").await;
+        // With a name in allowed_hosts, reads need a token even on loopback.
+        let reply = request(
+            &addr,
+            &host,
+            "GET",
+            "/api/status",
+            &[("authorization", &auth)],
+            "",
+        )
+        .await;
         assert_eq!(reply.status, 200, "{host}: {}", reply.body);
     }
     // Kubernetes probes send the pod's IP, Prometheus the target's address.

@@ -329,8 +329,11 @@ pub fn require_url(url: Option<&str>) -> Result<&str, String> {
     url.ok_or_else(|| "no database URL: pass --database-url or set OUTBOX_DATABASE_URL".to_owned())
 }
 
-/// Writes to stdout; a closed pipe (`outbox status | head`) is not an error.
+/// Writes to stdout, with every control character but line breaks and tabs (and every
+/// bidirectional mark) escaped by [`crate::escape::output`]; a closed pipe
+/// (`outbox status | head`) is not an error.
 pub fn print(text: &str) {
     use std::io::Write;
+    let text = crate::escape::output(text);
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }

@@ -167,6 +167,9 @@ const SENSITIVE_PARTS: &[&str] = &[
     "api_key",
     "signature",
     "authorization",
+    // `x-functions-key`, `ocp-apim-subscription-key`, `private-key`, `x-amz-credential`.
+    "key",
+    "credential",
     "cookie",
 ];
 

@@ -3,10 +3,10 @@
 //! * Actions (replay, skip) need `Authorization: Bearer <admin_token>`, and a request whose
 //!   `Origin` is not this server is refused; without an admin token they are refused (403).
 //! * Reads (`/api/status`, `/api/dead-letters`) need the read token or the admin token when a
-//!   read token is configured, or when the dashboard listens on an address other than
-//!   loopback; on loopback without a read token they are open. Listening beyond loopback with
-//!   neither token, reads are refused (403 naming the settings) rather than open to the
-//!   network.
+//!   read token is configured, when the dashboard listens on an address other than loopback,
+//!   or when `allowed_hosts` names a host (a proxy forwards other callers); on loopback with
+//!   no allowed host and no read token they are open. Otherwise, with neither token, reads are
+//!   refused (403 naming the settings) rather than open to the network.
 //!
 //! Tokens travel in a header the page sets from an input field, never in a cookie, so another
 //! site cannot make a browser send them (CSRF). They are compared in constant time.
@@ -62,7 +62,10 @@ fn refuse((status, message): Refusal) -> Response {
 /// The read rule (see the module's documentation).
 fn may_read(d: &Dashboard, headers: &HeaderMap) -> Result<(), Refusal> {
     let read_token = configured(&d.read_token);
-    if d.listen.ip().is_loopback() && read_token.is_none() {
+    // Open only where no one but this machine can be the caller: a loopback listener reached
+    // by loopback names. A name in `allowed_hosts` says a proxy forwards other callers here.
+    let loopback_only = d.listen.ip().is_loopback() && d.allowed_hosts.is_empty();
+    if loopback_only && read_token.is_none() {
         return Ok(());
     }
     let tokens: Vec<&str> = [read_token, configured(&d.token)]
@@ -73,10 +76,13 @@ fn may_read(d: &Dashboard, headers: &HeaderMap) -> Result<(), Refusal> {
         return Err((
             StatusCode::FORBIDDEN,
             format!(
-                "reads are refused: the dashboard listens on {}, beyond loopback, and neither \
-                 read_token (OUTBOX_READ_TOKEN) nor admin_token (OUTBOX_ADMIN_TOKEN) is set; \
-                 set one, or listen on 127.0.0.1",
-                d.listen
+                "reads are refused: the dashboard {}, and neither read_token \
+                 (OUTBOX_READ_TOKEN) nor admin_token (OUTBOX_ADMIN_TOKEN) is set; set one, or \
+                 listen on 127.0.0.1 with no allowed_hosts",
+                match d.listen.ip().is_loopback() {
+                    true => "answers the names in allowed_hosts (callers beyond loopback)".into(),
+                    false => format!("listens on {}, beyond loopback", d.listen),
+                }
             ),
         ));
     }

@@ -401,7 +401,17 @@ pub(crate) fn decode_headers(text: &str) -> Result<BTreeMap<String, String>, Pub
             }
             Ok((name.clone(), text.to_owned()))
         })
-        .collect()
+        .collect::<Result<BTreeMap<_, _>, _>>()
+        .map(first_of_each_name)
+}
+
+/// `headers` with one entry per name ignoring ASCII case, the first in byte order: brokers and
+/// consumers differ on whether `Traceparent` and `traceparent` are one header, so only one
+/// travels.
+fn first_of_each_name(mut headers: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut seen = std::collections::HashSet::new();
+    headers.retain(|name, _| seen.insert(name.to_ascii_lowercase()));
+    headers
 }
 
 /// Refuses, as permanent, a column that is blank or contains control characters.
@@ -511,6 +521,22 @@ mod tests {
         assert_eq!(m.destination, "order.Placed");
         assert_eq!(m.headers["traceparent"], "x");
         assert_eq!(&m.payload[..], b"{}");
+    }
+
+    #[test]
+    fn two_headers_differing_only_in_case_travel_once() {
+        let headers = decode_headers(
+            r#"{"traceparent":"b","Traceparent":"a","TRACEPARENT":"c","x-one":"1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            headers.into_iter().collect::<Vec<_>>(),
+            [
+                ("TRACEPARENT".to_owned(), "c".to_owned()),
+                ("x-one".to_owned(), "1".to_owned())
+            ],
+            "the first name in byte order"
+        );
     }
 
     #[test]

@@ -132,10 +132,18 @@ impl Message {
     }
 }
 
-/// Whether `name` is one of the relay's native header names ([`header::ALL`]), ignoring ASCII
-/// case (brokers and consumers differ on whether header names are case-sensitive).
+/// Whether a writer's header `name` would be read as the relay's: one of the native header
+/// names ([`header::ALL`]), or a CloudEvents binary attribute (`ce-…`, `ce_…`), which a
+/// consumer reads as the event's id, type, subject and version in place of the native ones.
+/// ASCII case is ignored (brokers and consumers differ on whether names are case-sensitive).
 pub(crate) fn is_relay_header(name: &str) -> bool {
     header::ALL.iter().any(|h| h.eq_ignore_ascii_case(name))
+        || outbox::wire::cloudevents::BINARY_PREFIXES
+            .iter()
+            .any(|prefix| {
+                name.get(..prefix.len())
+                    .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+            })
 }
 
 /// A decimal integer formatted on the stack.
@@ -271,6 +279,9 @@ mod tests {
             ("aggregate-ID", "victim"),
             ("Content-Type", "text/forged"),
             ("Copy-Of-Schema-Version", "9"),
+            ("ce-id", "forged"),
+            ("CE_type", "Forged"),
+            ("ce-specversion", "1.0"),
             ("x-tenant", "t1"),
         ] {
             m.headers.insert(name.into(), value.into());
@@ -297,6 +308,12 @@ mod tests {
         assert_eq!(value("aggregate-id"), Some("a1"));
         assert_eq!(value("content-type"), Some("application/json"));
         assert_eq!(value("copy-of-schema-version"), None);
+        assert!(
+            visited
+                .iter()
+                .all(|(k, _)| !k.to_ascii_lowercase().starts_with("ce")),
+            "no CloudEvents attribute from a writer: {visited:?}"
+        );
         assert_eq!(value("x-tenant"), Some("t1"));
     }
 

@@ -299,6 +299,12 @@ fn check_topic(topic: &str, prefixes: &[String]) -> Result<(), PublishError> {
              topics (consumer offsets, transaction state)"
         )));
     }
+    if topic == "_schemas" || topic.starts_with("_confluent") {
+        return Err(PublishError::permanent(format!(
+            "kafka: topic {topic:?} refused: it is the Schema Registry's or the Confluent \
+             platform's own topic"
+        )));
+    }
     crate::routing::check_prefixes("kafka.topic_prefixes", topic, prefixes)
 }
 
@@ -319,6 +325,8 @@ mod tests {
             ("__consumer_offsets", "internal"),
             ("__transaction_state", "internal"),
             ("__anything", "internal"),
+            ("_schemas", "Schema Registry"),
+            ("_confluent-metrics", "Schema Registry"),
             (".", "not a valid"),
             ("..", "not a valid"),
             ("", "not a valid"),

@@ -73,11 +73,10 @@ impl NatsPublisher {
                 let mut cfg = info.config.clone();
                 if !cfg.subjects.contains(&pattern) {
                     cfg.subjects.push(pattern.clone());
-                    self.js.update_stream(&cfg).await.map_err(|e| {
-                        PublishError::transient(format!(
-                            "nats: adding {pattern} to stream {name}: {e}"
-                        ))
-                    })?;
+                    self.js
+                        .update_stream(&cfg)
+                        .await
+                        .map_err(|e| stream_update_error(&e, &pattern, name))?;
                     tracing::info!(stream = %name, %pattern, "added subject to stream");
                 }
             }
@@ -125,6 +124,30 @@ impl NatsPublisher {
             _ => {}
         }
         read_ack(&reply.payload)
+    }
+}
+
+/// The failure of adding `pattern` to stream `name`: permanent when the pattern overlaps
+/// another stream's subjects (no retry makes a subject belong to two streams: the event is a
+/// dead letter naming the clash, rather than a transient failure retried forever), transient
+/// otherwise.
+fn stream_update_error(
+    error: &async_nats::jetstream::context::UpdateStreamError,
+    pattern: &str,
+    name: &str,
+) -> PublishError {
+    use async_nats::jetstream::{context::CreateStreamErrorKind, ErrorCode};
+    let message = format!("nats: adding {pattern} to stream {name}: {error}");
+    match error.kind() {
+        CreateStreamErrorKind::JetStream(e)
+            if e.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP =>
+        {
+            PublishError::permanent(format!(
+                "{message}: another stream already takes these subjects; route the event to \
+                 a subject of that stream's or under another first token"
+            ))
+        }
+        _ => PublishError::transient(message),
     }
 }
 

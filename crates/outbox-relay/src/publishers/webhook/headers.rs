@@ -63,9 +63,11 @@ const DROPPED: &[&str] = &[
 /// Lowercase name prefixes no writer header may start with.
 const DROPPED_PREFIXES: &[&str] = &["proxy-", "x-forwarded-"];
 
-/// Whether a writer's header `name` is dropped from the request.
+/// Whether a writer's header `name` is dropped from the request. `_` counts as `-`: servers
+/// that hand headers to applications as CGI variables (`HTTP_EVENT_ID`: PHP, Rack, WSGI) read
+/// `event_id` and `event-id` as one.
 fn dropped(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
+    let lower = name.to_ascii_lowercase().replace('_', "-");
     DROPPED.contains(&lower.as_str())
         || header::ALL.contains(&lower.as_str())
         || DROPPED_PREFIXES.iter().any(|p| lower.starts_with(p))
@@ -147,6 +149,9 @@ mod tests {
             ("Proxy-Authorization", "Basic eA=="),
             ("X-Forwarded-Host", "evil"),
             ("Cookie", "session=stolen"),
+            ("event_id", "forged"),
+            ("X_Forwarded_For", "10.0.0.1"),
+            ("content_length", "0"),
             ("X-Tenant", "t1"),
             ("x-tenant", "t2"),
         ] {
@@ -172,6 +177,9 @@ mod tests {
             "proxy-authorization",
             "x-forwarded-host",
             "cookie",
+            "event_id",
+            "x_forwarded_for",
+            "content_length",
         ] {
             assert!(names(&map, gone).is_empty(), "{gone}");
         }

@@ -29,63 +29,76 @@ impl std::fmt::Debug for ReplicationTarget {
 }
 
 impl ReplicationTarget {
-    /// Reads a `postgres://user:password@host:port/database?sslmode=…` URL (`host=` in the
-    /// query may name a Unix socket directory). `sslmode` means what it means to libpq and to
-    /// the relay's pool: `prefer` (the default) and `allow` try TLS and go on without it when
-    /// the server refuses TLS, `require` demands TLS without checking the certificate,
-    /// `verify-ca` checks it against `sslrootcert=` (a PEM file; the Mozilla roots without
-    /// one), `verify-full` checks the host name too, and `disable` never uses TLS.
+    /// Reads a `postgres://user:password@host:port/database?sslmode=…` URL exactly as the
+    /// relay's pool reads it: the server, port, Unix socket (`host=/dir`), user, database and
+    /// TLS mode come from sqlx's own parse of the URL (its spellings `sslmode` / `ssl-mode`,
+    /// `port=`, `dbname=`, `user=`, and the `PG…` environment variables), so the replication
+    /// stream can never go elsewhere, or with weaker TLS, than the pool. The password is the
+    /// URL's (or `password=`, or `PGPASSWORD`), and the CA file `sslrootcert=` / `ssl-root-cert=`
+    /// / `ssl-ca=` (or `PGSSLROOTCERT`). TLS modes mean what they mean to libpq: `prefer` (the
+    /// default) and `allow` try TLS and go on without it when the server refuses TLS, `require`
+    /// demands TLS without checking the certificate, `verify-ca` checks it against the CA file
+    /// (the Mozilla roots without one), `verify-full` checks the host name too, `disable` never
+    /// uses TLS. Client certificates (`sslcert`, `sslkey`) and `hostaddr` are refused: the
+    /// replication client cannot honour them.
     pub fn from_url(url: &str) -> Result<Self, Error> {
+        use sqlx::postgres::{PgConnectOptions, PgSslMode};
         let bad = |why: &str| Error::Config(format!("database URL for replication: {why}"));
         let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
         if !matches!(parsed.scheme(), "postgres" | "postgresql") {
             return Err(bad("CDC needs a postgres:// URL"));
         }
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e: sqlx::Error| bad(&crate::redact::urls_in(&e.to_string())))?;
         let decode = |s: &str| {
             percent_decode(s).ok_or_else(|| bad("user or password is not valid percent-encoding"))
         };
-        let mut host = parsed.host_str().unwrap_or("localhost").to_owned();
-        let mut sslmode = "prefer".to_owned();
+        let mut password = parsed.password().map(decode).transpose()?;
         let mut root_cert = None;
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
-                "host" => host = v.into_owned(),
-                "sslmode" => sslmode = v.into_owned(),
-                "sslrootcert" => root_cert = Some(std::path::PathBuf::from(v.as_ref())),
+                "password" => password = Some(v.into_owned()),
+                "sslrootcert" | "ssl-root-cert" | "ssl-ca" => {
+                    root_cert = Some(std::path::PathBuf::from(v.as_ref()))
+                }
+                "sslcert" | "ssl-cert" | "sslkey" | "ssl-key" | "hostaddr" => {
+                    return Err(bad(&format!(
+                        "`{k}` is not supported by the replication connection"
+                    )))
+                }
                 _ => {}
             }
         }
-        let tls = match sslmode.as_str() {
-            "disable" => TlsConfig::disabled(),
+        let password = password
+            .or_else(|| std::env::var("PGPASSWORD").ok())
+            .unwrap_or_default();
+        let root_cert =
+            root_cert.or_else(|| std::env::var_os("PGSSLROOTCERT").map(std::path::PathBuf::from));
+        let tls = match options.get_ssl_mode() {
+            PgSslMode::Disable => TlsConfig::disabled(),
             // libpq's `allow` tries without TLS first; TLS first is the safer of the two
             // orders and meets every server `allow` meets.
-            "allow" | "prefer" => TlsConfig {
+            PgSslMode::Allow | PgSslMode::Prefer => TlsConfig {
                 mode: SslMode::Prefer,
                 ..TlsConfig::disabled()
             },
-            "require" => TlsConfig::require(),
-            "verify-ca" => TlsConfig::verify_ca(root_cert),
-            "verify-full" => TlsConfig::verify_full(root_cert),
-            other => return Err(bad(&format!("unknown sslmode {other:?}"))),
+            PgSslMode::Require => TlsConfig::require(),
+            PgSslMode::VerifyCa => TlsConfig::verify_ca(root_cert),
+            PgSslMode::VerifyFull => TlsConfig::verify_full(root_cert),
         };
-        let user = match parsed.username() {
-            "" => "postgres".to_owned(),
-            u => decode(u)?,
+        let host = match options.get_socket() {
+            Some(dir) => dir.to_string_lossy().into_owned(),
+            None => options.get_host().to_owned(),
         };
-        let database = parsed.path().trim_start_matches('/');
+        let user = options.get_username().to_owned();
         Ok(Self {
             host,
-            port: parsed.port().unwrap_or(5432),
-            database: if database.is_empty() {
-                user.clone()
-            } else {
-                decode(database)?
-            },
-            password: parsed
-                .password()
-                .map(decode)
-                .transpose()?
-                .unwrap_or_default(),
+            port: options.get_port(),
+            database: options
+                .get_database()
+                .map_or_else(|| user.clone(), str::to_owned),
+            password,
             user,
             tls,
         })
@@ -161,9 +174,24 @@ mod tests {
                 expected
             );
         }
+        // Every spelling the pool reads, the replication connection reads alike.
+        let t = ReplicationTarget::from_url(
+            "postgres://app@db/shop?ssl-mode=verify-full&ssl-root-cert=/ca.pem&port=6000&dbname=other",
+        )
+        .unwrap();
+        assert_eq!(t.tls.mode, SslMode::VerifyFull);
+        assert_eq!((t.port, t.database.as_str()), (6000, "other"));
         for (bad, expected) in [
             ("mysql://x@h/db", "postgres://"),
-            ("postgres://x@h/db?sslmode=maybe", "unknown sslmode"),
+            ("postgres://x@h/db?sslmode=maybe", "maybe"),
+            (
+                "postgres://x@h/db?sslcert=/c.pem",
+                "`sslcert` is not supported",
+            ),
+            (
+                "postgres://x@h/db?hostaddr=10.0.0.1",
+                "`hostaddr` is not supported",
+            ),
             ("not a url", "database URL for replication"),
         ] {
             let e = ReplicationTarget::from_url(bad).unwrap_err().to_string();
