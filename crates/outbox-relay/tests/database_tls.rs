@@ -306,3 +306,60 @@ async fn the_relay_publishes_over_verified_tls_to_a_mariadb_that_requires_secure
         "the server refuses a plain connection: {error}"
     );
 }
+
+/// The CDC replication connection reads the URL as the pool does, in either spelling
+/// (`ssl-mode=`, sqlx's, and `sslmode=`, libpq's).
+#[tokio::test]
+async fn the_cdc_stream_honours_ssl_mode_verify_full_like_the_pool() {
+    cdc_refuses("ssl-mode").await;
+}
+
+#[tokio::test]
+async fn the_cdc_stream_honours_sslmode_verify_full() {
+    cdc_refuses("sslmode").await;
+}
+
+/// Against a TLS-only server whose certificate another CA signed, `{key}=verify-full` refuses
+/// to connect, in the pool and in the replication stream, and nothing is published. Proving
+/// that nothing connects takes a window: the relay retries its stream within it.
+async fn cdc_refuses(key: &str) {
+    let ca = TestCa::new();
+    let other = TestCa::new();
+    let server = PrivatePostgres::start_tls_only(&["wal_level=logical"], &ca.server()).await;
+    let db = common::cdc::with_slot(common::cdc::outbox_on(&server.url(), 4).await).await;
+    // The URL an operator writes: verify the server against `other` (which did not sign it).
+    let strict = format!(
+        "{}?{key}=verify-full&sslrootcert={}",
+        db.url.replace("127.0.0.1", "localhost"),
+        other.path()
+    );
+    let refused = sqlx::PgConnection::connect(&strict).await;
+    assert!(refused.is_err(), "sqlx connected with {strict}");
+
+    let prefix = unique("cdctls");
+    let reader = NatsReader::start(NATS_URL, &unique("CDCTLS"), &prefix).await;
+    let relay = Relay::new(
+        db.pool.clone(),
+        common::nats(NATS_URL, &reader.stream).await,
+        common::cdc::cdc_config(&db, &prefix),
+    )
+    .await
+    .expect("relay")
+    .with_replication_url(&strict)
+    .expect("replication url")
+    .spawn();
+    let written = common::cdc::write(&db, Default::default(), "order", 2, 2, 4).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (encrypted, plain) = pg_connections(&db.pool, "walsender").await;
+    let streams = encrypted + plain;
+    let delivered = reader.deliveries().len();
+    relay.shutdown().await.ok();
+    reader.cleanup().await;
+    assert_eq!(
+        (streams, delivered),
+        (0, 0),
+        "the replication stream connected ({streams} walsender) and published {delivered} of \
+         {written} events to a server whose certificate the URL's sslrootcert did not sign \
+         ({key}=verify-full, which the pool refuses)"
+    );
+}

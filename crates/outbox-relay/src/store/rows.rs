@@ -409,6 +409,14 @@ pub(crate) fn decode_headers(text: &str) -> Result<BTreeMap<String, String>, Pub
 /// consumers differ on whether `Traceparent` and `traceparent` are one header, so only one
 /// travels.
 fn first_of_each_name(mut headers: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    // Distinct names without upper case cannot clash: the usual row allocates nothing here.
+    if headers.len() < 2
+        || headers
+            .keys()
+            .all(|n| !n.bytes().any(|b| b.is_ascii_uppercase()))
+    {
+        return headers;
+    }
     let mut seen = std::collections::HashSet::new();
     headers.retain(|name, _| seen.insert(name.to_ascii_lowercase()));
     headers

@@ -35,8 +35,6 @@ use chrono::SecondsFormat;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use outbox::wire::cloudevents::BINARY_PREFIXES;
-
 use crate::{message::header, Message};
 
 pub use outbox::wire::cloudevents::STRUCTURED_CONTENT_TYPE;
@@ -134,12 +132,7 @@ fn writer_headers(message: &Message) -> BTreeMap<String, String> {
     message
         .headers
         .iter()
-        .filter(|(name, _)| {
-            let lower = name.to_ascii_lowercase();
-            !header::ALL.contains(&lower.as_str())
-                && !BINARY_PREFIXES.iter().any(|p| lower.starts_with(p))
-                && message.may_carry(name)
-        })
+        .filter(|(name, _)| message.may_carry_writer_header(name))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }

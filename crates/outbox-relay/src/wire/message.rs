@@ -98,7 +98,7 @@ impl Message {
     /// the relay sets itself, in any case (`Event-Id` would reach a consumer that reads header
     /// names case-insensitively ahead of the real `event-id`), and the copy marker only on a
     /// copy.
-    fn may_carry_writer_header(&self, name: &str) -> bool {
+    pub(crate) fn may_carry_writer_header(&self, name: &str) -> bool {
         !is_relay_header(name) && self.may_carry(name)
     }
 
