@@ -35,6 +35,8 @@ mod event;
 mod ident;
 mod inbox;
 mod migration;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod migration_script;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "otel")]

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use outbox::postgres::{cdc, MigrateOptions, PgOutbox};
 
-use super::{connect_any, require_url, CommandResult, DatabaseArgs, Db};
+use super::{connect_any, kind, require_url, CommandResult, DatabaseArgs, Db, Kind};
 
 /// Options of `outbox migrate`.
 #[derive(clap::Args, Debug)]
@@ -36,10 +36,23 @@ pub struct Args {
     /// Publication name [default: {schema}_{table}].
     #[arg(long)]
     publication: Option<String>,
+    /// Print the SQL instead of running it, for DBAs who apply migrations with their own
+    /// tools: what this database lacks (read, nothing written), with the bookkeeping rows that
+    /// tell a later `migrate` and every relay that it is applied. Apply it with psql -v
+    /// ON_ERROR_STOP=1 -f, mysql or sqlite3.
+    #[arg(long, conflicts_with_all = ["cdc", "drop_cdc"])]
+    print: bool,
+    /// With --print: connect to nothing and print every migration, for a new outbox (the
+    /// database URL's scheme picks the dialect: postgres://, mysql:// or sqlite:).
+    #[arg(long, requires = "print")]
+    offline: bool,
 }
 
-/// Applies pending migrations.
+/// Applies pending migrations, or prints them.
 pub async fn run(args: Args) -> CommandResult {
+    if args.print {
+        return print(args).await;
+    }
     let tables = args.db.tables()?;
     // The events table as the database names it: `"outbox"."events"` on PostgreSQL,
     // `outbox_events` on MySQL and SQLite (prefixed tables in the URL's database).
@@ -136,4 +149,71 @@ pub async fn run(args: Args) -> CommandResult {
     };
     super::print(&format!("outbox {table} is up to date\n"));
     Ok(ExitCode::SUCCESS)
+}
+
+/// `migrate --print`: the SQL script of what `migrate` would apply.
+async fn print(args: Args) -> CommandResult {
+    let tables = args.db.tables()?;
+    let url = require_url(args.db.database_url.as_deref())?;
+    let options = MigrateOptions {
+        partitions: args.partitions,
+        time_partition_days: args.time_partition_days,
+    };
+    let script = match kind(url)? {
+        Kind::Postgres => {
+            let outbox = PgOutbox::new(tables);
+            if args.offline {
+                outbox.migration_script(None, options).await?
+            } else {
+                let pool = super::connect(url, 1).await?;
+                outbox.migration_script(Some(&pool), options).await?
+            }
+        }
+        Kind::MySql => {
+            let outbox = outbox::mysql::MySqlOutbox::new(tables);
+            if args.offline {
+                outbox.migration_script(None, options).await?
+            } else {
+                let Db::MySql(pool) = connect_any(url, 1).await? else {
+                    unreachable!("a mysql:// URL opens MySQL")
+                };
+                outbox.migration_script(Some(&pool), options).await?
+            }
+        }
+        Kind::Sqlite => {
+            if args.partitions.is_some_and(|p| p != 1) || args.time_partition_days.is_some() {
+                return Err(
+                    "--partitions and --time-partition-days do not apply to SQLite \
+                            (one partition, no time partitioning)"
+                        .into(),
+                );
+            }
+            let outbox = outbox::sqlite::SqliteOutbox::new(tables);
+            match (args.offline, sqlite_read_only(url).await?) {
+                (false, Some(pool)) => outbox.migration_script(Some(&pool)).await?,
+                _ => outbox.migration_script(None).await?,
+            }
+        }
+    };
+    super::print(&script);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The SQLite database `url` names, opened read-only; `None` when its file does not exist
+/// (a new outbox: every migration is due, and printing creates no file).
+async fn sqlite_read_only(url: &str) -> Result<Option<sqlx::SqlitePool>, String> {
+    use std::str::FromStr;
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .map_err(|e| format!("invalid SQLite URL: {e}"))?
+        .read_only(true)
+        .create_if_missing(false);
+    if !options.get_filename().exists() {
+        return Ok(None);
+    }
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .map(Some)
+        .map_err(|e| format!("cannot open the SQLite database: {e}"))
 }

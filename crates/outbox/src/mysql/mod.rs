@@ -106,9 +106,7 @@ impl MySqlOutbox {
         // A connection of its own, closed at the end: a named lock lives as long as its
         // session, so a migration dropped half-way must not hand the lock back to the pool.
         let mut conn = pool.acquire().await.map_err(Error::Database)?.detach();
-        let lock = "SELECT GET_LOCK(CONCAT('outbox.migrate.', LEFT(DATABASE(), 16), '.', \
-                    LEFT(?, 32)), 600)";
-        let locked: Option<i64> = sqlx::query_scalar(lock)
+        let locked: Option<i64> = sqlx::query_scalar(&format!("SELECT GET_LOCK({LOCK}, 600)"))
             .bind(self.tables.schema().as_str())
             .fetch_one(&mut conn)
             .await
@@ -121,6 +119,79 @@ impl MySqlOutbox {
         let result = migrate_locked(&mut conn, &self.tables, partitions, options.partitions).await;
         let _ = conn.close().await;
         result
+    }
+
+    /// What [`migrate`](Self::migrate) would apply, as one SQL script for teams whose DBAs
+    /// apply schema changes with their own tools (`mysql --database=DB < FILE`): the
+    /// migrations' statements under the named lock `migrate` takes, each migration followed by
+    /// its bookkeeping row, then the lease rows. With `pool`, only what the database lacks
+    /// (read, nothing written; `options` checked against the existing outbox); without, every
+    /// migration, for a new outbox.
+    pub async fn migration_script(
+        &self,
+        pool: Option<&MySqlPool>,
+        options: MigrateOptions,
+    ) -> Result<String, Error> {
+        if options.time_partition_days.is_some() {
+            return Err(Error::Schema(SchemaError::TimePartitioning(
+                "time partitioning is available on PostgreSQL only".into(),
+            )));
+        }
+        let mut partitions = options.partitions.unwrap_or(DEFAULT_PARTITIONS);
+        if !(1..=4096).contains(&partitions) {
+            return Err(Error::Schema(SchemaError::BadPartitionCount(partitions)));
+        }
+        let tables = &self.tables;
+        let (applied, leases) = match pool {
+            Some(pool) => applied(pool, tables).await?,
+            None => (Vec::new(), 0),
+        };
+        let due = crate::migration::due_accepting(&applied, MIGRATIONS, EARLIER_CHECKSUMS)?;
+        if let (false, Some(pool)) = (applied.is_empty(), pool) {
+            let existing = partition_count(pool, tables).await?;
+            check_partitions(existing, options.partitions)?;
+            partitions = existing;
+        }
+        let mut script = crate::migration_script::Script::new(
+            "MySQL and MariaDB",
+            &tables.render_mysql("{events}"),
+        );
+        if due.is_empty() && leases >= i64::from(partitions) {
+            return Ok(script.finish());
+        }
+        script.comment(
+            "MySQL commits DDL statement by statement. If the script stops half-way, print it \
+             again:\nmigrations recorded as applied are left out, and every statement of the \
+             one cut short can run again.",
+        );
+        let lock = LOCK.replace(
+            '?',
+            &crate::migration_script::literal(tables.schema().as_str()),
+        );
+        script.comment("The lock `outbox migrate` takes: concurrent migrators queue.");
+        script.statement(&format!("SELECT GET_LOCK({lock}, 600)"));
+        script.statement(&tables.render_mysql(BOOTSTRAP));
+        for (version, description, template) in due {
+            script.migration(*version, description);
+            for statement in statements(&render(tables, template, partitions)) {
+                script.statement(statement);
+            }
+            script.statement(&format!(
+                "{} ({version}, {}, {})",
+                tables.render_mysql(RECORD),
+                crate::migration_script::literal(description),
+                crate::migration_script::literal(&crate::migration::checksum(template))
+            ));
+        }
+        script.comment("One lease row per partition.");
+        let values: Vec<String> = (0..partitions).map(|p| format!("({p})")).collect();
+        script.statement(&format!(
+            "{} {}",
+            tables.render_mysql(LEASE),
+            values.join(", ")
+        ));
+        script.statement(&format!("SELECT RELEASE_LOCK({lock})"));
+        Ok(script.finish())
     }
 
     /// Writes one event inside the caller's transaction and returns its id. Never commits.
@@ -172,22 +243,90 @@ pub(crate) fn statements(sql: &str) -> impl Iterator<Item = &str> {
         })
 }
 
+/// The name of the lock migrators take, `?` standing for the schema.
+const LOCK: &str = "CONCAT('outbox.migrate.', LEFT(DATABASE(), 16), '.', LEFT(?, 32))";
+
+/// The bookkeeping table every run starts with.
+const BOOTSTRAP: &str = "CREATE TABLE IF NOT EXISTS {migrations} (
+    version     INT          NOT NULL PRIMARY KEY,
+    description VARCHAR(255) NOT NULL,
+    checksum    VARCHAR(64)  NOT NULL,
+    applied_at  DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4";
+
+/// The bookkeeping row of an applied migration, up to its values.
+const RECORD: &str = "INSERT INTO {migrations} (version, description, checksum) VALUES";
+
+/// Lease rows, up to their values (the ones already there are kept).
+const LEASE: &str = "INSERT IGNORE INTO {leases} (`partition`) VALUES";
+
+/// A migration template rendered for this outbox.
+fn render(tables: &Tables, template: &str, partitions: i32) -> String {
+    tables
+        .render_mysql(template)
+        .replace("{partitions}", &partitions.to_string())
+}
+
+/// The migrations the database records (version, checksum) and its lease rows; none when the
+/// bookkeeping table does not exist. Reads only.
+async fn applied(pool: &MySqlPool, tables: &Tables) -> Result<(Vec<(i32, String)>, i64), Error> {
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables
+         WHERE table_schema = DATABASE() AND table_name = ?",
+    )
+    .bind(tables.render_mysql("{migrations}"))
+    .fetch_one(pool)
+    .await
+    .map_err(Error::Database)?;
+    if exists == 0 {
+        return Ok((Vec::new(), 0));
+    }
+    let applied = sqlx::query_as(
+        &tables.render_mysql("SELECT version, checksum FROM {migrations} ORDER BY version"),
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(Error::Database)?;
+    let leases: i64 = sqlx::query_scalar(&tables.render_mysql("SELECT count(*) FROM {leases}"))
+        .fetch_one(pool)
+        .await
+        .unwrap_or(0);
+    Ok((applied, leases))
+}
+
+/// The partition count the outbox was created with.
+async fn partition_count<'c>(
+    conn: impl sqlx::Executor<'c, Database = sqlx::MySql>,
+    tables: &Tables,
+) -> Result<i32, Error> {
+    sqlx::query_scalar(&tables.render_mysql("SELECT partitions FROM {meta} WHERE singleton = 1"))
+        .fetch_one(conn)
+        .await
+        .map_err(Error::Database)
+}
+
+/// Checks the partition count asked for against the one the outbox was created with.
+fn check_partitions(existing: i32, requested: Option<i32>) -> Result<(), Error> {
+    match requested {
+        Some(requested) if requested != existing => {
+            Err(Error::Schema(SchemaError::PartitionMismatch {
+                existing,
+                requested,
+            }))
+        }
+        _ => Ok(()),
+    }
+}
+
 async fn migrate_locked(
     conn: &mut MySqlConnection,
     tables: &Tables,
     partitions: i32,
     requested: Option<i32>,
 ) -> Result<(), Error> {
-    conn.execute(sqlx::raw_sql(&tables.render_mysql(
-        "CREATE TABLE IF NOT EXISTS {migrations} (
-             version     INT          NOT NULL PRIMARY KEY,
-             description VARCHAR(255) NOT NULL,
-             checksum    VARCHAR(64)  NOT NULL,
-             applied_at  DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
-    )))
-    .await
-    .map_err(Error::Database)?;
+    conn.execute(sqlx::raw_sql(&tables.render_mysql(BOOTSTRAP)))
+        .await
+        .map_err(Error::Database)?;
     let applied: Vec<(i32, String)> = sqlx::query_as(
         &tables.render_mysql("SELECT version, checksum FROM {migrations} ORDER BY version"),
     )
@@ -197,31 +336,21 @@ async fn migrate_locked(
     for (version, description, template) in
         crate::migration::due_accepting(&applied, MIGRATIONS, EARLIER_CHECKSUMS)?
     {
-        let sql = tables
-            .render_mysql(template)
-            .replace("{partitions}", &partitions.to_string());
-        for statement in statements(&sql) {
+        for statement in statements(&render(tables, template, partitions)) {
             run_step(conn, statement).await?;
         }
-        sqlx::query(&tables.render_mysql(
-            "INSERT INTO {migrations} (version, description, checksum) VALUES (?, ?, ?)",
-        ))
-        .bind(version)
-        .bind(description)
-        .bind(crate::migration::checksum(template))
-        .execute(&mut *conn)
-        .await
-        .map_err(Error::Database)?;
+        sqlx::query(&format!("{} (?, ?, ?)", tables.render_mysql(RECORD)))
+            .bind(version)
+            .bind(description)
+            .bind(crate::migration::checksum(template))
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::Database)?;
     }
-    let existing: i32 = sqlx::query_scalar(
-        &tables.render_mysql("SELECT partitions FROM {meta} WHERE singleton = 1"),
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(Error::Database)?;
+    let existing = partition_count(&mut *conn, tables).await?;
     // One lease row per partition (a loop rather than a recursive query: MySQL caps
     // recursion at 1,000 rows by default).
-    let lease = tables.render_mysql("INSERT IGNORE INTO {leases} (`partition`) VALUES (?)");
+    let lease = format!("{} (?)", tables.render_mysql(LEASE));
     let have: i64 = sqlx::query_scalar(&tables.render_mysql("SELECT count(*) FROM {leases}"))
         .fetch_one(&mut *conn)
         .await
@@ -235,15 +364,7 @@ async fn migrate_locked(
                 .map_err(Error::Database)?;
         }
     }
-    match requested {
-        Some(requested) if requested != existing => {
-            Err(Error::Schema(SchemaError::PartitionMismatch {
-                existing,
-                requested,
-            }))
-        }
-        _ => Ok(()),
-    }
+    check_partitions(existing, requested)
 }
 
 /// How long one migration statement waits for the table's metadata lock before it gives way:

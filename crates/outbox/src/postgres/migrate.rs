@@ -2,7 +2,7 @@
 //! names; all pending files run in one transaction under an advisory lock, so any number of
 //! processes may call `migrate` at once.
 
-use sqlx::{Executor, Row};
+use sqlx::Executor;
 
 use crate::{Error, SchemaError, Tables};
 
@@ -119,28 +119,47 @@ pub(super) async fn lock(tx: &mut sqlx::PgConnection, tables: &Tables) -> Result
         .map(drop)
 }
 
+/// The schema and the bookkeeping table every run starts with.
+const BOOTSTRAP: &str = "CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.migrations (
+    version     integer     PRIMARY KEY,
+    description text        NOT NULL,
+    checksum    text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);";
+
+/// The bookkeeping row of an applied migration, up to its values.
+const RECORD: &str = "INSERT INTO {schema}.migrations (version, description, checksum) VALUES";
+
+/// The settings an outbox was created with.
+const SETTINGS: &str = "SELECT partitions, time_partition_days FROM {schema}.meta";
+
+/// The partition count a run creates the outbox with, checked.
+fn partition_count(options: MigrateOptions) -> Result<i32, Error> {
+    let partitions = options.partitions.unwrap_or(DEFAULT_PARTITIONS);
+    if !(1..=4096).contains(&partitions) {
+        return Err(Error::Schema(SchemaError::BadPartitionCount(partitions)));
+    }
+    Ok(partitions)
+}
+
+/// A migration template rendered for this outbox.
+fn render(tables: &Tables, template: &str, partitions: i32) -> String {
+    tables
+        .render(template)
+        .replace("{partitions}", &partitions.to_string())
+}
+
 pub(super) async fn run(
     pool: &sqlx::PgPool,
     tables: &Tables,
     options: MigrateOptions,
 ) -> Result<(), Error> {
-    let partitions = options.partitions.unwrap_or(DEFAULT_PARTITIONS);
-    if !(1..=4096).contains(&partitions) {
-        return Err(Error::Schema(SchemaError::BadPartitionCount(partitions)));
-    }
+    let partitions = partition_count(options)?;
     let mut tx = pool.begin().await.map_err(Error::Database)?;
     lock(&mut tx, tables).await?;
-    let bootstrap = tables.render(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.migrations (
-             version     integer     PRIMARY KEY,
-             description text        NOT NULL,
-             checksum    text        NOT NULL,
-             applied_at  timestamptz NOT NULL DEFAULT now()
-         );",
-    );
     (&mut *tx)
-        .execute(sqlx::raw_sql(&bootstrap))
+        .execute(sqlx::raw_sql(&tables.render(BOOTSTRAP)))
         .await
         .map_err(Error::Database)?;
     let applied: Vec<(i32, String)> = sqlx::query_as(
@@ -153,33 +172,32 @@ pub(super) async fn run(
     let creating = applied.is_empty();
     for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
         let checksum = crate::migration::checksum(template);
-        let sql = tables
-            .render(template)
-            .replace("{partitions}", &partitions.to_string());
         (&mut *tx)
-            .execute(sqlx::raw_sql(&sql))
+            .execute(sqlx::raw_sql(&render(tables, template, partitions)))
             .await
             .map_err(Error::Database)?;
-        sqlx::query(&tables.render(
-            "INSERT INTO {schema}.migrations (version, description, checksum) VALUES ($1, $2, $3)",
-        ))
-        .bind(version)
-        .bind(description)
-        .bind(&checksum)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
+        sqlx::query(&tables.render(&format!("{RECORD} ($1, $2, $3)")))
+            .bind(version)
+            .bind(description)
+            .bind(&checksum)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::Database)?;
     }
     if let (true, Some(days)) = (creating, options.time_partition_days) {
         super::time_partitions::convert(&mut tx, tables, days).await?;
     }
-    let meta =
-        sqlx::query(&tables.render("SELECT partitions, time_partition_days FROM {schema}.meta"))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(Error::Database)?;
-    let existing: i32 = meta.get(0);
-    let days: Option<i32> = meta.get(1);
+    let (existing, days): (i32, Option<i32>) = sqlx::query_as(&tables.render(SETTINGS))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(Error::Database)?;
+    settings_match(existing, days, options)?;
+    tx.commit().await.map_err(Error::Database)
+}
+
+/// Checks the settings asked for against those an existing outbox was created with
+/// (`existing` partitions, time partitions `days` wide).
+fn settings_match(existing: i32, days: Option<i32>, options: MigrateOptions) -> Result<(), Error> {
     if let Some(requested) = options.time_partition_days {
         if days != Some(requested) {
             return Err(Error::Schema(SchemaError::TimePartitioning(match days {
@@ -194,12 +212,97 @@ pub(super) async fn run(
     }
     match options.partitions {
         Some(requested) if requested != existing => {
-            return Err(Error::Schema(SchemaError::PartitionMismatch {
+            Err(Error::Schema(SchemaError::PartitionMismatch {
                 existing,
                 requested,
             }))
         }
+        _ => Ok(()),
+    }
+}
+
+/// The migrations [`run`] would apply, as one script that runs them in one transaction (it
+/// holds its `BEGIN` and `COMMIT`: `psql -v ON_ERROR_STOP=1 -f …`), under the same advisory
+/// lock, so that it queues behind (and ahead of) `outbox migrate` runs. With a pool, only what the database
+/// lacks, read without writing anything; without one, every migration, for a new outbox.
+pub(super) async fn script(
+    pool: Option<&sqlx::PgPool>,
+    tables: &Tables,
+    options: MigrateOptions,
+) -> Result<String, Error> {
+    let partitions = partition_count(options)?;
+    let applied = match pool {
+        Some(pool) => applied(pool, tables).await?,
+        None => Vec::new(),
+    };
+    let due = crate::migration::due(&applied, MIGRATIONS)?;
+    match (applied.is_empty(), pool) {
+        (true, _) if options.time_partition_days.is_some() => {
+            return Err(Error::Schema(SchemaError::TimePartitioning(
+                "a printed script cannot convert a new outbox to time partitions (the \
+                 conversion reads the indexes the migrations create): create it with \
+                 `outbox migrate --time-partition-days N`, or print it without"
+                    .into(),
+            )))
+        }
+        (false, Some(pool)) => check_settings(pool, tables, options).await?,
         _ => {}
     }
-    tx.commit().await.map_err(Error::Database)
+    let outbox = tables.render("{schema}.{events}");
+    let mut script = crate::migration_script::Script::new("PostgreSQL", &outbox);
+    if due.is_empty() {
+        return Ok(script.finish());
+    }
+    script.comment("One transaction, stopping at the first error: psql -v ON_ERROR_STOP=1 -f FILE");
+    script.statement("BEGIN");
+    script.comment("The lock `outbox migrate` takes: concurrent migrators queue.");
+    script.statement(&format!(
+        "SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || {}, 0))",
+        crate::migration_script::literal(tables.schema().as_str())
+    ));
+    script.statement(&tables.render(BOOTSTRAP));
+    for (version, description, template) in due {
+        script.migration(*version, description);
+        script.statement(&render(tables, template, partitions));
+        script.statement(&format!(
+            "{} ({version}, {}, {})",
+            tables.render(RECORD),
+            crate::migration_script::literal(description),
+            crate::migration_script::literal(&crate::migration::checksum(template))
+        ));
+    }
+    script.statement("COMMIT");
+    Ok(script.finish())
+}
+
+/// The migrations the database records (version, checksum); none when the outbox's schema or
+/// its bookkeeping table does not exist. Reads only.
+async fn applied(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<(i32, String)>, Error> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(tables.render("{schema}.migrations"))
+        .fetch_one(pool)
+        .await
+        .map_err(Error::Database)?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        &tables.render("SELECT version, checksum FROM {schema}.migrations ORDER BY version"),
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(Error::Database)
+}
+
+/// Checks the settings asked for against those an existing outbox was created with.
+async fn check_settings(
+    pool: &sqlx::PgPool,
+    tables: &Tables,
+    options: MigrateOptions,
+) -> Result<(), Error> {
+    let (existing, days): (i32, Option<i32>) = sqlx::query_as(&tables.render(SETTINGS))
+        .fetch_one(pool)
+        .await
+        .map_err(Error::Database)?;
+    settings_match(existing, days, options)
 }

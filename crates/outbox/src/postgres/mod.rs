@@ -127,6 +127,21 @@ impl PgOutbox {
         migrate::run(pool, &self.tables, options).await
     }
 
+    /// What [`migrate`](Self::migrate) would apply, as one SQL script for teams whose DBAs
+    /// apply schema changes with their own tools: the migrations in one transaction under the
+    /// advisory lock `migrate` takes, each followed by the bookkeeping row that tells a later
+    /// `migrate` and every relay it is applied. With `pool`, only the migrations the database
+    /// lacks (read, nothing written; `options` checked against the existing outbox); without,
+    /// every migration, for a new outbox. A new outbox's conversion to time partitions is not
+    /// printable (it reads the indexes the migrations create) and is refused.
+    pub async fn migration_script(
+        &self,
+        pool: Option<&sqlx::PgPool>,
+        options: MigrateOptions,
+    ) -> Result<String, Error> {
+        migrate::script(pool, &self.tables, options).await
+    }
+
     /// Writes one event inside the caller's transaction and returns its id. Never commits and
     /// never opens a connection of its own: pass `&mut tx` (or any `PgConnection`).
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &Event) -> Result<Uuid, Error> {

@@ -107,6 +107,65 @@ impl SqliteOutbox {
         }
     }
 
+    /// What [`migrate`](Self::migrate) would apply, as one SQL script for teams that apply
+    /// schema changes with their own tools (`sqlite3 FILE < SCRIPT`): the migrations in one
+    /// `BEGIN IMMEDIATE` transaction, each followed by its bookkeeping row. With `pool`, only
+    /// what the database lacks (read, nothing written), with the views and triggers that name
+    /// the events table set aside around its rebuild as `migrate` does; without, every
+    /// migration, for a new outbox.
+    pub async fn migration_script(&self, pool: Option<&SqlitePool>) -> Result<String, Error> {
+        let tables = &self.tables;
+        let mut conn = match pool {
+            Some(pool) => Some(pool.acquire().await.map_err(Error::Database)?),
+            None => None,
+        };
+        let applied = match conn.as_deref_mut() {
+            Some(conn) => applied(conn, tables).await?,
+            None => Vec::new(),
+        };
+        let due = crate::migration::due(&applied, MIGRATIONS)?;
+        let mut script =
+            crate::migration_script::Script::new("SQLite", &tables.render_sqlite("{events}"));
+        if due.is_empty() {
+            return Ok(script.finish());
+        }
+        script.comment(
+            "One transaction, holding the database's write lock as `outbox migrate` does.",
+        );
+        script.statement("BEGIN IMMEDIATE");
+        script.statement(&tables.render_sqlite(BOOTSTRAP));
+        for (version, description, template) in due {
+            script.migration(*version, description);
+            let dependents = match (*version == REBUILDS_EVENTS, conn.as_deref_mut()) {
+                (true, Some(conn)) => dependents(conn, tables).await?,
+                (true, None) => {
+                    script.comment(
+                        "It rebuilds the events table: drop the views and triggers that name it \
+                         before,\nand create them again after (printed with a database, the \
+                         script does it).",
+                    );
+                    Vec::new()
+                }
+                _ => Vec::new(),
+            };
+            for dependent in dependents.iter().rev() {
+                script.statement(&dependent.drop());
+            }
+            script.statement(&tables.render_sqlite(template));
+            for dependent in &dependents {
+                script.statement(&dependent.sql);
+            }
+            script.statement(&format!(
+                "{} ({version}, {}, {})",
+                tables.render_sqlite(RECORD),
+                crate::migration_script::literal(description),
+                crate::migration_script::literal(&crate::migration::checksum(template))
+            ));
+        }
+        script.statement("COMMIT");
+        Ok(script.finish())
+    }
+
     /// Writes one event inside the caller's transaction and returns its id. Never commits.
     pub async fn enqueue(&self, conn: &mut SqliteConnection, event: &Event) -> Result<Uuid, Error> {
         self.enqueue_batch(conn, std::slice::from_ref(event))
@@ -152,52 +211,77 @@ async fn migrate_locked(conn: &mut SqliteConnection, tables: &Tables) -> Result<
     migrate_with(conn, tables, MIGRATIONS).await
 }
 
+/// The bookkeeping table every run starts with.
+const BOOTSTRAP: &str = "CREATE TABLE IF NOT EXISTS {migrations} (
+    version     INTEGER PRIMARY KEY,
+    description TEXT NOT NULL,
+    checksum    TEXT NOT NULL,
+    applied_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))";
+
+/// The bookkeeping row of an applied migration, up to its values.
+const RECORD: &str = "INSERT INTO {migrations} (version, description, checksum) VALUES";
+
+/// The migrations the database records (version, checksum); none when the bookkeeping table
+/// does not exist. Reads only.
+async fn applied(
+    conn: &mut SqliteConnection,
+    tables: &Tables,
+) -> Result<Vec<(i32, String)>, Error> {
+    let exists: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1")
+            .bind(tables.render_sqlite("{migrations}"))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(Error::Database)?;
+    if exists == 0 {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        &tables.render_sqlite("SELECT version, checksum FROM {migrations} ORDER BY version"),
+    )
+    .fetch_all(conn)
+    .await
+    .map_err(Error::Database)
+}
+
 /// Applies the migrations of `shipped` not yet applied.
 async fn migrate_with(
     conn: &mut SqliteConnection,
     tables: &Tables,
     shipped: &'static [crate::migration::Migration],
 ) -> Result<(), Error> {
-    conn.execute(sqlx::raw_sql(&tables.render_sqlite(
-        "CREATE TABLE IF NOT EXISTS {migrations} (
-             version     INTEGER PRIMARY KEY,
-             description TEXT NOT NULL,
-             checksum    TEXT NOT NULL,
-             applied_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
-    )))
-    .await
-    .map_err(Error::Database)?;
-    let applied: Vec<(i32, String)> = sqlx::query_as(
-        &tables.render_sqlite("SELECT version, checksum FROM {migrations} ORDER BY version"),
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(Error::Database)?;
+    conn.execute(sqlx::raw_sql(&tables.render_sqlite(BOOTSTRAP)))
+        .await
+        .map_err(Error::Database)?;
+    let applied = applied(conn, tables).await?;
     for (version, description, template) in crate::migration::due(&applied, shipped)? {
         // The rebuild drops the events table: the users' triggers on it and views of it are
         // set aside and made again after (SQLite refuses the rename while a view names it).
         let dependents = if *version == REBUILDS_EVENTS {
-            set_aside_dependents(conn, tables).await?
+            dependents(conn, tables).await?
         } else {
             Vec::new()
         };
-        conn.execute(sqlx::raw_sql(&tables.render_sqlite(template)))
-            .await
-            .map_err(Error::Database)?;
-        for sql in dependents {
-            conn.execute(sqlx::raw_sql(&sql))
+        for dependent in dependents.iter().rev() {
+            conn.execute(sqlx::raw_sql(&dependent.drop()))
                 .await
                 .map_err(Error::Database)?;
         }
-        sqlx::query(&tables.render_sqlite(
-            "INSERT INTO {migrations} (version, description, checksum) VALUES (?, ?, ?)",
-        ))
-        .bind(version)
-        .bind(description)
-        .bind(crate::migration::checksum(template))
-        .execute(&mut *conn)
-        .await
-        .map_err(Error::Database)?;
+        conn.execute(sqlx::raw_sql(&tables.render_sqlite(template)))
+            .await
+            .map_err(Error::Database)?;
+        for dependent in &dependents {
+            conn.execute(sqlx::raw_sql(&dependent.sql))
+                .await
+                .map_err(Error::Database)?;
+        }
+        sqlx::query(&format!("{} (?, ?, ?)", tables.render_sqlite(RECORD)))
+            .bind(version)
+            .bind(description)
+            .bind(crate::migration::checksum(template))
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::Database)?;
     }
     Ok(())
 }
@@ -205,12 +289,29 @@ async fn migrate_with(
 /// The migration that rebuilds the events table (to add a column with a computed default).
 const REBUILDS_EVENTS: i32 = 7;
 
-/// Drops the views and triggers of the database that name the events table (a user's audit
-/// trigger, a reporting view); returns the statements that make them again, views first.
-async fn set_aside_dependents(
-    conn: &mut SqliteConnection,
-    tables: &Tables,
-) -> Result<Vec<String>, Error> {
+/// A view or trigger of the database that names the events table (a user's audit trigger, a
+/// reporting view), set aside while the table is rebuilt.
+struct Dependent {
+    kind: String,
+    name: String,
+    /// The statement that makes it.
+    sql: String,
+}
+
+impl Dependent {
+    /// The statement that drops it.
+    fn drop(&self) -> String {
+        format!(
+            "DROP {} \"{}\"",
+            self.kind.to_uppercase(),
+            self.name.replace('"', "\"\"")
+        )
+    }
+}
+
+/// The views and triggers of the database that name the events table, views first (the order
+/// that makes them again). Reads only.
+async fn dependents(conn: &mut SqliteConnection, tables: &Tables) -> Result<Vec<Dependent>, Error> {
     let events = tables.render_sqlite("{events}");
     let found: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT type, name, sql FROM sqlite_master
@@ -222,17 +323,10 @@ async fn set_aside_dependents(
     .fetch_all(&mut *conn)
     .await
     .map_err(Error::Database)?;
-    for (kind, name, _) in found.iter().rev() {
-        let drop = format!(
-            "DROP {} \"{}\"",
-            kind.to_uppercase(),
-            name.replace('"', "\"\"")
-        );
-        conn.execute(sqlx::raw_sql(&drop))
-            .await
-            .map_err(Error::Database)?;
-    }
-    Ok(found.into_iter().map(|(_, _, sql)| sql).collect())
+    Ok(found
+        .into_iter()
+        .map(|(kind, name, sql)| Dependent { kind, name, sql })
+        .collect())
 }
 
 fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {
