@@ -22,10 +22,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// aggregate.
 ///
 /// `demo` runs the orders scenario end to end (no services needed). `migrate` creates or
-/// upgrades the schema, `doctor` checks a set-up, `relay` publishes. `status`, `dead-letters`,
-/// `purge`, `verify`, `sagas` and `schema` inspect and operate the outbox;
-/// `consumer-dead-letters` lists and replays a consumer's dead letters; `consumer-versions`
-/// shows and moves a consumer's version gate and held events.
+/// upgrades the schema, `doctor` checks a set-up, `relay` publishes, `healthcheck` probes a
+/// running relay (a container's HEALTHCHECK). `status`, `dead-letters`, `purge`, `verify`,
+/// `sagas` and `schema` inspect and operate the outbox; `consumer-dead-letters` lists and
+/// replays a consumer's dead letters; `consumer-versions` shows and moves a consumer's version
+/// gate and held events.
 #[derive(Parser, Debug)]
 #[command(name = "outbox", version)]
 struct Cli {
@@ -45,6 +46,9 @@ enum Command {
     Doctor(commands::doctor::Args),
     /// Publish committed events to the broker until SIGINT/SIGTERM.
     Relay(commands::relay::Args),
+    /// GET a relay's /healthz (or --url): exit 0 on a 2xx answer, 1 otherwise, with one line
+    /// saying why. For a container's HEALTHCHECK: no curl needed.
+    Healthcheck(commands::healthcheck::Args),
     /// Backlog, lag, dead letters and partition owners.
     Status(commands::status::Args),
     /// Delete published events older than a retention (never pending or dead ones).
@@ -98,6 +102,7 @@ async fn run(command: Command) -> commands::CommandResult {
         Command::Migrate(args) => commands::migrate::run(args).await,
         Command::Doctor(args) => commands::doctor::run(args).await,
         Command::Relay(_) => unreachable!("`outbox relay` builds its own runtime (see `main`)"),
+        Command::Healthcheck(args) => commands::healthcheck::run(args).await,
         Command::Status(args) => commands::status::run(args).await,
         Command::Purge(args) => commands::purge::run(args).await,
         Command::DeadLetters(args) => commands::dead_letters::run(args).await,

@@ -5,6 +5,7 @@ pub mod consumer_versions;
 pub mod dead_letters;
 pub mod demo;
 pub mod doctor;
+pub mod healthcheck;
 pub mod migrate;
 pub mod purge;
 pub mod relay;
