@@ -87,41 +87,9 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-# A process waited for is not killed at exit: its PID may belong to another one by then.
-forget_pid() {
-  local kept=() pid
-  for pid in "${pids[@]}"; do [[ $pid == "$1" ]] || kept+=("$pid"); done
-  pids=("${kept[@]}")
-}
-
-# Polls a command until it succeeds: wait_for SECONDS WHAT COMMAND...
-wait_for() {
-  local timeout=$1 what=$2
-  shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@"; do
-    ((SECONDS < deadline)) || fail "timed out after ${timeout}s waiting for $what"
-    sleep 0.2
-  done
-}
-
-# free_port NAME: sets NAME to a TCP port above 20000 on which nothing listens, and not one
-# picked before (callers declare NAME first: `printf -v` assigns it).
-picked=()
-free_port() {
-  local port _
-  for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 40000))
-    [[ " ${picked[*]} " == *" $port "* ]] && continue
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      picked+=("$port")
-      printf -v "$1" %s "$port"
-      return 0
-    fi
-  done
-  fail "no free port found above 20000"
-}
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# forget_pid, wait_for, free_port, listening.
+# shellcheck source=deploy/lib.sh
+source "$(dirname "$0")/../lib.sh"
 
 # ---- 1. lint -----------------------------------------------------------------------------------
 

@@ -352,8 +352,9 @@ async fn a_printed_sqlite_script_applied_with_sqlite3_makes_the_outbox_migrate_m
     assert!(!scripted.exists(), "printing created the database file");
     assert!(script.contains("BEGIN IMMEDIATE;"), "{script}");
 
+    // As documented: `sqlite3 FILE < SCRIPT` (the script turns on `.bail` itself).
     let mut sqlite3 = Command::new("sqlite3");
-    sqlite3.args(["-bail", &scripted.display().to_string()]);
+    sqlite3.arg(&scripted);
     apply(sqlite3, &script);
     stdout(&run(&[
         "migrate",
@@ -367,5 +368,68 @@ async fn a_printed_sqlite_script_applied_with_sqlite3_makes_the_outbox_migrate_m
     );
     assert_eq!(a, sqlite_schema(&migrated).await);
     assert_applied(&scripted_url, "outbox");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A printed SQLite script that meets an error (here: a view made after printing, naming the
+/// table the rebuild renames) stops and commits nothing: the outbox stays at its migration,
+/// whole, rather than left without its events table and recorded as migrated.
+#[tokio::test]
+async fn a_failing_sqlite_script_stops_and_commits_nothing() {
+    let dir = std::env::temp_dir().join(unique("migrate-print"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("outbox.db");
+    let url = format!("sqlite://{}", file.display());
+    // An outbox at migration 6: the whole script, cut before migration 7 (the rebuild).
+    let full = stdout(&run(&[
+        "migrate",
+        "--print",
+        "--offline",
+        "--database-url",
+        &url,
+    ]));
+    let cut = full
+        .find("-- Migration 0007")
+        .expect("migration 7 in the script");
+    let mut sqlite3 = Command::new("sqlite3");
+    sqlite3.arg(&file);
+    apply(sqlite3, &format!("{}COMMIT;\n", &full[..cut]));
+
+    let script = stdout(&run(&["migrate", "--print", "--database-url", &url]));
+    assert!(script.contains("-- Migration 0007"), "{script}");
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    conn.execute(
+        "CREATE VIEW pending_orders AS SELECT * FROM outbox_events WHERE status = 'pending'",
+    )
+    .await
+    .unwrap();
+    let mut child = Command::new("sqlite3")
+        .arg(&file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the script went on past its error");
+    let applied: i64 = sqlx::query_scalar("SELECT max(version) FROM outbox_migrations")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(applied, 6, "a migration was recorded although it failed");
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'outbox_events'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(events, 1, "the events table is gone");
+    drop(conn);
     std::fs::remove_dir_all(&dir).unwrap();
 }

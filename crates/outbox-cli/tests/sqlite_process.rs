@@ -50,6 +50,14 @@ async fn a_sqlite_outbox_is_migrated_relayed_and_reported_by_the_cli() {
         .collect();
     outbox.enqueue_batch(&mut tx, &events).await.unwrap();
     tx.commit().await.unwrap();
+    // A row written by another language, its event id in upper case.
+    sqlx::query(
+        "INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('0190A0B0-0000-7000-8000-00000000000B', 'cart', 'upper', 'ItemAdded', x'7b7d')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
 
     let prefix = unique("p");
     let stream = unique("S");
@@ -62,9 +70,9 @@ async fn a_sqlite_outbox_is_migrated_relayed_and_reported_by_the_cli() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deliveries = reader.wait_for(40, Duration::from_secs(60)).await;
+    let deliveries = reader.wait_for(41, Duration::from_secs(60)).await;
     let report = Report::of(&deliveries);
-    assert_eq!(report.unique, 40);
+    assert_eq!(report.unique, 41);
     assert_eq!(report.order_violations, 0);
     wait_until(
         "status to show nothing pending",
@@ -80,6 +88,26 @@ async fn a_sqlite_outbox_is_migrated_relayed_and_reported_by_the_cli() {
         .args(["-TERM", &relay.id().to_string()])
         .status();
     assert!(relay.wait().unwrap().success());
+    // verify finds every event in the stream, the upper-case id's too.
+    let out = support::run(&[
+        "verify",
+        "--database-url",
+        &url,
+        "--broker-url",
+        NATS_URL,
+        "--stream",
+        &stream,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("outbox events in window: 41 (41 published)"),
+        "{text}"
+    );
     reader.cleanup().await;
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));

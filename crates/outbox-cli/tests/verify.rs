@@ -15,8 +15,18 @@ use support::{fast_config, run, RelayProcess};
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn relay_until_drained(db: &TestDb, broker: &str, extra: &str, prefix: &str) {
+    relay_with_env_until_drained(db, broker, extra, prefix, &[]).await;
+}
+
+async fn relay_with_env_until_drained(
+    db: &TestDb,
+    broker: &str,
+    extra: &str,
+    prefix: &str,
+    env: &[(&str, &str)],
+) {
     let config = fast_config(prefix, extra);
-    let relay = RelayProcess::start(db, broker, &config, "127.0.0.1:0");
+    let relay = RelayProcess::start_with_env(db, broker, &config, "127.0.0.1:0", env);
     wait_until("the outbox to drain", WAIT, || async {
         db.count("pending").await == 0
     })
@@ -106,6 +116,15 @@ async fn a_clean_stream_verifies_and_a_tampered_one_names_each_problem() {
     };
     send(z2, "z").await;
     send(z1, "z").await;
+    // A fan-out copy of the lost event does not stand for it.
+    let mut h = HeaderMap::new();
+    h.insert("event-id", lost.to_string().as_str());
+    h.insert("copy-of-schema-version", "2");
+    js.publish_with_headers(format!("{prefix}.payments.v1"), h, "{}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     let first = reader.deliveries()[0].event_id.parse().unwrap();
     send(first, "a0").await;
     let o = verify(&["--json"]);
@@ -119,6 +138,7 @@ async fn a_clean_stream_verifies_and_a_tampered_one_names_each_problem() {
     assert_eq!(doc["missing"], serde_json::json!([lost.to_string()]));
     assert_eq!(doc["order_violations"], serde_json::json!([z1.to_string()]));
     assert_eq!(doc["duplicates"], 1);
+    assert_eq!(doc["fan_out_copies"], 1);
     let o = verify(&[
         "--since",
         "2030-01-01T00:00:00Z",
@@ -176,4 +196,49 @@ async fn a_rabbitmq_audit_queue_verifies_clean() {
     ]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--queue is required"));
     audit.cleanup().await;
+}
+
+/// Events sent in either CloudEvents envelope are recognised by their attributes (binary: the
+/// `ce-` headers; structured: the JSON body), not taken for foreign messages.
+#[tokio::test]
+async fn cloudevents_envelopes_verify_clean() {
+    for envelope in ["cloudevents-binary", "cloudevents-structured"] {
+        let db = TestDb::new(4).await;
+        let prefix = unique("p");
+        let stream = unique("S");
+        let reader = NatsReader::start(NATS_URL, &stream, &prefix).await;
+        let written = insert_sequences(&db, "order", 4, 5, 20).await;
+        relay_with_env_until_drained(
+            &db,
+            NATS_URL,
+            &format!("[nats]\nstream = \"{stream}\""),
+            &prefix,
+            &[("OUTBOX_RELAY__ENVELOPE", envelope)],
+        )
+        .await;
+        let url = database_url();
+        let o = run(&[
+            "verify",
+            "--database-url",
+            &url,
+            "--schema",
+            &db.schema,
+            "--broker-url",
+            NATS_URL,
+            "--stream",
+            &stream,
+            "--json",
+        ]);
+        assert!(
+            o.status.success(),
+            "{envelope}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(doc["published"], written, "{envelope}: {doc}");
+        assert_eq!(doc["missing_count"], 0, "{envelope}: {doc}");
+        assert_eq!(doc["not_an_outbox_message"], 0, "{envelope}: {doc}");
+        reader.cleanup().await;
+    }
 }

@@ -33,6 +33,12 @@ impl Script {
         }
     }
 
+    /// A line for the database's command-line client (`.bail on`, sqlite3's), as it is.
+    pub(crate) fn client_command(&mut self, line: &str) {
+        self.text.push_str(line);
+        self.text.push('\n');
+    }
+
     /// One statement (or a file of them), ended with `;` and a blank line.
     pub(crate) fn statement(&mut self, sql: &str) {
         let sql = sql.trim_end();

@@ -168,8 +168,21 @@ impl MySqlOutbox {
             '?',
             &crate::migration_script::literal(tables.schema().as_str()),
         );
-        script.comment("The lock `outbox migrate` takes: concurrent migrators queue.");
-        script.statement(&format!("SELECT GET_LOCK({lock}, 600)"));
+        script.comment(
+            "The lock `outbox migrate` takes: concurrent migrators queue. Not taken within 600 s, \
+             the\nstatement fails (a subquery of two rows) and the script stops.",
+        );
+        script.statement(&format!(
+            "SELECT IF(GET_LOCK({lock}, 600) = 1, 1, (SELECT 1 UNION SELECT 2)) INTO @outbox_migrate_lock"
+        ));
+        script.comment(&format!(
+            "A statement waits at most {DDL_LOCK_WAIT_SECONDS} s for a transaction still open on \
+             the tables, so that the\napplication's writes never queue behind it; if one gives \
+             up, print the script again and rerun it later."
+        ));
+        script.statement(&format!(
+            "SET SESSION lock_wait_timeout = {DDL_LOCK_WAIT_SECONDS}"
+        ));
         script.statement(&tables.render_mysql(BOOTSTRAP));
         for (version, description, template) in due {
             script.migration(*version, description);

@@ -108,7 +108,8 @@ impl SqliteOutbox {
     }
 
     /// What [`migrate`](Self::migrate) would apply, as one SQL script for teams that apply
-    /// schema changes with their own tools (`sqlite3 FILE < SCRIPT`): the migrations in one
+    /// schema changes with their own tools (`sqlite3 FILE < SCRIPT`; its first line is
+    /// sqlite3's `.bail on`, to drop for another tool that stops at errors): the migrations in one
     /// `BEGIN IMMEDIATE` transaction, each followed by its bookkeeping row. With `pool`, only
     /// what the database lacks (read, nothing written), with the views and triggers that name
     /// the events table set aside around its rebuild as `migrate` does; without, every
@@ -129,6 +130,12 @@ impl SqliteOutbox {
         if due.is_empty() {
             return Ok(script.finish());
         }
+        script.comment(
+            "For sqlite3: stop at the first error. Without it the shell goes on and the last \
+             COMMIT\nwould keep what had succeeded (a rebuild without its table's rename, \
+             recorded as done).",
+        );
+        script.client_command(".bail on");
         script.comment(
             "One transaction, holding the database's write lock as `outbox migrate` does.",
         );

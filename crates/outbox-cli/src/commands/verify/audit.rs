@@ -21,6 +21,9 @@ pub struct Seen {
     pub aggregate: Option<(String, String)>,
     /// Its `aggregate-version` header.
     pub version: Option<i64>,
+    /// A fan-out copy (`copy-of-schema-version`): the event again, in another version, for
+    /// another destination; it does not stand for the event's own delivery.
+    pub copy: bool,
 }
 
 /// The outbox row a message carries: its id (the order of its aggregate) and aggregate.
@@ -30,6 +33,9 @@ pub struct Row {
     pub id: i64,
     /// A hash of its aggregate type and id.
     pub aggregate: u64,
+    /// Whether the row occurred in the audit's window (the broker is read from a little
+    /// before it, for clocks that disagree).
+    pub in_window: bool,
 }
 
 /// A hash of an aggregate key; two keys share one with a chance of about n²/2⁶⁵ (n keys),
@@ -100,6 +106,14 @@ pub struct Verdict {
     pub version_gaps: u64,
     /// Messages without an `event-id` UUID header: not the outbox's.
     pub not_an_outbox_message: u64,
+    /// Fan-out copies read (judged apart: a copy does not stand for its event).
+    pub fan_out_copies: u64,
+    /// Messages whose row occurred outside the window (read because the broker is read from
+    /// a little before it): not judged.
+    pub outside_window: u64,
+    /// Aggregates whose messages were found in more than one partition (Kafka): order is
+    /// judged within each partition only.
+    pub aggregates_in_several_partitions: u64,
 }
 
 /// How many ids a list of the verdict names (the counts count them all).
@@ -116,7 +130,12 @@ pub struct Audit {
     tableless: HashSet<Uuid>,
     /// Highest version seen per (lane, aggregate) among messages not in the table.
     last_version: HashMap<(i32, u64), i64>,
+    /// The lane each aggregate was first seen in; `SPLIT` once seen in another.
+    lane_of: HashMap<u64, i32>,
 }
+
+/// [`Audit::lane_of`]'s mark of an aggregate already counted in several lanes.
+const SPLIT: i32 = i32::MIN;
 
 impl Audit {
     /// Takes one message, in broker order, with the row it carries (`None`: no row in the
@@ -128,8 +147,18 @@ impl Audit {
             v.not_an_outbox_message += 1;
             return;
         };
+        if seen.copy {
+            v.fan_out_copies += 1;
+            return;
+        }
         match row {
+            Some(row) if !row.in_window => v.outside_window += 1,
             Some(row) => {
+                let lane = self.lane_of.entry(row.aggregate).or_insert(seen.lane);
+                if *lane != seen.lane && *lane != SPLIT {
+                    *lane = SPLIT;
+                    v.aggregates_in_several_partitions += 1;
+                }
                 if !self.delivered.insert(row.id) {
                     v.duplicates += 1;
                     return;
@@ -165,14 +194,15 @@ impl Audit {
     }
 
     /// Takes one row of the window, in id order, after the broker was read: `published`
-    /// before the audit began (judged), `published_later` after it (not judged).
+    /// before the audit began (judged), `published_later` after it (judged when its message
+    /// was read, else not: it may lie past the end read).
     pub fn row(&mut self, id: i64, event_id: Uuid, published: bool, published_later: bool) {
         let v = &mut self.verdict;
         v.outbox_events += 1;
-        if published_later {
+        if published_later && !self.delivered.contains(id) {
             v.published += 1;
             v.published_during_audit += 1;
-        } else if published {
+        } else if published || published_later {
             v.published += 1;
             if !self.delivered.contains(id) {
                 v.missing_count += 1;
@@ -209,6 +239,7 @@ mod tests {
             event_id: Some(Uuid::from_u128(n)),
             aggregate: Some(("order".into(), aggregate.into())),
             version,
+            copy: false,
         }
     }
 
@@ -216,6 +247,7 @@ mod tests {
         Row {
             id,
             aggregate: aggregate_hash("order", aggregate),
+            in_window: true,
         }
     }
 
@@ -263,23 +295,52 @@ mod tests {
     }
 
     #[test]
-    fn order_is_judged_per_kafka_partition() {
+    fn order_is_judged_per_kafka_partition_and_split_aggregates_are_counted() {
         let mut audit = Audit::default();
         audit.message(&seen(1, 2, "a", None), Some(&row(2, "a")));
         audit.message(&seen(0, 1, "a", None), Some(&row(1, "a")));
-        assert_eq!(audit.finish().order_violation_count, 0);
+        audit.message(&seen(2, 3, "a", None), Some(&row(3, "a")));
+        let v = audit.finish();
+        assert_eq!(v.order_violation_count, 0);
+        assert_eq!(v.aggregates_in_several_partitions, 1);
     }
 
     #[test]
-    fn rows_published_during_the_audit_are_not_judged() {
+    fn rows_published_during_the_audit_are_judged_only_when_their_message_was_read() {
         let mut audit = Audit::default();
+        audit.message(&seen(0, 3, "a", None), Some(&row(3, "a")));
         audit.row(1, Uuid::from_u128(1), true, true);
         audit.row(2, Uuid::from_u128(2), false, false);
+        audit.row(3, Uuid::from_u128(3), true, true);
         let v = audit.finish();
         assert_eq!(
             (v.published, v.published_during_audit, v.missing_count),
-            (1, 1, 0)
+            (2, 1, 0)
         );
+        assert!(v.clean(true));
+    }
+
+    #[test]
+    fn a_fan_out_copy_does_not_stand_for_its_lost_event() {
+        let mut audit = Audit::default();
+        let mut copy = seen(0, 1, "a", None);
+        copy.copy = true;
+        audit.message(&copy, Some(&row(1, "a")));
+        audit.row(1, Uuid::from_u128(1), true, false);
+        let v = audit.finish();
+        assert_eq!((v.fan_out_copies, v.duplicates), (1, 0));
+        assert_eq!(v.missing, vec![Uuid::from_u128(1)]);
+    }
+
+    #[test]
+    fn rows_outside_the_window_are_not_judged() {
+        let mut audit = Audit::default();
+        let mut early = row(1, "a");
+        early.in_window = false;
+        audit.message(&seen(0, 1, "a", None), Some(&early));
+        audit.message(&seen(0, 1, "a", None), Some(&early));
+        let v = audit.finish();
+        assert_eq!((v.outside_window, v.duplicates, v.not_in_table), (2, 0, 0));
         assert!(v.clean(true));
     }
 
@@ -309,6 +370,7 @@ mod tests {
                 event_id: None,
                 aggregate: None,
                 version: None,
+                copy: false,
             },
             None,
         );

@@ -1,5 +1,7 @@
 //! Reading what a broker holds, in its order, without holding it all: each reader sends the
-//! messages in batches to the audit and stops at the end the broker had when it began.
+//! messages in batches to the audit and stops at about the end the broker had when it began
+//! (NATS: the consumer's count of pending messages; RabbitMQ: the queue's depth; Kafka: the end
+//! of each partition, or the first record stamped after the audit began).
 //! NATS JetStream (a stream, read without consuming it), RabbitMQ (a dedicated audit queue,
 //! consumed) and Kafka (topics, read from each partition's start without committing offsets).
 
@@ -32,22 +34,80 @@ pub struct Source {
     /// Kafka: librdkafka properties, KEY=VALUE.
     #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub kafka_properties: Vec<String>,
-    /// Only messages from this time (NATS: by the stream's time; Kafka: by the record's).
+    /// Read from this time on (NATS: by the stream's time; Kafka: by the record's): the
+    /// window's start less the allowed clock skew.
     pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// NATS, Kafka: the read ends at the first message stored after this time (the audit's
+    /// start plus the allowed skew), if it did not reach the end before: what follows was
+    /// published after the audit began, and a stream written without pause has no end.
+    #[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(dead_code))]
+    pub until_stamp: chrono::DateTime<chrono::Utc>,
 }
 
-/// A message as the audit needs it, from its headers (`None` for a header that is absent).
+/// A message as the audit needs it, from its headers (`None` for a header that is absent):
+/// the outbox's own (`event-id`, `aggregate-type`, …), or a CloudEvent's, in binary mode
+/// (`ce-id`, `ce_id`, `cloudEvents:id`, `subject`, `aggregatetype`, `aggregateversion`) or in
+/// structured mode (the same attributes in a JSON body).
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
-fn seen(lane: i32, header: impl Fn(&str) -> Option<String>) -> Seen {
-    let aggregate = match (header("aggregate-type"), header("aggregate-id")) {
+fn seen(lane: i32, header: impl Fn(&str) -> Option<String>, payload: &[u8]) -> Seen {
+    let copy = header("copy-of-schema-version").is_some();
+    if let Some(id) = header("event-id") {
+        let aggregate = match (header("aggregate-type"), header("aggregate-id")) {
+            (Some(kind), Some(id)) => Some((kind, id)),
+            _ => None,
+        };
+        return Seen {
+            lane,
+            event_id: Uuid::parse_str(&id).ok(),
+            aggregate,
+            version: header("aggregate-version").and_then(|v| v.parse().ok()),
+            copy,
+        };
+    }
+    for prefix in ["ce-", "ce_", "cloudEvents:"] {
+        let attribute = |name: &str| header(&format!("{prefix}{name}"));
+        if let Some(id) = attribute("id") {
+            return cloudevent(lane, copy, Some(id), attribute);
+        }
+    }
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(payload) {
+        Ok(body) if body.contains_key("specversion") => {
+            let attribute = |name: &str| match body.get(name) {
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+                _ => None,
+            };
+            cloudevent(lane, copy, attribute("id"), attribute)
+        }
+        _ => Seen {
+            lane,
+            event_id: None,
+            aggregate: None,
+            version: None,
+            copy,
+        },
+    }
+}
+
+/// A CloudEvent's attributes as the audit needs them (the relay's: `subject` is the aggregate
+/// id, `aggregatetype` and `aggregateversion` extensions).
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+fn cloudevent(
+    lane: i32,
+    copy: bool,
+    id: Option<String>,
+    attribute: impl Fn(&str) -> Option<String>,
+) -> Seen {
+    let aggregate = match (attribute("aggregatetype"), attribute("subject")) {
         (Some(kind), Some(id)) => Some((kind, id)),
         _ => None,
     };
     Seen {
         lane,
-        event_id: header("event-id").and_then(|v| Uuid::parse_str(&v).ok()),
+        event_id: id.and_then(|id| Uuid::parse_str(&id).ok()),
         aggregate,
-        version: header("aggregate-version").and_then(|v| v.parse().ok()),
+        version: attribute("aggregateversion").and_then(|v| v.parse().ok()),
+        copy,
     }
 }
 
@@ -96,18 +156,14 @@ async fn flush(batch: &mut Vec<Seen>, out: &Sender<Vec<Seen>>) -> bool {
     batch.is_empty() || out.send(std::mem::take(batch)).await.is_ok()
 }
 
-/// Reads the stream up to the last message it held when the read began (from `--since` when
-/// given), through an ordered consumer: nothing is consumed.
+/// Reads the stream from `since` (or its start) up to the message the consumer found last when
+/// it was created, through an ordered consumer: nothing is consumed.
 #[cfg(feature = "nats")]
 async fn nats(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
     use async_nats::jetstream::{self, consumer};
     use futures::StreamExt;
     let js = jetstream::new(async_nats::connect(&source.url).await?);
-    let mut stream = js.get_stream(&source.stream).await?;
-    let last = stream.info().await?.state.last_sequence;
-    if last == 0 {
-        return Ok(());
-    }
+    let stream = js.get_stream(&source.stream).await?;
     let deliver_policy = match source.since {
         Some(t) => consumer::DeliverPolicy::ByStartTime {
             start_time: time::OffsetDateTime::from_unix_timestamp(t.timestamp())?,
@@ -120,6 +176,9 @@ async fn nats(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
             ..Default::default()
         })
         .await?;
+    if reader.cached_info().num_pending == 0 {
+        return Ok(());
+    }
     let mut messages = reader.messages().await?;
     let mut batch = Vec::with_capacity(BATCH);
     loop {
@@ -131,15 +190,25 @@ async fn nats(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
         };
         let message = message?;
         let headers = message.headers.as_ref();
-        batch.push(seen(0, |name| {
-            headers
-                .and_then(|h| h.get(name))
-                .map(|v| v.as_str().to_owned())
-        }));
-        let done = message
-            .info()
-            .map(|i| i.stream_sequence >= last)
-            .unwrap_or(true);
+        batch.push(seen(
+            0,
+            |name| {
+                // A NATS header name holds no ':' (async-nats panics on one): AMQP's
+                // `cloudEvents:` names are never NATS headers.
+                if name.contains(':') {
+                    return None;
+                }
+                headers
+                    .and_then(|h| h.get(name))
+                    .map(|v| v.as_str().to_owned())
+            },
+            &message.payload,
+        ));
+        // None left after this one, or this one stored after the audit began (a stream
+        // written without pause has no end to reach), is the end of the read.
+        let done = message.info().map_or(true, |i| {
+            i.pending == 0 || i.published.unix_timestamp() > source.until_stamp.timestamp()
+        });
         if done {
             break;
         }
@@ -151,12 +220,13 @@ async fn nats(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
     Ok(())
 }
 
-/// Consumes the audit queue until it is empty.
+/// Consumes the messages the audit queue held when the read began (those that arrive later
+/// stay for the next audit).
 #[cfg(feature = "rabbitmq")]
 async fn rabbitmq(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
     use lapin::{
-        options::{BasicAckOptions, BasicGetOptions},
-        types::AMQPValue,
+        options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions},
+        types::{AMQPValue, FieldTable},
         Connection, ConnectionProperties,
     };
     let queue = source
@@ -165,18 +235,35 @@ async fn rabbitmq(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> 
         .ok_or("--queue is required with amqp:// (a dedicated audit queue: verify consumes it)")?;
     let connection = Connection::connect(&source.url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
+    let depth = channel
+        .queue_declare(
+            queue,
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| format!("no audit queue {queue}: {e}"))?
+        .message_count();
     let mut batch = Vec::with_capacity(BATCH);
-    while let Some(message) = channel.basic_get(queue, BasicGetOptions::default()).await? {
+    for _ in 0..depth {
+        let Some(message) = channel.basic_get(queue, BasicGetOptions::default()).await? else {
+            break;
+        };
         let headers = message.delivery.properties.headers().as_ref();
-        batch.push(seen(0, |name| {
-            match headers.and_then(|t| t.inner().get(name)) {
+        batch.push(seen(
+            0,
+            |name| match headers.and_then(|t| t.inner().get(name)) {
                 Some(AMQPValue::LongString(s)) => {
                     std::str::from_utf8(s.as_bytes()).ok().map(str::to_owned)
                 }
                 Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
                 _ => None,
-            }
-        }));
+            },
+            &message.delivery.data,
+        ));
         message.delivery.ack(BasicAckOptions::default()).await?;
         if batch.len() == BATCH && !flush(&mut batch, &out).await {
             return Ok(());
@@ -190,13 +277,18 @@ async fn rabbitmq(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> 
 /// topic, in a group of its own that commits nothing. Each partition is a lane of its own:
 /// Kafka orders messages per partition only. A partition's end is where the broker says it
 /// is (librdkafka's end-of-partition event), not the high watermark read before: some
-/// Kafka-protocol brokers report a watermark short of the log's end.
+/// Kafka-protocol brokers report a watermark short of the log's end; or the first record
+/// stamped after `until_stamp`, so that a partition written without pause ends too.
 #[cfg(feature = "kafka")]
 async fn kafka(source: Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
     tokio::task::spawn_blocking(move || {
         let mut lanes = 0;
+        let mut read = std::collections::HashSet::new();
         for topic in &source.topics {
-            kafka_topic(&source, topic, &mut lanes, &out)?;
+            // A topic named twice is read once.
+            if read.insert(topic.as_str()) {
+                kafka_topic(&source, topic, &mut lanes, &out)?;
+            }
         }
         Ok(())
     })
@@ -292,17 +384,29 @@ fn kafka_topic(
         let Some(&lane) = left.get(&message.partition()) else {
             continue;
         };
+        if message
+            .timestamp()
+            .to_millis()
+            .is_some_and(|ms| ms > source.until_stamp.timestamp_millis())
+        {
+            left.remove(&message.partition());
+            continue;
+        }
         let headers = message.headers();
-        batch.push(seen(lane, |name| {
-            headers.and_then(|h| {
-                h.iter()
-                    .filter(|header| header.key == name)
-                    .last()
-                    .and_then(|header| header.value)
-                    .and_then(|v| std::str::from_utf8(v).ok())
-                    .map(str::to_owned)
-            })
-        }));
+        batch.push(seen(
+            lane,
+            |name| {
+                headers.and_then(|h| {
+                    h.iter()
+                        .filter(|header| header.key == name)
+                        .last()
+                        .and_then(|header| header.value)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .map(str::to_owned)
+                })
+            },
+            message.payload().unwrap_or_default(),
+        ));
         if batch.len() == BATCH && out.blocking_send(std::mem::take(&mut batch)).is_err() {
             return Ok(());
         }

@@ -52,6 +52,11 @@ pub struct Args {
     /// Only events that occurred before this time (RFC 3339).
     #[arg(long)]
     until: Option<DateTime<Utc>>,
+    /// How far the database's, the writers' and the broker's clocks may disagree: the broker
+    /// is read from this long before --since, and a read ends at a message stored this long
+    /// after the audit began.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    clock_skew: std::time::Duration,
     /// Count duplicates as a failure too (at-least-once delivery allows them).
     #[arg(long)]
     strict: bool,
@@ -76,6 +81,8 @@ pub async fn run(args: Args) -> CommandResult {
     // Rows marked published up to this instant have their message in the broker before the
     // readers below fix the end they read to.
     let began = table::now(&outbox).await?;
+    let skew =
+        chrono::Duration::from_std(args.clock_skew).map_err(|_| "--clock-skew is out of range")?;
     let (sender, mut batches) = tokio::sync::mpsc::channel(2);
     let reader = tokio::spawn(brokers::read(
         brokers::Source {
@@ -84,7 +91,8 @@ pub async fn run(args: Args) -> CommandResult {
             queue: args.queue.clone(),
             topics: args.topics.clone(),
             kafka_properties: args.kafka_properties.clone(),
-            since: args.since,
+            since: args.since.map(|t| t - skew),
+            until_stamp: began + skew,
         },
         sender,
     ));
@@ -152,7 +160,8 @@ fn text(v: &Verdict, clean: bool, cdc: bool) -> String {
          not in the table:        {} (purged, outside the window, or zero-growth/table-less)\n\
          \x20 version regressions:  {}\n\
          \x20 version gaps:         {} (lost events if your aggregate versions have no gaps)\n\
-         not outbox messages:     {}\n",
+         not outbox messages:     {}\n\
+         fan-out copies:          {} (judged apart: a copy does not stand for its event)\n",
         v.broker_messages,
         v.missing_count,
         v.duplicates,
@@ -161,7 +170,20 @@ fn text(v: &Verdict, clean: bool, cdc: bool) -> String {
         v.version_regressions,
         v.version_gaps,
         v.not_an_outbox_message,
+        v.fan_out_copies,
     ));
+    if v.outside_window > 0 {
+        out.push_str(&format!(
+            "outside the window:      {} (read for clock skew, not judged)\n",
+            v.outside_window
+        ));
+    }
+    if v.aggregates_in_several_partitions > 0 {
+        out.push_str(&format!(
+            "aggregates in several partitions: {} (order judged within each partition only)\n",
+            v.aggregates_in_several_partitions
+        ));
+    }
     if cdc {
         out.push_str(
             "note: this outbox has a CDC slot. Events written in the zero-growth or table-less \

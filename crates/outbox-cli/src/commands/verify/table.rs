@@ -47,7 +47,7 @@ pub async fn now(outbox: &Outbox) -> Result<DateTime<Utc>, Error> {
     })
 }
 
-/// The rows of the window whose event ids are among `ids`.
+/// The rows whose event ids are among `ids`, each with whether it occurred in the window.
 pub async fn lookup(
     outbox: &Outbox,
     ids: &[Uuid],
@@ -59,13 +59,14 @@ pub async fn lookup(
     }
     let tables = &outbox.tables;
     let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    let rows: Vec<(String, i64, String, String)> = match &outbox.db {
+    let rows: Vec<(String, i64, String, String, i64)> = match &outbox.db {
         Db::Postgres(pool) => {
             sqlx::query_as(&tables.render(
-                "SELECT event_id::text, id, aggregate_type, aggregate_id FROM {schema}.{events}
-                 WHERE event_id = ANY($1::text[]::uuid[])
-                   AND ($2::timestamptz IS NULL OR occurred_at >= $2)
-                   AND ($3::timestamptz IS NULL OR occurred_at < $3)",
+                "SELECT event_id::text, id, aggregate_type, aggregate_id,
+                        (($2::timestamptz IS NULL OR occurred_at >= $2)
+                         AND ($3::timestamptz IS NULL OR occurred_at < $3))::int::int8
+                 FROM {schema}.{events}
+                 WHERE event_id = ANY($1::text[]::uuid[])",
             ))
             .bind(&texts)
             .bind(window.since)
@@ -75,35 +76,42 @@ pub async fn lookup(
         }
         Db::MySql(pool) => {
             let time = |t: Option<DateTime<Utc>>| t.map(|t| t.naive_utc());
+            // CHAR(36) in a case-insensitive collation: either case of an id matches.
             let sql = tables.render_mysql(&format!(
                 // The keys' binary collation reaches the client as bytes: converted to text.
                 "SELECT event_id, id, CONVERT(aggregate_type USING utf8mb4),
-                        CONVERT(aggregate_id USING utf8mb4)
+                        CONVERT(aggregate_id USING utf8mb4),
+                        CAST((? IS NULL OR occurred_at >= ?) AND (? IS NULL OR occurred_at < ?)
+                             AS SIGNED)
                  FROM {{events}}
-                 WHERE event_id IN ({})
-                   AND (? IS NULL OR occurred_at >= ?) AND (? IS NULL OR occurred_at < ?)",
+                 WHERE event_id IN ({})",
                 vec!["?"; texts.len()].join(", ")
             ));
-            let mut query = sqlx::query_as(&sql);
+            let mut query = sqlx::query_as(&sql)
+                .bind(time(window.since))
+                .bind(time(window.since))
+                .bind(time(window.until))
+                .bind(time(window.until));
             for text in &texts {
                 query = query.bind(text);
             }
-            query
-                .bind(time(window.since))
-                .bind(time(window.since))
-                .bind(time(window.until))
-                .bind(time(window.until))
-                .fetch_all(pool)
-                .await?
+            query.fetch_all(pool).await?
         }
         Db::Sqlite(pool) => {
             let time = |t: Option<DateTime<Utc>>| t.map(sqlite_time);
+            // Text compared byte for byte: an id is looked up in lower and in upper case (the
+            // forms writers use); one written in mixed case is not found.
+            let forms: Vec<String> = texts
+                .iter()
+                .flat_map(|t| [t.clone(), t.to_uppercase()])
+                .collect();
             let sql = tables.render_sqlite(&format!(
-                "SELECT CAST(event_id AS TEXT), id, aggregate_type, aggregate_id FROM {{events}}
-                 WHERE event_id IN ({})
-                   AND (?1 IS NULL OR julianday(occurred_at) >= julianday(?1))
-                   AND (?2 IS NULL OR julianday(occurred_at) < julianday(?2))",
-                (3..texts.len() + 3)
+                "SELECT CAST(event_id AS TEXT), id, aggregate_type, aggregate_id,
+                        (?1 IS NULL OR julianday(occurred_at) >= julianday(?1))
+                        AND (?2 IS NULL OR julianday(occurred_at) < julianday(?2))
+                 FROM {{events}}
+                 WHERE event_id IN ({})",
+                (3..forms.len() + 3)
                     .map(|i| format!("?{i}"))
                     .collect::<Vec<_>>()
                     .join(", ")
@@ -111,19 +119,20 @@ pub async fn lookup(
             let mut query = sqlx::query_as(&sql)
                 .bind(time(window.since))
                 .bind(time(window.until));
-            for text in &texts {
-                query = query.bind(text);
+            for form in &forms {
+                query = query.bind(form);
             }
             query.fetch_all(pool).await?
         }
     };
-    for (event_id, id, aggregate_type, aggregate_id) in rows {
+    for (event_id, id, aggregate_type, aggregate_id, in_window) in rows {
         if let Ok(event_id) = Uuid::parse_str(&event_id) {
             found.insert(
                 event_id,
                 Row {
                     id,
                     aggregate: aggregate_hash(&aggregate_type, &aggregate_id),
+                    in_window: in_window == 1,
                 },
             );
         }
