@@ -317,13 +317,20 @@ async fn in_chromium_the_page_shows_the_backlog_and_replays_a_dead_letter() {
     .await
     .unwrap();
     let button = format!("tr[data-id=\"{first_id}\"] button.replay");
-    client
-        .find(fantoccini::Locator::Css(&button))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    // The page redraws its table every few seconds: a button found just before a redraw is
+    // gone when clicked (a stale element), so it is found again until a click lands.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let clicked = match client.find(fantoccini::Locator::Css(&button)).await {
+            Ok(element) => element.click().await,
+            Err(e) => Err(e),
+        };
+        match clicked {
+            Ok(_) => break,
+            Err(e) if std::time::Instant::now() < deadline && is_stale(&e) => continue,
+            Err(e) => panic!("clicking replay: {e}"),
+        }
+    }
     wait_until("the replay to reach the database", WAIT, || async {
         db.count("dead").await == 1
     })
@@ -353,4 +360,13 @@ async fn in_chromium_the_page_shows_the_backlog_and_replays_a_dead_letter() {
     drop(relay);
     let _ = std::fs::remove_file(config);
     let _ = std::fs::remove_file(shot);
+}
+
+/// Whether a WebDriver error says the element was replaced since it was found.
+fn is_stale(error: &fantoccini::error::CmdError) -> bool {
+    matches!(
+        error,
+        fantoccini::error::CmdError::Standard(e)
+            if e.error == fantoccini::error::ErrorStatus::StaleElementReference
+    )
 }
