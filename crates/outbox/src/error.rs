@@ -50,7 +50,7 @@ pub enum Error {
     #[error("outbox schema: {0}")]
     Schema(SchemaError),
     /// The database refused an operation.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     #[error("database error")]
     Database(#[source] sqlx::Error),
 }

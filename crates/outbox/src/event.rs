@@ -207,6 +207,7 @@ impl Event {
 }
 
 /// Validates a batch; in a batch of several, the field is named with the event's index.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn validate_all(events: &[Event], max_payload_bytes: usize) -> Result<(), Error> {
     for (i, event) in events.iter().enumerate() {
         event.validate(max_payload_bytes).map_err(|e| match e {

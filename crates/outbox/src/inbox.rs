@@ -61,6 +61,7 @@ pub(crate) fn seen(rows_affected: u64) -> Seen {
 }
 
 /// Runs one purge statement per batch until a batch deletes fewer rows than `batch`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) async fn purge_in_batches<F, Fut>(batch: i64, mut delete: F) -> Result<u64, crate::Error>
 where
     F: FnMut(i64) -> Fut,

@@ -53,4 +53,4 @@ pub use error::{Error, SchemaError};
 pub use event::{Event, Headers, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use ident::{Ident, Tables};
 pub use inbox::{check_message as check_inbox_message, Seen, MAX_MESSAGE_ID_CHARS};
-pub use migration::require_migrated;
+pub use migration::{require_migrated, MigrateOptions, DEFAULT_PARTITIONS};

@@ -3,11 +3,28 @@
 
 use crate::{Error, SchemaError};
 
+/// Settings fixed when the outbox is created.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MigrateOptions {
+    /// Number of partitions, the unit of relay ownership: it bounds how many relays can share
+    /// the work. Used when the outbox is created (`None`: [`DEFAULT_PARTITIONS`]); on an existing
+    /// outbox, `Some(n)` must match the count it was created with and `None` accepts it.
+    pub partitions: Option<i32>,
+    /// Range-partition the events table by `occurred_at` in slices of this many days, so that
+    /// retention drops whole partitions (PostgreSQL's `time_partitions`). Only when the outbox
+    /// is created; on an existing one, `Some(n)` must match what it was created with.
+    pub time_partition_days: Option<i32>,
+}
+
+/// Partition count of a new outbox when none is given.
+pub const DEFAULT_PARTITIONS: i32 = 32;
+
 /// A versioned migration template.
 pub(crate) type Migration = (i32, &'static str, &'static str);
 
 /// The migrations of `shipped` not yet in `applied` (version, checksum), after checking that the
 /// database is not newer than this build and that applied migrations were not edited.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn due(
     applied: &[(i32, String)],
     shipped: &'static [Migration],

@@ -34,6 +34,7 @@ impl Script {
     }
 
     /// A line for the database's command-line client (`.bail on`, sqlite3's), as it is.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn client_command(&mut self, line: &str) {
         self.text.push_str(line);
         self.text.push('\n');

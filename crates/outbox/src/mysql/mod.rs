@@ -13,7 +13,7 @@ mod session;
 pub use session::{is_mariadb, Session};
 
 use crate::{
-    event::validate_all, postgres::MigrateOptions, Error, Event, SchemaError, Seen, Tables,
+    event::validate_all, Error, Event, MigrateOptions, SchemaError, Seen, Tables,
     DEFAULT_MAX_PAYLOAD_BYTES,
 };
 
@@ -46,7 +46,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 const EARLIER_CHECKSUMS: &[(i32, &str)] = &[(2, "2891bd0cd67c407f")];
 
 /// Partition count of a new MySQL outbox when none is given (as PostgreSQL's).
-pub const DEFAULT_PARTITIONS: i32 = crate::postgres::DEFAULT_PARTITIONS;
+pub const DEFAULT_PARTITIONS: i32 = crate::DEFAULT_PARTITIONS;
 
 /// Writes events into a MySQL or MariaDB outbox. Cheap to clone; holds no connection.
 #[derive(Clone, Debug)]

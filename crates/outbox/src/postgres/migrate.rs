@@ -4,7 +4,7 @@
 
 use sqlx::Executor;
 
-use crate::{Error, SchemaError, Tables};
+use crate::{Error, MigrateOptions, SchemaError, Tables, DEFAULT_PARTITIONS};
 
 /// The migrations this build ships: (version, description, template).
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -91,22 +91,6 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("migrations/0018_unique_version_same_event.sql"),
     ),
 ];
-
-/// Settings fixed when the outbox is created.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MigrateOptions {
-    /// Number of partitions, the unit of relay ownership: it bounds how many relays can share
-    /// the work. Used when the outbox is created (`None`: [`DEFAULT_PARTITIONS`]); on an existing
-    /// outbox, `Some(n)` must match the count it was created with and `None` accepts it.
-    pub partitions: Option<i32>,
-    /// Range-partition the events table by `occurred_at` in slices of this many days, so that
-    /// retention drops whole partitions (see [`super::time_partitions`]). Only when the outbox
-    /// is created; on an existing one, `Some(n)` must match what it was created with.
-    pub time_partition_days: Option<i32>,
-}
-
-/// Partition count of a new outbox when none is given.
-pub const DEFAULT_PARTITIONS: i32 = 32;
 
 /// Takes the schema's migration lock until the end of the transaction: one lock per schema
 /// name, so that concurrent migrators (and CDC set-ups) queue, then find the work done.

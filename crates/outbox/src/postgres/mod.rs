@@ -10,8 +10,9 @@ use sqlx::{types::Json, PgConnection};
 use uuid::Uuid;
 
 pub use crate::Seen;
+pub use crate::{MigrateOptions, DEFAULT_PARTITIONS};
 pub use inbox::PgInbox;
-pub use migrate::{MigrateOptions, DEFAULT_PARTITIONS, MIGRATIONS};
+pub use migrate::MIGRATIONS;
 pub use release::outside_transaction;
 
 use crate::{Error, Event, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
