@@ -1,5 +1,33 @@
-# Shell helpers the deploy/*/check.sh scripts share. A script defines `fail` and the array
-# `pids` (processes to kill at exit) before it sources this file.
+# Shell helpers the deploy/*/check.sh scripts share. A script sets `started=$SECONDS` before it
+# sources this file, and the array `pids` (processes to kill at exit) before it starts any.
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+ok() { echo "ok [$((SECONDS - started))s]: $*"; }
+
+# Installs Debian packages that are missing, quietly (CI starts from a fresh machine).
+need_packages() {
+  local missing=() package
+  for package in "$@"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" ||
+      missing+=("$package")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  echo "installing ${missing[*]}"
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    >/dev/null
+}
+
+# Sets `bin` to the absolute path of the outbox binary under test (OUTBOX_BIN, default
+# target/debug/outbox), failing when there is none.
+find_binary() {
+  bin=${OUTBOX_BIN:-target/debug/outbox}
+  [[ -x $bin ]] || fail "$bin is not an executable outbox binary (build it, or set OUTBOX_BIN)"
+  bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+}
 
 # A process waited for is not killed at exit: its PID may belong to another one by then.
 forget_pid() {

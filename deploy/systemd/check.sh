@@ -28,29 +28,13 @@ env_example=$here/relay.env.example
 threshold=15
 started=$SECONDS
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-ok() { echo "ok [$((SECONDS - started))s]: $*"; }
+# fail, ok, need_packages, find_binary, forget_pid, wait_for, free_port, listening.
+# shellcheck source=deploy/lib.sh
+source deploy/lib.sh
 
 [[ $(id -u) == 0 ]] || fail "needs root (to run the traced commands as another user)"
-bin=${OUTBOX_BIN:-target/debug/outbox}
-[[ -x $bin ]] || fail "$bin is not an executable outbox binary (build it, or set OUTBOX_BIN)"
-bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+find_binary
 
-need_packages() {
-  local missing=() package
-  for package in "$@"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" ||
-      missing+=("$package")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  echo "installing ${missing[*]}"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-    >/dev/null
-}
 need_packages systemd strace python3 util-linux
 python=/usr/bin/python3
 
@@ -66,9 +50,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-# forget_pid, wait_for, free_port, listening.
-# shellcheck source=deploy/lib.sh
-source "$(dirname "$0")/../lib.sh"
 
 # ---- 1. systemd-analyze verify --------------------------------------------------------------
 

@@ -157,13 +157,8 @@ impl Letters {
                     .into(),
             );
         }
-        if let Some(brokers) = url.strip_prefix("kafka://") {
-            if brokers.contains('@') || brokers.contains('/') {
-                // Not repeated: it may hold a password.
-                return Err(
-                    "kafka:// takes host:port[,host:port…], without credentials or a path".into(),
-                );
-            }
+        if url.starts_with("kafka://") {
+            let brokers = super::kafka_brokers(url)?;
             #[cfg(feature = "kafka")]
             {
                 let consumer = source
@@ -174,13 +169,7 @@ impl Letters {
                     .topic
                     .clone()
                     .unwrap_or_else(|| format!("{consumer}.dead"));
-                let mut properties = std::collections::BTreeMap::new();
-                for property in &source.kafka_properties {
-                    let (key, value) = property
-                        .split_once('=')
-                        .ok_or("--kafka-property must be KEY=VALUE (one was given without '=')")?;
-                    properties.insert(key.trim().to_owned(), value.to_owned());
-                }
+                let properties = super::kafka_properties(&source.kafka_properties)?;
                 let letters = outbox_consumer::dead_letters::kafka::KafkaDeadLetters::open_with(
                     brokers,
                     &topic,

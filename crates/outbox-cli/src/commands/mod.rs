@@ -330,6 +330,34 @@ pub fn require_url(url: Option<&str>) -> Result<&str, String> {
     url.ok_or_else(|| "no database URL: pass --database-url or set OUTBOX_DATABASE_URL".to_owned())
 }
 
+/// The brokers of a `kafka://host:port[,host:port…]` URL. The error never repeats the URL
+/// (credentials would be in it).
+pub fn kafka_brokers(url: &str) -> Result<&str, String> {
+    let brokers = url.strip_prefix("kafka://").unwrap_or(url);
+    if brokers.is_empty() || brokers.contains(['@', '/']) {
+        return Err("kafka:// takes host:port[,host:port…], without credentials or a path".into());
+    }
+    Ok(brokers)
+}
+
+/// `--kafka-property KEY=VALUE` options as librdkafka properties. The error names no value.
+#[cfg(feature = "kafka")]
+pub fn kafka_properties(
+    options: &[String],
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    options
+        .iter()
+        .map(|property| {
+            property
+                .split_once('=')
+                .map(|(key, value)| (key.trim().to_owned(), value.to_owned()))
+                .ok_or_else(|| {
+                    "--kafka-property must be KEY=VALUE (one was given without '=')".to_owned()
+                })
+        })
+        .collect()
+}
+
 /// Writes to stdout, with every control character but line breaks and tabs (and every
 /// bidirectional mark) escaped by [`crate::escape::output`]; a closed pipe
 /// (`outbox status | head`) is not an error.

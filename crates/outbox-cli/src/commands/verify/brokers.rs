@@ -281,13 +281,26 @@ async fn rabbitmq(source: &Source, out: Sender<Vec<Seen>>) -> Result<(), Error> 
 /// stamped after `until_stamp`, so that a partition written without pause ends too.
 #[cfg(feature = "kafka")]
 async fn kafka(source: Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
+    use rdkafka::ClientConfig;
+    let mut config = ClientConfig::new();
+    for (key, value) in crate::commands::kafka_properties(&source.kafka_properties)? {
+        config.set(key, value);
+    }
+    config
+        .set(
+            "bootstrap.servers",
+            crate::commands::kafka_brokers(&source.url)?,
+        )
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true");
     tokio::task::spawn_blocking(move || {
         let mut lanes = 0;
         let mut read = std::collections::HashSet::new();
         for topic in &source.topics {
             // A topic named twice is read once.
             if read.insert(topic.as_str()) {
-                kafka_topic(&source, topic, &mut lanes, &out)?;
+                kafka_topic(&source, &config, topic, &mut lanes, &out)?;
             }
         }
         Ok(())
@@ -296,10 +309,12 @@ async fn kafka(source: Source, out: Sender<Vec<Seen>>) -> Result<(), Error> {
     .map_err(|e| format!("kafka: the reader failed: {e}"))?
 }
 
-/// Reads one topic; its partitions take lanes from `lanes` on.
+/// Reads one topic with a reader made from `config`, in a group of its own; its partitions
+/// take lanes from `lanes` on.
 #[cfg(feature = "kafka")]
 fn kafka_topic(
     source: &Source,
+    config: &rdkafka::ClientConfig,
     topic: &str,
     lanes: &mut i32,
     out: &Sender<Vec<Seen>>,
@@ -310,25 +325,11 @@ fn kafka_topic(
         consumer::{BaseConsumer, Consumer},
         error::KafkaError,
         message::{Headers, Message},
-        ClientConfig, Offset, TopicPartitionList,
+        Offset, TopicPartitionList,
     };
-    let brokers = source.url.trim_start_matches("kafka://");
-    if brokers.is_empty() || brokers.contains(['/', '@']) {
-        return Err("kafka:// takes host:port[,host:port…], without credentials or a path".into());
-    }
-    let mut config = ClientConfig::new();
-    for property in &source.kafka_properties {
-        let (key, value) = property
-            .split_once('=')
-            .ok_or("--kafka-property must be KEY=VALUE (one was given without '=')")?;
-        config.set(key, value);
-    }
     let consumer: BaseConsumer = config
-        .set("bootstrap.servers", brokers)
+        .clone()
         .set("group.id", format!("outbox-verify-{}", Uuid::now_v7()))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
         .create()
         .map_err(|e| match e {
             KafkaError::ClientConfig(_, description, key, _) => {
