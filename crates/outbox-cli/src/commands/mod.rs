@@ -153,6 +153,14 @@ async fn open_mysql(url: &str, max_connections: u32) -> Result<sqlx::MySqlPool, 
         .await
 }
 
+/// Whether SQLite answered SQLITE_BUSY ("database is locked").
+fn sqlite_locked(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "5")
+}
+
 /// Opens PostgreSQL, MySQL or SQLite by the URL's scheme (a SQLite file is created if
 /// missing).
 pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> {
@@ -174,12 +182,24 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
             .create_if_missing(true)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(30));
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(max_connections)
-            .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
-            .connect_with(options)
-            .await
-            .map_err(|e| format!("cannot open the SQLite database: {e}"))?;
+        // Opening switches the file to WAL, which takes the file's lock without waiting on
+        // the busy timeout: processes opening a new file at once (migrations in several
+        // pods' init containers) get "database is locked" and try again, within the timeout.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let pool = loop {
+            let opened = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(max_connections)
+                .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
+                .connect_with(options.clone())
+                .await;
+            match opened {
+                Err(e) if sqlite_locked(&e) && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                opened => break opened,
+            }
+        }
+        .map_err(|e| format!("cannot open the SQLite database: {e}"))?;
         return Ok(Db::Sqlite(pool));
     }
     connect(url, max_connections).await.map(Db::Postgres)
