@@ -72,4 +72,12 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   apt-get update -qq
   apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# `outbox migrate --print` is tested by applying its scripts with each database's own client
+# (psql and mariadb come with the servers; sqlite3 on its own).
+if ! command -v sqlite3 >/dev/null 2>&1; then
+  echo "services: installing sqlite3 (migrate --print test)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq sqlite3 >/dev/null
+fi
 echo "services: PostgreSQL, MariaDB, NATS, RabbitMQ (AMQP 0-9-1 and 1.0), Redis, Mosquitto, tansu (Kafka), moto (SQS) and a wal_level=logical PostgreSQL on 5433 (CDC) are up; chromium and chromedriver installed"
