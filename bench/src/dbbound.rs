@@ -1,5 +1,5 @@
 //! (b) `dbbound`: the PostgreSQL-alone limit. The same backlog claimed and marked published
-//! through the relay's own store (`outbox_relay::store::PgStore`), with no broker: the
+//! through the relay's own store (`outbox_relayer::store::PgStore`), with no broker: the
 //! relay's claim and completion statements at the relay's batch size and pipelining depth,
 //! with its scan floors and its background statistics refresh.
 
@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use outbox_relay::{
+use outbox_relayer::{
     store::{Fence, Marking, PgStore},
     RelayConfig,
 };

@@ -17,7 +17,7 @@ use std::{
 };
 
 use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
-use outbox_relay::{
+use outbox_relayer::{
     admin::Admin,
     store::{Marking, MySqlStore, Store},
 };

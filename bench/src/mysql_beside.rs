@@ -20,7 +20,7 @@ use std::{
 };
 
 use outbox::{mysql::MySqlOutbox, Event, Tables};
-use outbox_relay::admin::Admin;
+use outbox_relayer::admin::Admin;
 use sqlx::{mysql::MySqlConnectOptions, ConnectOptions, Connection, MySqlPool};
 
 use crate::{

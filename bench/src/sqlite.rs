@@ -2,7 +2,7 @@
 //! drained by the real relay binary into JetStream, next to the SQLite-alone limit measured in
 //! the same run: the same backlog claimed and marked published through the relay's own
 //! `SqliteStore` at the relay's batch size, with no broker. Then the N published rows purged
-//! by the operators' purge (`outbox_relay::admin::Admin`, batches of 1000, what `outbox purge`
+//! by the operators' purge (`outbox_relayer::admin::Admin`, batches of 1000, what `outbox purge`
 //! and `purge_retention` run) next to one plain `DELETE` of the same rows.
 
 use std::{
@@ -11,7 +11,7 @@ use std::{
 };
 
 use outbox::{sqlite::SqliteOutbox, Event, Tables};
-use outbox_relay::{
+use outbox_relayer::{
     admin::Admin,
     store::{Marking, SqliteStore, Store},
 };

@@ -9,7 +9,7 @@ use arbitrary::Arbitrary;
 use chrono::{DateTime, SubsecRound};
 use libfuzzer_sys::fuzz_target;
 use outbox_consumer::Envelope;
-use outbox_relay::{routing::RoutingConfig, store::ClaimedRow};
+use outbox_relayer::{routing::RoutingConfig, store::ClaimedRow};
 use serde_json::Value;
 use uuid::Uuid;
 

@@ -8,7 +8,7 @@ use figment::{
     Figment,
 };
 use libfuzzer_sys::fuzz_target;
-use outbox_relay::RelayConfig;
+use outbox_relayer::RelayConfig;
 
 /// Fields `validate` names (schema and table errors say `… for schema: …`).
 const FIELDS: &[&str] = &[

@@ -5,7 +5,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use outbox_relay::routing::{RouteRule, RoutingConfig};
+use outbox_relayer::routing::{RouteRule, RoutingConfig};
 
 const PLACEHOLDERS: [&str; 3] = ["aggregate_type", "event_type", "schema_version"];
 

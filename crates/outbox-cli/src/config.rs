@@ -8,7 +8,7 @@ use figment::{
     providers::{Env, Format, Serialized, Toml},
     Figment,
 };
-use outbox_relay::{
+use outbox_relayer::{
     publishers::{
         kafka::KafkaConfig, mqtt::MqttConfig, nats::NatsConfig, rabbitmq::RabbitMqConfig,
         redis::RedisConfig, servicebus::ServiceBusConfig, sqs::SqsConfig, webhook::WebhookConfig,
@@ -79,7 +79,7 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
-    /// The publishers' settings, for `outbox_relay::publishers::connect`.
+    /// The publishers' settings, for `outbox_relayer::publishers::connect`.
     pub fn broker_settings(&self) -> BrokerSettings {
         let mut settings = BrokerSettings::default();
         settings.nats = self.nats.clone();

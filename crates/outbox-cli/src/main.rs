@@ -88,7 +88,7 @@ fn main() -> ExitCode {
         Err(error) => {
             // The last line of defence for what an error quotes: URLs without their
             // secrets, writers' data without control characters.
-            let text = outbox_relay::redact::urls_in(&render_chain(error.as_ref()));
+            let text = outbox_relayer::redact::urls_in(&render_chain(error.as_ref()));
             eprintln!("error: {}", escape::control(&text));
             ExitCode::from(2)
         }

@@ -10,13 +10,13 @@
 //!   `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_TRACES_SAMPLER`,
 //!   `OTEL_BSP_*`.
 //!
-//! Spans go through [`outbox_relay::otel::BoundedQueue`]: a full queue drops spans (counted in
+//! Spans go through [`outbox_relayer::otel::BoundedQueue`]: a full queue drops spans (counted in
 //! `outbox_trace_spans_dropped_total`), it never slows publishing; a collector that does not
 //! take a batch is logged and counted (`outbox_trace_spans_unexported_total`).
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::{trace::SdkTracerProvider, Resource};
-use outbox_relay::telemetry::Metrics;
+use outbox_relayer::telemetry::Metrics;
 
 /// The trace export settings read from the environment: `None` when export is off.
 #[derive(Debug)]
@@ -79,9 +79,9 @@ impl Traces {
             .build();
         let provider = SdkTracerProvider::builder()
             .with_resource(resource)
-            .with_span_processor(outbox_relay::otel::BoundedQueue::new(exporter, metrics))
+            .with_span_processor(outbox_relayer::otel::BoundedQueue::new(exporter, metrics))
             .build();
-        outbox_relay::otel::enable(provider.tracer("outbox-relay"));
+        outbox_relayer::otel::enable(provider.tracer("outbox-relay"));
         Ok(Exporting { provider })
     }
 }

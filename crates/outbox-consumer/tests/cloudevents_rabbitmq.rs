@@ -18,7 +18,7 @@ use outbox_consumer::{
     rabbitmq::{RabbitMqConsumer, RabbitMqSource},
     ConsumerConfig, Envelope, Handler, HandlerError, Processor,
 };
-use outbox_relay::{
+use outbox_relayer::{
     cloudevents::Envelope as Mode,
     publishers::rabbitmq::{RabbitMqConfig, RabbitMqPublisher},
     routing::RoutingConfig,

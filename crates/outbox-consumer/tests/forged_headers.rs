@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use outbox_consumer::Envelope;
-use outbox_relay::{
+use outbox_relayer::{
     publishers::nats::{NatsConfig, NatsPublisher},
     routing::RoutingConfig,
     Relay, RelayConfig,

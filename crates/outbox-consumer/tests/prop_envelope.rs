@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use chrono::{DateTime, SubsecRound, Utc};
 use outbox_consumer::Envelope;
-use outbox_relay::{routing::RoutingConfig, store::ClaimedRow, Message};
+use outbox_relayer::{routing::RoutingConfig, store::ClaimedRow, Message};
 use proptest::prelude::*;
 use uuid::Uuid;
 

@@ -14,7 +14,7 @@ use outbox_consumer::{
     nats::{NatsConsumer, NatsSource},
     ConsumerConfig, Envelope, Handler, HandlerError, Processor, Upcasters,
 };
-use outbox_relay::{
+use outbox_relayer::{
     cloudevents,
     fanout::FanOutCopy,
     publishers::nats::{NatsConfig, NatsPublisher},

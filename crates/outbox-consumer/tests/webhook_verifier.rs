@@ -14,7 +14,7 @@ use std::{
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use outbox_consumer::webhook::{WebhookError, WebhookVerifier};
-use outbox_relay::{
+use outbox_relayer::{
     publishers::webhook::{WebhookConfig, WebhookPublisher},
     retry::RetryPolicy,
     routing::RoutingConfig,

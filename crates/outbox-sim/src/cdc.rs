@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
-use outbox_relay::{
+use outbox_relayer::{
     cdc::{
         AggregateKey, CdcDb, HoldRow, Lsn, ReplicationEvent, SlotState, SpillHold, SpillRow,
         Spilled, StreamError, StreamPosition, WalStream,
@@ -40,7 +40,7 @@ impl SimCdc {
             world,
             node,
             lease_ttl_ms: lease_ttl.as_millis() as i64,
-            relay_write_prefix: outbox_relay::cdc::relay_write_prefix(&tables),
+            relay_write_prefix: outbox_relayer::cdc::relay_write_prefix(&tables),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The in-memory database: the outbox, lease, relay and hold tables, with the semantics of the
-//! relay's SQL (`crates/outbox-relay/src/store/sql/*.sql`) statement for statement. Each method
+//! relay's SQL (`crates/outbox-relayer/src/store/sql/*.sql`) statement for statement. Each method
 //! is one statement, applied atomically at one instant of the database clock, as PostgreSQL
 //! applies a statement against one snapshot (and the `FOR SHARE` fence makes a takeover wait).
 //!
@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeZone, Utc};
-use outbox_relay::store::{Claimed, ClaimedRow, Failure, Fence, Marking};
+use outbox_relayer::store::{Claimed, ClaimedRow, Failure, Fence, Marking};
 
 use crate::config::Bug;
 
@@ -104,7 +104,7 @@ pub(crate) struct Hold {
     pub(crate) event_id: i64,
     pub(crate) held_until: Option<i64>,
     /// `stream_commit_lsn`, `stream_change_lsn`: set by the CDC relay's `hold` only.
-    pub(crate) since: Option<outbox_relay::cdc::StreamPosition>,
+    pub(crate) since: Option<outbox_relayer::cdc::StreamPosition>,
 }
 
 /// The tables.

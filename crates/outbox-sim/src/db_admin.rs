@@ -1,4 +1,4 @@
-//! The operators' statements on the model (`crates/outbox-relay/src/admin/sql/postgres.sql`,
+//! The operators' statements on the model (`crates/outbox-relayer/src/admin/sql/postgres.sql`,
 //! and `sqlite.sql`, which the store conformance suite holds to the same results):
 //! `replay` of dead events and `skip` of one, each applied atomically, whether relays run or not.
 

@@ -1,10 +1,10 @@
-//! The CDC statements on the model (`crates/outbox-relay/src/source/cdc/sql/cdc.sql`), statement
+//! The CDC statements on the model (`crates/outbox-relayer/src/source/cdc/sql/cdc.sql`), statement
 //! for statement, each applied atomically. Fenced statements take effect only while the relay
 //! holds every lease it names.
 
 use std::collections::BTreeSet;
 
-use outbox_relay::{
+use outbox_relayer::{
     cdc::{HoldRow, SpillHold, SpillRow, Spilled, StreamPosition},
     store::{ClaimedRow, Fence},
 };

@@ -1,6 +1,6 @@
 //! # outbox-sim
 //!
-//! Deterministic simulation of the relay. The relay engine (`outbox_relay::Relay`: leases,
+//! Deterministic simulation of the relay. The relay engine (`outbox_relayer::Relay`: leases,
 //! claims, ordered lanes, retries, dead letters, completion) runs **unchanged** over an
 //! in-memory database and broker, on a virtual clock, with faults drawn from a seed:
 //!
@@ -41,7 +41,7 @@ pub mod writer;
 
 use std::{fmt, time::Duration};
 
-use outbox_relay::{retry::RetryPolicy, RelayConfig};
+use outbox_relayer::{retry::RetryPolicy, RelayConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 pub use config::{Bug, Faults, SimConfig, Source};
@@ -164,9 +164,9 @@ pub fn run(seed: u64, config: &SimConfig) -> Report {
         .build()
         .expect("a current-thread runtime");
     // The relay's own random choices (backoff jitter) follow the seed too.
-    outbox_relay::retry::seed_thread_rng(Some(seed.rotate_left(17) ^ 0x6a09_e667_f3bc_c908));
+    outbox_relayer::retry::seed_thread_rng(Some(seed.rotate_left(17) ^ 0x6a09_e667_f3bc_c908));
     let report = runtime.block_on(simulate(seed, config));
-    outbox_relay::retry::seed_thread_rng(None);
+    outbox_relayer::retry::seed_thread_rng(None);
     report
 }
 
@@ -189,7 +189,7 @@ async fn simulate(seed: u64, config: &SimConfig) -> Report {
         None => None,
     };
     if write_mode.is_some() {
-        relay.mode = outbox_relay::config::Mode::Cdc;
+        relay.mode = outbox_relayer::config::Mode::Cdc;
         relay.cdc.heartbeat_interval = Duration::from_millis(rng.random_range(200..=2000));
         // Sometimes tiny, so that transactions are published in chunks.
         if rng.random_bool(0.3) {

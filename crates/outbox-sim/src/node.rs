@@ -6,7 +6,7 @@
 use std::{fmt::Write as _, sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
-use outbox_relay::{
+use outbox_relayer::{
     store::{Backlog, Claimed, Failure, Fence, Marking, Store},
     Message, PublishError, Publisher,
 };

@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use outbox_relay::{Relay, RelayConfig, RelayHandle};
+use outbox_relayer::{Relay, RelayConfig, RelayHandle};
 
 use crate::{
     cdc::SimCdc,
@@ -63,7 +63,7 @@ impl Supervisor {
         );
         let mut config = self.config.clone();
         config.relay_id = Some(name.clone());
-        let cdc = config.mode == outbox_relay::config::Mode::Cdc;
+        let cdc = config.mode == outbox_relayer::config::Mode::Cdc;
         let mut relay = Relay::with_store(Arc::new(store.clone()), Arc::new(publisher), config)
             .expect("the simulation's relay settings are valid");
         if cdc {

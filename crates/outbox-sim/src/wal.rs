@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use outbox_relay::cdc::{Lsn, ReplicationEvent};
+use outbox_relayer::cdc::{Lsn, ReplicationEvent};
 
 use crate::db::{headers_of, timestamp, Row, Status};
 

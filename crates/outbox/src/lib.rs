@@ -3,7 +3,7 @@
 //! The write side of the transactional outbox. A service that must change its database *and* tell
 //! the rest of the system writes the event as one more row, inside the transaction that already
 //! holds the business change. If the transaction commits, the event is durable with it; if it
-//! rolls back, the event never existed. The relay (`outbox relay`, crate `outbox-relay`) publishes
+//! rolls back, the event never existed. The relay (`outbox relay`, crate `outbox-relayer`) publishes
 //! committed rows to the broker afterwards, at least once and in order per aggregate.
 //!
 //! ```no_run

@@ -1,6 +1,6 @@
 //! The wire contract between the relay and consumers, written once: the header names every
 //! message carries, and how they map to CloudEvents 1.0 attributes. The relay writes it
-//! (`outbox-relay`); the consumer runners read it (`outbox-consumer`).
+//! (`outbox-relayer`); the consumer runners read it (`outbox-consumer`).
 
 /// Header names the relay sets on every message (user headers with the same name are replaced).
 pub mod header {

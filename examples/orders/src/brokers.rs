@@ -19,7 +19,7 @@ use outbox_consumer::{
     rabbitmq::{RabbitMqConsumer, RabbitMqSource},
     ConsumerConfig, Handler, Processor,
 };
-use outbox_relay::{
+use outbox_relayer::{
     publishers::{
         nats::{NatsConfig, NatsPublisher},
         rabbitmq::{RabbitMqConfig, RabbitMqPublisher},
@@ -168,8 +168,8 @@ impl Broker {
         Ok(match &self.kind {
             #[cfg(feature = "kafka")]
             Kind::Kafka { brokers, .. } => Arc::new(
-                outbox_relay::publishers::kafka::KafkaPublisher::connect(
-                    outbox_relay::publishers::kafka::KafkaConfig {
+                outbox_relayer::publishers::kafka::KafkaPublisher::connect(
+                    outbox_relayer::publishers::kafka::KafkaConfig {
                         brokers: brokers.clone(),
                         // One record per batch. tansu 0.6 (the Kafka-protocol broker of the
                         // tests) answers a fetch from inside a record batch with the next

@@ -24,7 +24,7 @@ use std::{
 };
 
 use outbox::Tables;
-use outbox_relay::{retry::RetryPolicy, routing::RoutingConfig, RelayConfig};
+use outbox_relayer::{retry::RetryPolicy, routing::RoutingConfig, RelayConfig};
 use tokio_util::sync::CancellationToken;
 
 use shop::{Storage, CONSUMERS};

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use outbox_relay::Publisher;
+use outbox_relayer::Publisher;
 #[cfg(feature = "brokers")]
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

@@ -16,7 +16,7 @@ use std::{
 
 use axum::{body::Bytes, extract::State, http::HeaderMap, http::StatusCode, routing::post, Router};
 use outbox::Seen;
-use outbox_relay::{
+use outbox_relayer::{
     publishers::webhook::{WebhookConfig, WebhookPublisher},
     Publisher,
 };

@@ -3,7 +3,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use chrono::{DateTime, Utc};
-use outbox_relay::admin::{Admin, DeadLetter, DeadLetterFilter};
+use outbox_relayer::admin::{Admin, DeadLetter, DeadLetterFilter};
 
 use super::{CommandResult, DatabaseArgs};
 use crate::escape;

@@ -48,7 +48,7 @@ pub async fn run(args: Args) -> CommandResult {
     };
     // A URL may carry credentials; an answer is the server's text: neither reaches the
     // terminal raw.
-    let line = outbox_relay::redact::urls_in(&line);
+    let line = outbox_relayer::redact::urls_in(&line);
     eprintln!("unhealthy: {}", crate::escape::control(&line));
     Ok(ExitCode::from(1))
 }

@@ -81,8 +81,8 @@ fn kind(url: &str) -> Result<Kind, String> {
         None => return Err(format!("the database URL has no scheme: {SPOKEN}")),
     };
     // Refused before a parser reads part of the password as the host or the port.
-    if outbox_relay::redact::userinfo_needs_encoding(url) {
-        let address = outbox_relay::doctor::server_address(url, default_port)
+    if outbox_relayer::redact::userinfo_needs_encoding(url) {
+        let address = outbox_relayer::doctor::server_address(url, default_port)
             .unwrap_or_else(|| "the local socket".to_owned());
         return Err(format!(
             "the URL of the database at {address} has a `/`, `?` or `#` in its user name or \
@@ -102,7 +102,7 @@ pub fn database_address(url: &str) -> String {
     } else {
         5432
     };
-    outbox_relay::doctor::server_address(url, default_port)
+    outbox_relayer::doctor::server_address(url, default_port)
         .unwrap_or_else(|| "the local socket".to_owned())
 }
 
@@ -212,14 +212,14 @@ pub struct Outbox {
     /// Its tables.
     pub tables: outbox::Tables,
     /// Operator actions on it.
-    pub admin: outbox_relay::admin::Admin,
+    pub admin: outbox_relayer::admin::Admin,
     /// Its backlog and partitions.
-    pub store: std::sync::Arc<dyn outbox_relay::store::Store>,
+    pub store: std::sync::Arc<dyn outbox_relayer::store::Store>,
 }
 
 /// Opens the outbox `args` names; an outbox that is not migrated is an error that says so.
 pub async fn open_outbox(args: &DatabaseArgs) -> Result<Outbox, Box<dyn std::error::Error>> {
-    use outbox_relay::{admin::Admin, store};
+    use outbox_relayer::{admin::Admin, store};
     let tables = args.tables()?;
     let db = connect_any(require_url(args.database_url.as_deref())?, 2).await?;
     let (admin, store): (Admin, std::sync::Arc<dyn store::Store>) = match &db {

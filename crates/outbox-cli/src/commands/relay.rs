@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, num::NonZeroUsize, path::PathBuf, process::ExitCode, sync::Arc};
 
-use outbox_relay::{http, store::Store, Relay};
+use outbox_relayer::{http, store::Store, Relay};
 use tokio_util::sync::CancellationToken;
 
 use super::{connect_waiting, CommandResult, Db};
@@ -70,8 +70,8 @@ impl Settings {
             cfg.relay.table = table;
         }
         match self.mode {
-            Some(RelayMode::Poll) => cfg.relay.mode = outbox_relay::Mode::Poll,
-            Some(RelayMode::Cdc) => cfg.relay.mode = outbox_relay::Mode::Cdc,
+            Some(RelayMode::Poll) => cfg.relay.mode = outbox_relayer::Mode::Poll,
+            Some(RelayMode::Cdc) => cfg.relay.mode = outbox_relayer::Mode::Cdc,
             None => {}
         }
         Ok(cfg)
@@ -135,7 +135,7 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
     stop_on_signal(shutdown.clone())?;
     logging::init(log_format.unwrap_or(cfg.log_format.into()));
     cfg.relay.validate()?;
-    outbox_relay::dashboard::check_allowed_hosts(&cfg.allowed_hosts)?;
+    outbox_relayer::dashboard::check_allowed_hosts(&cfg.allowed_hosts)?;
     #[cfg(feature = "otel")]
     let traces = crate::traces::Traces::from_env()?;
     let database_url = cfg.database_url.as_deref().ok_or(
@@ -183,11 +183,11 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let broker = outbox_relay::publishers::BrokerKind::of_url(&broker_url)?;
+    let broker = outbox_relayer::publishers::BrokerKind::of_url(&broker_url)?;
     let broker_address = broker.address(&broker_url);
     waiting(format!("connecting to the {}", broker.name()));
     let broker_cause = match &broker_address {
-        Some(address) => outbox_relay::doctor::reach(address, BROKER_PROBE)
+        Some(address) => outbox_relayer::doctor::reach(address, BROKER_PROBE)
             .await
             .err(),
         None => None,
@@ -197,35 +197,35 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
             "cannot reach the broker; the relay starts and its publishes wait and retry until \
              it can");
     }
-    let publisher = outbox_relay::publishers::connect(&broker_url, cfg.broker_settings()).await?;
+    let publisher = outbox_relayer::publishers::connect(&broker_url, cfg.broker_settings()).await?;
     let (relay, admin, store) = match db {
         Db::Postgres(pool) => {
             let mut relay = Relay::new(pool.clone(), publisher, cfg.relay.clone()).await?;
-            if cfg.relay.mode == outbox_relay::Mode::Cdc {
+            if cfg.relay.mode == outbox_relayer::Mode::Cdc {
                 outbox::postgres::cdc::check_wal_level(&pool).await?;
                 relay = relay.with_replication_url(database_url)?;
             }
             let tables = cfg.relay.tables();
-            let admin = outbox_relay::admin::Admin::new(pool.clone(), &tables);
-            let store = outbox_relay::store::PgStore::open(pool, &tables).await?;
+            let admin = outbox_relayer::admin::Admin::new(pool.clone(), &tables);
+            let store = outbox_relayer::store::PgStore::open(pool, &tables).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
-        Db::MySql(_) | Db::Sqlite(_) if cfg.relay.mode == outbox_relay::Mode::Cdc => {
+        Db::MySql(_) | Db::Sqlite(_) if cfg.relay.mode == outbox_relayer::Mode::Cdc => {
             return Err("--mode cdc: change data capture needs PostgreSQL".into())
         }
         Db::MySql(pool) => {
             let tables = cfg.relay.tables();
             let relay = Relay::mysql(pool.clone(), publisher, cfg.relay.clone()).await?;
             let session = cfg.relay.mysql_session();
-            let admin = outbox_relay::admin::Admin::mysql_with(pool.clone(), &tables, session);
-            let store = outbox_relay::store::MySqlStore::open_with(pool, &tables, session).await?;
+            let admin = outbox_relayer::admin::Admin::mysql_with(pool.clone(), &tables, session);
+            let store = outbox_relayer::store::MySqlStore::open_with(pool, &tables, session).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
         Db::Sqlite(pool) => {
             let tables = cfg.relay.tables();
             let relay = Relay::sqlite(pool.clone(), publisher, cfg.relay.clone()).await?;
-            let admin = outbox_relay::admin::Admin::sqlite(pool.clone(), &tables);
-            let store = outbox_relay::store::SqliteStore::open(pool, &tables).await?;
+            let admin = outbox_relayer::admin::Admin::sqlite(pool.clone(), &tables);
+            let store = outbox_relayer::store::SqliteStore::open(pool, &tables).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
     };
@@ -238,7 +238,7 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
         }
         None => None,
     };
-    let dashboard = outbox_relay::dashboard::router(outbox_relay::dashboard::Dashboard {
+    let dashboard = outbox_relayer::dashboard::router(outbox_relayer::dashboard::Dashboard {
         admin,
         store,
         metrics: relay.metrics(),
@@ -286,7 +286,7 @@ async fn watch_broker(address: String, health: Arc<http::Health>, shutdown: Canc
             () = tokio::time::sleep(delay) => {}
             () = shutdown.cancelled() => return,
         }
-        match outbox_relay::doctor::reach(&address, BROKER_PROBE).await {
+        match outbox_relayer::doctor::reach(&address, BROKER_PROBE).await {
             Ok(()) => {
                 tracing::info!(broker = %address, "the broker can be reached");
                 health.broker_unreachable(None);

@@ -13,7 +13,7 @@ use outbox::{
     Tables,
 };
 use outbox_consumer::{saga::SagaHandler, ConsumerConfig, Handler, Processor};
-use outbox_relay::{Relay, RelayHandle};
+use outbox_relayer::{Relay, RelayHandle};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use sqlx::{postgres::PgPoolOptions, PgPool};
 use tokio::task::JoinHandle;
@@ -200,7 +200,7 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
 
     let config = relay_config(tables);
     let start_relay = |n: u32| {
-        let config = outbox_relay::RelayConfig {
+        let config = outbox_relayer::RelayConfig {
             relay_id: Some(format!("saga-relay-{n}")),
             ..config.clone()
         };

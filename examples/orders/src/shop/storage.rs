@@ -10,7 +10,7 @@ use outbox::{
     sqlite::{SqliteInbox, SqliteOutbox},
     Seen, Tables,
 };
-use outbox_relay::{Publisher, Relay, RelayConfig};
+use outbox_relayer::{Publisher, Relay, RelayConfig};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
@@ -287,7 +287,7 @@ impl Storage {
         &self,
         publisher: Arc<dyn Publisher>,
         config: RelayConfig,
-    ) -> Result<Relay, outbox_relay::Error> {
+    ) -> Result<Relay, outbox_relayer::Error> {
         match &self.db {
             Db::Postgres { pool, .. } => Relay::new(pool.clone(), publisher, config).await,
             Db::MySql { pool, .. } => Relay::mysql(pool.clone(), publisher, config).await,

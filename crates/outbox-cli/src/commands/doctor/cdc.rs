@@ -3,7 +3,7 @@
 //! retained WAL, and `max_slot_wal_keep_size`.
 
 use outbox::Tables;
-use outbox_relay::{config::RelayConfig, doctor::Check};
+use outbox_relayer::{config::RelayConfig, doctor::Check};
 use sqlx::PgPool;
 
 const AREA: &str = "cdc";

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use outbox::Tables;
-use outbox_relay::{doctor::Check, store::Store};
+use outbox_relayer::{doctor::Check, store::Store};
 use sqlx::PgPool;
 
 use crate::commands::{connect_any, database_address, Db};
@@ -68,7 +68,7 @@ pub async fn check(url: &str, tables: &Tables) -> Found {
                     .fetch_all(pool)
                     .await,
                 );
-                let store = outbox_relay::store::PgStore::open(pool.clone(), tables)
+                let store = outbox_relayer::store::PgStore::open(pool.clone(), tables)
                     .await
                     .map(|s| Arc::new(s) as Arc<dyn Store>)
                     .map_err(|e| e.to_string());
@@ -93,7 +93,7 @@ pub async fn check(url: &str, tables: &Tables) -> Found {
                     .fetch_all(pool)
                     .await,
                 );
-                let store = outbox_relay::store::MySqlStore::open(pool.clone(), tables)
+                let store = outbox_relayer::store::MySqlStore::open(pool.clone(), tables)
                     .await
                     .map(|s| Arc::new(s) as Arc<dyn Store>)
                     .map_err(|e| e.to_string());
@@ -118,7 +118,7 @@ pub async fn check(url: &str, tables: &Tables) -> Found {
                     .fetch_all(pool)
                     .await,
                 );
-                let store = outbox_relay::store::SqliteStore::open(pool.clone(), tables)
+                let store = outbox_relayer::store::SqliteStore::open(pool.clone(), tables)
                     .await
                     .map(|s| Arc::new(s) as Arc<dyn Store>)
                     .map_err(|e| e.to_string());
@@ -482,7 +482,7 @@ async fn backlog_and_relays(store: &dyn Store, checks: &mut Vec<Check>) {
         .collect();
     owners.sort_unstable();
     owners.dedup();
-    let unowned: Vec<&outbox_relay::store::PartitionStatus> =
+    let unowned: Vec<&outbox_relayer::store::PartitionStatus> =
         partitions.iter().filter(|p| !p.live).collect();
     let stranded: i64 = unowned.iter().map(|p| p.pending).sum();
     if owners.is_empty() {

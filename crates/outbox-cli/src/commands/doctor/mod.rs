@@ -7,7 +7,7 @@ mod database;
 
 use std::process::ExitCode;
 
-use outbox_relay::doctor::{Check, Level};
+use outbox_relayer::doctor::{Check, Level};
 
 use super::{require_url, CommandResult};
 use crate::config;
@@ -33,7 +33,7 @@ pub async fn run(args: Args) -> CommandResult {
     let mut checks = config_checks(&cfg);
     let found = database::check(&database_url, &tables).await;
     checks.extend(found.checks);
-    if cfg.relay.mode == outbox_relay::Mode::Cdc {
+    if cfg.relay.mode == outbox_relayer::Mode::Cdc {
         match &found.postgres {
             Some(pool) => checks.extend(cdc::check(pool, &tables, &cfg.relay).await),
             None if found.reachable => checks.push(Check::fail(
@@ -64,7 +64,7 @@ pub async fn run(args: Args) -> CommandResult {
     };
     match cfg.broker_url.as_deref() {
         Some(url) => checks.extend(
-            outbox_relay::publishers::probe::probe(url, cfg.broker_settings(), &destinations).await,
+            outbox_relayer::publishers::probe::probe(url, cfg.broker_settings(), &destinations).await,
         ),
         None => checks.push(Check::warn(
             "broker",
