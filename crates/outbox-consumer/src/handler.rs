@@ -1,7 +1,7 @@
 use futures::future::BoxFuture;
 use sqlx::PgConnection;
 
-use crate::Envelope;
+use crate::{Envelope, Upcasters};
 
 /// Applies one event's effect.
 ///
@@ -23,6 +23,12 @@ pub trait Handler: Send + Sync + 'static {
         tx: &'a mut PgConnection,
         event: &'a Envelope,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
+
+    /// The upcasters this handler's events need, which a [`crate::Processor`] built on it
+    /// starts with: none by default; [`crate::Handlers`] returns its types' own.
+    fn upcasters(&self) -> Upcasters {
+        Upcasters::new()
+    }
 }
 
 /// A handler's failure, kept as text (it is stored with the dead letter), and whether it is the

@@ -46,10 +46,16 @@ pub mod saga;
 mod sim;
 mod store;
 mod trace;
+mod typed;
 mod upcast;
 pub mod versions;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+
+/// The README's examples, compiled as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 pub use config::ConsumerConfig;
 pub use envelope::{DecodeError, Envelope};
@@ -59,6 +65,7 @@ pub use handler::{Handler, HandlerError};
 pub use message::Message;
 pub use metrics::{ConsumerMetrics, Count};
 pub use processor::{DeadLetters, Outcome, Processor};
+pub use typed::{Handle, Handlers};
 pub use upcast::{UpcastError, Upcaster, Upcasters};
 #[cfg(feature = "webhook")]
 pub use webhook::WebhookVerifier;

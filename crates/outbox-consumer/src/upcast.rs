@@ -102,6 +102,8 @@ pub enum UpcastError {
 #[derive(Clone, Default)]
 pub struct Upcasters {
     steps: BTreeMap<String, BTreeMap<i32, Upcaster>>,
+    /// Current versions declared with [`Upcasters::current`].
+    declared: BTreeMap<String, i32>,
 }
 
 impl fmt::Debug for Upcasters {
@@ -109,6 +111,9 @@ impl fmt::Debug for Upcasters {
         let mut map = f.debug_map();
         for (event_type, steps) in &self.steps {
             map.entry(event_type, &steps.keys().collect::<Vec<_>>());
+        }
+        for (event_type, current) in &self.declared {
+            map.entry(&format!("{event_type} current"), current);
         }
         map.finish()
     }
@@ -137,6 +142,13 @@ impl Upcasters {
             from >= 1,
             "{event_type}: upcasters start at schema_version 1, not {from}"
         );
+        if let Some(&current) = self.declared.get(&event_type) {
+            assert!(
+                from < current,
+                "{event_type}: an upcaster from schema_version {from} goes past the current \
+                 version {current}"
+            );
+        }
         let previous = self
             .steps
             .entry(event_type.clone())
@@ -149,13 +161,51 @@ impl Upcasters {
         self
     }
 
-    /// The version handlers see for `event_type`: one past its last upcaster. `None` when the
-    /// type has no upcaster (its events pass through unchanged).
+    /// Declares `version` the current version of `event_type`, the one its handler is written
+    /// for: a newer message is refused ([`UpcastError::TooNew`]) even when the type has no
+    /// upcaster, and an older one with no chain of steps up to `version` is a
+    /// [`UpcastError::Gap`]. Typed handlers (`Handlers::on`) declare their type's version.
+    ///
+    /// # Panics
+    ///
+    /// When `version` is below 1, below a registered step's target, or declared twice
+    /// differently: programming errors, found at start-up.
+    pub fn current(mut self, event_type: impl Into<String>, version: i32) -> Self {
+        let event_type = event_type.into();
+        assert!(
+            version >= 1,
+            "{event_type}: schema versions start at 1, not {version}"
+        );
+        if let Some(last) = self
+            .steps
+            .get(&event_type)
+            .and_then(|s| s.keys().next_back())
+        {
+            assert!(
+                *last < version,
+                "{event_type}: an upcaster from schema_version {last} goes past the current \
+                 version {version}"
+            );
+        }
+        let previous = self.declared.insert(event_type.clone(), version);
+        assert!(
+            previous.is_none_or(|p| p == version),
+            "{event_type}: current version declared as both {} and {version}",
+            previous.unwrap_or_default()
+        );
+        self
+    }
+
+    /// The version handlers see for `event_type`: the declared one ([`Upcasters::current`]),
+    /// else one past its last upcaster. `None` when the type has neither (its events pass
+    /// through unchanged).
     pub fn current_version(&self, event_type: &str) -> Option<i32> {
-        self.steps
-            .get(event_type)
-            .and_then(|steps| steps.keys().next_back())
-            .map(|last| last + 1)
+        self.declared.get(event_type).copied().or_else(|| {
+            self.steps
+                .get(event_type)
+                .and_then(|steps| steps.keys().next_back())
+                .map(|last| last + 1)
+        })
     }
 
     /// Brings a `version` payload of `event_type` to the current version, step by step.
@@ -165,10 +215,10 @@ impl Upcasters {
         version: i32,
         payload: Value,
     ) -> Result<Value, UpcastError> {
-        let Some(steps) = self.steps.get(event_type) else {
+        let Some(current) = self.current_version(event_type) else {
             return Ok(payload);
         };
-        let current = self.current_version(event_type).expect("has steps");
+        let steps = self.steps.get(event_type);
         if version > current {
             return Err(UpcastError::TooNew {
                 event_type: event_type.to_owned(),
@@ -177,11 +227,13 @@ impl Upcasters {
             });
         }
         (version..current).try_fold(payload, |value, from| {
-            let step = steps.get(&from).ok_or_else(|| UpcastError::Gap {
-                event_type: event_type.to_owned(),
-                from,
-                current,
-            })?;
+            let step = steps
+                .and_then(|s| s.get(&from))
+                .ok_or_else(|| UpcastError::Gap {
+                    event_type: event_type.to_owned(),
+                    from,
+                    current,
+                })?;
             // A panic fails this message only (dead-lettered with the reason), not the runner.
             match std::panic::catch_unwind(AssertUnwindSafe(|| step(value))) {
                 Ok(result) => result.map_err(|reason| UpcastError::Failed {
@@ -378,5 +430,62 @@ mod tests {
     #[should_panic(expected = "registered twice")]
     fn registering_a_step_twice_panics() {
         let _ = Upcasters::new().register("T", 1, Ok).register("T", 1, Ok);
+    }
+
+    #[test]
+    fn a_declared_current_version_refuses_newer_messages_and_gaps_without_steps() {
+        let declared = Upcasters::new().current("OrderShipped", 2);
+        assert_eq!(declared.current_version("OrderShipped"), Some(2));
+        let shipped = |version| Envelope {
+            event_type: "OrderShipped".into(),
+            ..envelope(version, br#"{"order_id":"o1"}"#)
+        };
+        assert_eq!(
+            declared.upcast_envelope(shipped(2)).unwrap().schema_version,
+            2
+        );
+        assert_eq!(
+            declared.upcast_envelope(shipped(3)).unwrap_err(),
+            UpcastError::TooNew {
+                event_type: "OrderShipped".into(),
+                version: 3,
+                current: 2
+            }
+        );
+        assert_eq!(
+            declared.upcast_envelope(shipped(1)).unwrap_err(),
+            UpcastError::Gap {
+                event_type: "OrderShipped".into(),
+                from: 1,
+                current: 2
+            }
+        );
+        // A declaration above the last step leaves a gap at the top, found per message.
+        let short = orders().current("OrderPlaced", 4);
+        assert!(matches!(
+            short.upcast_envelope(envelope(1, br#"{"total":1.5}"#)),
+            Err(UpcastError::Gap {
+                from: 3,
+                current: 4,
+                ..
+            })
+        ));
+        // Declaring the version the steps reach changes nothing.
+        let same = orders().current("OrderPlaced", 3);
+        assert_eq!(same.current_version("OrderPlaced"), Some(3));
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "OrderPlaced: an upcaster from schema_version 2 goes past the current version 2"
+    )]
+    fn a_step_past_the_declared_version_panics() {
+        let _ = orders().current("OrderPlaced", 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "T: current version declared as both 2 and 3")]
+    fn declaring_two_current_versions_panics() {
+        let _ = Upcasters::new().current("T", 2).current("T", 3);
     }
 }

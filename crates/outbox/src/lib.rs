@@ -8,9 +8,20 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox::{postgres::PgOutbox, Event};
+//! use outbox::{postgres::PgOutbox, DomainEvent};
 //!
-//! let outbox = PgOutbox::new(Default::default());
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct OrderPlaced {
+//!     order_id: i64,
+//!     total: String,
+//! }
+//!
+//! impl DomainEvent for OrderPlaced {
+//!     const AGGREGATE_TYPE: &'static str = "order";
+//!     const EVENT_TYPE: &'static str = "OrderPlaced";
+//! }
+//!
+//! let outbox = PgOutbox::default();
 //! outbox.migrate(&pool, Default::default()).await?; // once, at start-up or from `outbox migrate`
 //!
 //! let mut tx = pool.begin().await?;
@@ -18,16 +29,18 @@
 //!     .bind(42_i64)
 //!     .execute(&mut *tx)
 //!     .await?;
-//! let event = Event::new("order", "42", "OrderPlaced")
-//!     .json(&serde_json::json!({ "order_id": 42, "total": "19.90" }))?
-//!     .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
-//! let event_id = outbox.enqueue(&mut tx, &event).await?;
+//! let placed = OrderPlaced { order_id: 42, total: "19.90".into() };
+//! outbox.publish(&mut tx, 42, &placed).await?;
 //! tx.commit().await?; // the event is published only if this commit succeeds
-//! # let _ = event_id; Ok(()) }
+//! # Ok(()) }
 //! ```
 //!
+//! [`Event`] is the untyped form, for what a [`DomainEvent`] does not set (aggregate version,
+//! headers, destination, opaque payloads): `Event::of(42, &placed)?.aggregate_version(3)` or
+//! `Event::new("order", "42", "OrderPlaced").json(&value)?`, written with `enqueue`.
+//!
 //! The outbox table is a public contract: services in any language may `INSERT` into it directly
-//! (see the README for the plain-SQL form).
+//! (see the crate README, or docs/architecture.md in the repository: the write contract).
 
 pub mod compat;
 mod error;
@@ -46,11 +59,18 @@ pub mod postgres;
 pub mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod typed;
 pub mod wal;
 pub mod wire;
+
+/// The README's examples, compiled as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 pub use error::{Error, SchemaError};
 pub use event::{Event, Headers, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use ident::{Ident, Tables};
 pub use inbox::{check_message as check_inbox_message, Seen, MAX_MESSAGE_ID_CHARS};
 pub use migration::{require_migrated, MigrateOptions, DEFAULT_PARTITIONS};
+pub use typed::DomainEvent;

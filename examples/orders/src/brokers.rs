@@ -64,10 +64,7 @@ enum Kind {
 }
 
 fn handler(name: &str, sql: &Statements) -> Arc<dyn Handler> {
-    match name {
-        "inventory" => Arc::new(shop::Inventory::new(sql)),
-        _ => Arc::new(shop::Notifications::new(sql)),
-    }
+    Arc::new(shop::handlers(name, sql))
 }
 
 impl Broker {

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
-    shop::{Storage, CONSUMERS},
+    shop::{OrderCreated, Storage, CONSUMERS},
     summary::Deliveries,
     BoxError,
 };
@@ -119,7 +119,7 @@ async fn deliver(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Sta
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let (Some(id), Ok(body)) = (
         header("event-id").and_then(|v| Uuid::parse_str(v).ok()),
-        serde_json::from_slice::<serde_json::Value>(&body),
+        serde_json::from_slice::<OrderCreated>(&body),
     ) else {
         app.counters.failures.fetch_add(1, Ordering::Relaxed);
         return StatusCode::BAD_REQUEST;

@@ -7,8 +7,21 @@
 
 use outbox::{
     postgres::{MigrateOptions, PgOutbox},
-    Event,
+    DomainEvent,
 };
+
+/// The event: its Rust type names its aggregate type and event type once, for every writer.
+#[derive(serde::Serialize)]
+struct OrderPlaced {
+    order_id: i64,
+    customer: String,
+    total: String,
+}
+
+impl DomainEvent for OrderPlaced {
+    const AGGREGATE_TYPE: &'static str = "order";
+    const EVENT_TYPE: &'static str = "OrderPlaced";
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,10 +48,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .bind("19.90")
     .fetch_one(&mut *tx)
     .await?;
-    let event = Event::new("order", order_id.to_string(), "OrderPlaced")
-        .json(&serde_json::json!({ "order_id": order_id, "customer": "ada", "total": "19.90" }))?
-        .aggregate_version(1);
-    let event_id = outbox.enqueue(&mut tx, &event).await?;
+    let placed = OrderPlaced {
+        order_id,
+        customer: "ada".into(),
+        total: "19.90".into(),
+    };
+    let event_id = outbox.publish(&mut tx, order_id, &placed).await?;
     tx.commit().await?;
 
     println!("order {order_id} saved; event {event_id} is in the outbox, waiting for the relay");

@@ -79,13 +79,14 @@ impl Processor {
     ) -> Self {
         let name = name.into();
         let metrics = ConsumerMetrics::new();
+        let upcasters = handler.upcasters();
         Self {
             pool,
             sql: Arc::new(Statements::new(tables)),
             counts: metrics.of(&name),
             name,
             handler,
-            upcasters: Upcasters::new(),
+            upcasters,
             metrics,
             gate: None,
             skip_copies: false,
@@ -94,6 +95,7 @@ impl Processor {
 
     /// The same processor, bringing every event to its current version with `upcasters`
     /// before the handler sees it (payload rewritten, `schema_version` set to the current one).
+    /// They replace the handler's own ([`Handler::upcasters`]).
     pub fn with_upcasters(self, upcasters: Upcasters) -> Self {
         Self { upcasters, ..self }
     }

@@ -214,6 +214,18 @@ impl MySqlOutbox {
             .map(|ids| ids[0])
     }
 
+    /// Writes typed `event` of aggregate `aggregate_id` inside the caller's transaction and
+    /// returns its id: [`Event::of`] then [`enqueue`](Self::enqueue). Never commits.
+    pub async fn publish<E: crate::DomainEvent + ?Sized>(
+        &self,
+        conn: &mut MySqlConnection,
+        aggregate_id: impl std::fmt::Display,
+        event: &E,
+    ) -> Result<Uuid, Error> {
+        let event = Event::of(aggregate_id, event)?;
+        self.enqueue(conn, &event).await
+    }
+
     /// Writes many events, in order, inside the caller's transaction. All are validated first;
     /// nothing is written if one is invalid.
     pub async fn enqueue_batch(

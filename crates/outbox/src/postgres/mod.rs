@@ -151,6 +151,18 @@ impl PgOutbox {
             .map(|ids| ids[0])
     }
 
+    /// Writes typed `event` of aggregate `aggregate_id` inside the caller's transaction and
+    /// returns its id: [`Event::of`] then [`enqueue`](Self::enqueue). Never commits.
+    pub async fn publish<E: crate::DomainEvent + ?Sized>(
+        &self,
+        conn: &mut PgConnection,
+        aggregate_id: impl std::fmt::Display,
+        event: &E,
+    ) -> Result<Uuid, Error> {
+        let event = Event::of(aggregate_id, event)?;
+        self.enqueue(conn, &event).await
+    }
+
     /// Writes many events in one statement, in the given order, inside the caller's transaction.
     /// All are validated first; nothing is written if one is invalid.
     pub async fn enqueue_batch(

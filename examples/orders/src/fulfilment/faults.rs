@@ -60,6 +60,10 @@ impl Handler for FailingSteps {
             Ok(())
         })
     }
+
+    fn upcasters(&self) -> outbox_consumer::Upcasters {
+        self.inner.upcasters()
+    }
 }
 
 /// The order saga whose timeout step fails the first time it runs for each order (when

@@ -1,11 +1,11 @@
-//! The two consumers as handlers of `outbox-consumer`'s runners (PostgreSQL): the runner records
-//! the event in the inbox, the handler applies it in the same transaction.
+//! The two consumers as typed handlers of `outbox-consumer`'s runners (PostgreSQL): the runner
+//! records the event in the inbox, decodes it into [`OrderCreated`] and the handler applies it
+//! in the same transaction.
 
-use futures::future::BoxFuture;
-use outbox_consumer::{Envelope, Handler, HandlerError};
+use outbox_consumer::{Envelope, Handle, HandlerError, Handlers};
 use sqlx::{PgConnection, Postgres};
 
-use super::{apply, Statements};
+use super::{apply, OrderCreated, Statements};
 
 /// Reserves the ordered quantity, once per order.
 pub struct Inventory(Statements);
@@ -27,36 +27,34 @@ impl Notifications {
     }
 }
 
-/// Applies `event` for `consumer`.
-fn handle<'a>(
-    sql: &'a Statements,
-    consumer: &'static str,
-    tx: &'a mut PgConnection,
-    event: &'a Envelope,
-) -> BoxFuture<'a, Result<(), HandlerError>> {
-    Box::pin(async move {
-        let body: serde_json::Value = event.json()?;
-        apply::<Postgres>(tx, sql, consumer, event.event_id, &body).await?;
+impl Handle<OrderCreated> for Inventory {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        order: OrderCreated,
+        envelope: &Envelope,
+    ) -> Result<(), HandlerError> {
+        apply::<Postgres>(tx, &self.0, "inventory", envelope.event_id, &order).await?;
         Ok(())
-    })
-}
-
-impl Handler for Inventory {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        event: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        handle(&self.0, "inventory", tx, event)
     }
 }
 
-impl Handler for Notifications {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        event: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        handle(&self.0, "notifications", tx, event)
+impl Handle<OrderCreated> for Notifications {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        order: OrderCreated,
+        envelope: &Envelope,
+    ) -> Result<(), HandlerError> {
+        apply::<Postgres>(tx, &self.0, "notifications", envelope.event_id, &order).await?;
+        Ok(())
+    }
+}
+
+/// Consumer `name`'s handlers: `OrderCreated` only; any other event type is dead-lettered.
+pub fn handlers(name: &str, sql: &Statements) -> Handlers {
+    match name {
+        "inventory" => Handlers::new().on::<OrderCreated>(Inventory::new(sql)),
+        _ => Handlers::new().on::<OrderCreated>(Notifications::new(sql)),
     }
 }

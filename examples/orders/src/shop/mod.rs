@@ -9,11 +9,12 @@ mod statements;
 mod storage;
 
 #[cfg(feature = "brokers")]
-pub use handlers::{Inventory, Notifications};
+pub use handlers::{handlers, Inventory, Notifications};
 pub use statements::{Dialect, Statements};
 pub use storage::Storage;
 
-use outbox::Event;
+use outbox::DomainEvent;
+use serde::{Deserialize, Serialize};
 use sqlx::{Database, Encode, Executor, IntoArguments, Type};
 
 /// Products and their starting stock.
@@ -47,17 +48,33 @@ impl Order {
         }
     }
 
-    /// Its `OrderCreated` event, version 1 of aggregate `order/{id}`.
-    pub fn created(&self) -> Result<Event, outbox::Error> {
-        Ok(Event::new("order", self.id.to_string(), "OrderCreated")
-            .json(&serde_json::json!({
-                "order_id": self.id,
-                "customer": self.customer,
-                "sku": self.sku,
-                "qty": self.qty,
-            }))?
-            .aggregate_version(1))
+    /// Its `OrderCreated` event.
+    pub fn created(&self) -> OrderCreated {
+        OrderCreated {
+            order_id: self.id,
+            customer: self.customer.clone(),
+            sku: self.sku.to_owned(),
+            qty: self.qty,
+        }
     }
+}
+
+/// The event the order service publishes with each order, and what both consumers apply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderCreated {
+    /// The order's id, also its aggregate id.
+    pub order_id: i64,
+    /// Who ordered.
+    pub customer: String,
+    /// One of [`PRODUCTS`].
+    pub sku: String,
+    /// Units ordered.
+    pub qty: i64,
+}
+
+impl DomainEvent for OrderCreated {
+    const AGGREGATE_TYPE: &'static str = "order";
+    const EVENT_TYPE: &'static str = "OrderCreated";
 }
 
 /// Inserts `order` on `conn` (inside the caller's transaction).
@@ -83,15 +100,14 @@ where
     Ok(())
 }
 
-/// Applies `OrderCreated` (its JSON `body`) for `consumer` on `conn`, inside the caller's
-/// transaction, and logs the application: inventory reserves the stock, notifications writes
-/// the customer's confirmation.
+/// Applies `order` for `consumer` on `conn`, inside the caller's transaction, and logs the
+/// application: inventory reserves the stock, notifications writes the customer's confirmation.
 pub async fn apply<DB>(
     conn: &mut DB::Connection,
     sql: &Statements,
     consumer: &str,
     event_id: uuid::Uuid,
-    body: &serde_json::Value,
+    order: &OrderCreated,
 ) -> Result<(), sqlx::Error>
 where
     DB: Database,
@@ -100,21 +116,19 @@ where
     for<'q> i64: Encode<'q, DB> + Type<DB>,
     for<'q> String: Encode<'q, DB> + Type<DB>,
 {
-    let order_id = body["order_id"].as_i64().unwrap_or_default();
     if consumer == "inventory" {
-        let qty = body["qty"].as_i64().unwrap_or_default();
         sqlx::query::<DB>(&sql.reserve)
-            .bind(qty)
-            .bind(qty)
-            .bind(body["sku"].as_str().unwrap_or_default().to_owned())
+            .bind(order.qty)
+            .bind(order.qty)
+            .bind(order.sku.clone())
             .execute(&mut *conn)
             .await?;
     } else {
-        let customer = body["customer"].as_str().unwrap_or("customer");
         sqlx::query::<DB>(&sql.notify)
-            .bind(order_id)
+            .bind(order.order_id)
             .bind(format!(
-                "Thanks {customer}, your order #{order_id} is confirmed"
+                "Thanks {}, your order #{} is confirmed",
+                order.customer, order.order_id
             ))
             .execute(&mut *conn)
             .await?;

@@ -19,7 +19,7 @@ use sqlx::{
 };
 use uuid::Uuid;
 
-use super::{apply, insert_order, Dialect, Order, Statements, PRODUCTS};
+use super::{apply, insert_order, Dialect, Order, OrderCreated, Statements, PRODUCTS};
 use crate::BoxError;
 
 /// Partitions of a run's outbox: a few, so that a takeover moves some.
@@ -206,40 +206,40 @@ impl Storage {
     /// The order service: the `n`-th order and its `OrderCreated` event commit together.
     pub async fn place_order(&self, n: i64) -> Result<Uuid, BoxError> {
         let order = Order::nth(n);
-        let event = order.created()?;
+        let event = order.created();
         let sql = &self.sql;
         Ok(match &self.db {
             Db::Postgres { pool, outbox, .. } => {
                 let mut tx = pool.begin().await?;
                 insert_order::<Postgres>(&mut tx, sql, &order).await?;
-                let id = outbox.enqueue(&mut tx, &event).await?;
+                let id = outbox.publish(&mut tx, order.id, &event).await?;
                 tx.commit().await?;
                 id
             }
             Db::MySql { pool, outbox, .. } => {
                 let mut tx = pool.begin().await?;
                 insert_order::<MySql>(&mut tx, sql, &order).await?;
-                let id = outbox.enqueue(&mut tx, &event).await?;
+                let id = outbox.publish(&mut tx, order.id, &event).await?;
                 tx.commit().await?;
                 id
             }
             Db::Sqlite { pool, outbox, .. } => {
                 let mut tx = pool.begin().await?;
                 insert_order::<Sqlite>(&mut tx, sql, &order).await?;
-                let id = outbox.enqueue(&mut tx, &event).await?;
+                let id = outbox.publish(&mut tx, order.id, &event).await?;
                 tx.commit().await?;
                 id
             }
         })
     }
 
-    /// Applies `OrderCreated` for `consumer` once: the inbox row and the effect commit
-    /// together; a duplicate changes nothing.
+    /// Applies `order` for `consumer` once: the inbox row and the effect commit together; a
+    /// duplicate changes nothing.
     pub async fn consume(
         &self,
         consumer: &str,
         event_id: Uuid,
-        body: &serde_json::Value,
+        order: &OrderCreated,
     ) -> Result<Seen, BoxError> {
         let sql = &self.sql;
         Ok(match &self.db {
@@ -247,7 +247,7 @@ impl Storage {
                 let mut tx = pool.begin().await?;
                 let seen = inbox.record(&mut tx, consumer, event_id).await?;
                 if seen == Seen::New {
-                    apply::<Postgres>(&mut tx, sql, consumer, event_id, body).await?;
+                    apply::<Postgres>(&mut tx, sql, consumer, event_id, order).await?;
                 }
                 tx.commit().await?;
                 seen
@@ -256,7 +256,7 @@ impl Storage {
                 let mut tx = pool.begin().await?;
                 let seen = inbox.record(&mut tx, consumer, event_id).await?;
                 if seen == Seen::New {
-                    apply::<MySql>(&mut tx, sql, consumer, event_id, body).await?;
+                    apply::<MySql>(&mut tx, sql, consumer, event_id, order).await?;
                 }
                 tx.commit().await?;
                 seen
@@ -265,7 +265,7 @@ impl Storage {
                 let mut tx = pool.begin().await?;
                 let seen = inbox.record(&mut tx, consumer, event_id).await?;
                 if seen == Seen::New {
-                    apply::<Sqlite>(&mut tx, sql, consumer, event_id, body).await?;
+                    apply::<Sqlite>(&mut tx, sql, consumer, event_id, order).await?;
                 }
                 tx.commit().await?;
                 seen
