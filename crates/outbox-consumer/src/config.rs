@@ -93,13 +93,8 @@ impl ConsumerConfig {
 
     /// Delay before the next attempt after `attempts` failed ones, with equal jitter.
     pub fn backoff(&self, attempts: u32) -> Duration {
-        let exponent = attempts.clamp(1, 31) - 1;
-        let full = self
-            .initial_backoff
-            .checked_mul(2u32.saturating_pow(exponent))
-            .unwrap_or(self.max_backoff)
-            .min(self.max_backoff);
-        full / 2 + rand::rng().random_range(Duration::ZERO..=full / 2)
+        let full = outbox::backoff::Backoff::step(self.initial_backoff, self.max_backoff, attempts);
+        outbox::backoff::equal_jitter(full, rand::rng().random::<f64>())
     }
 }
 

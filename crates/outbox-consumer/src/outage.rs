@@ -41,7 +41,7 @@ where
     let span = crate::trace::delivery_span(system, processor.name(), event);
     let result = async {
         let longest = longest_wait.clamp(Duration::from_millis(10), LONGEST_WAIT);
-        let mut wait = FIRST_WAIT.min(longest);
+        let mut backoff = outbox::backoff::Backoff::new(FIRST_WAIT.min(longest), longest);
         let mut tries = 0u32;
         loop {
             match step().await {
@@ -56,13 +56,12 @@ where
                     }
                     tokio::select! {
                         () = shutdown.cancelled() => return Err(error),
-                        () = tokio::time::sleep(wait) => {}
+                        () = tokio::time::sleep(backoff.next()) => {}
                     }
                     if !current() {
                         return Err(error);
                     }
                     keep().await;
-                    wait = (wait * 2).min(longest);
                 }
                 other => {
                     if tries > 0 {

@@ -23,7 +23,7 @@ use crate::{
     dispatch::{Item, Outcome},
     http::Health,
     lease::Leases,
-    retry::{Backoff, RetryPolicy},
+    retry::{jittered, Backoff, RetryPolicy},
     store::{within, Failure, Fence, Marking, Store},
     telemetry::{DestinationLabel, FailureLabels, Metrics},
     FailureClass, PublishError,
@@ -382,7 +382,7 @@ impl Completer {
                 tracing::warn!(%error, "a statement failed and the leases lapsed");
                 return Err(GaveUp::Lapsed);
             }
-            let delay = backoff.next();
+            let delay = jittered(&mut backoff);
             tracing::warn!(%error, ?delay, "a statement failed; retrying");
             tokio::time::sleep(delay).await;
         }

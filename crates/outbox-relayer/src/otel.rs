@@ -229,10 +229,19 @@ struct Counted<E> {
 /// How long exports rest after a collector failed: 1 s, doubling to 30 s; a success ends it.
 /// While they rest, batches already made are counted, not sent, and no publish makes a span
 /// ([`start`] reads the process-wide deadline: the relay has one exporter).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Pause {
-    next: Duration,
+    backoff: outbox::backoff::Backoff,
     until: Option<std::time::Instant>,
+}
+
+impl Default for Pause {
+    fn default() -> Self {
+        Self {
+            backoff: outbox::backoff::Backoff::new(Self::FIRST, Self::LONGEST),
+            until: None,
+        }
+    }
 }
 
 /// Until when exports rest, in milliseconds since [`CLOCK`]'s start; 0 when they do not.
@@ -262,9 +271,9 @@ impl Pause {
     }
 
     fn failed(&mut self) {
-        self.next = (self.next * 2).clamp(Self::FIRST, Self::LONGEST);
-        self.until = Some(std::time::Instant::now() + self.next);
-        let until = Self::now().saturating_add(self.next.as_millis() as u64);
+        let rest = self.backoff.next();
+        self.until = Some(std::time::Instant::now() + rest);
+        let until = Self::now().saturating_add(rest.as_millis() as u64);
         RESTING_UNTIL.store(until, Ordering::Relaxed);
     }
 

@@ -98,14 +98,8 @@ impl RetryPolicy {
             FailureClass::Transient => self.max_transient_backoff,
             FailureClass::Permanent => self.max_backoff,
         };
-        let exponent = attempts.clamp(1, 31) as u32 - 1;
-        let full = self
-            .initial_backoff
-            .checked_mul(2u32.saturating_pow(exponent))
-            .unwrap_or(cap)
-            .min(cap);
-        let half = full / 2;
-        half + half.mul_f64(random_fraction())
+        let full = Backoff::step(self.initial_backoff, cap, attempts.max(1) as u32);
+        outbox::backoff::equal_jitter(full, random_fraction())
     }
 }
 
@@ -128,32 +122,13 @@ pub(crate) fn random_fraction() -> f64 {
     })
 }
 
-/// Exponential backoff with jitter for the relay's own retries (database, circuit breaker).
-pub(crate) struct Backoff {
-    initial: Duration,
-    max: Duration,
-    current: Duration,
-}
+/// Exponential backoff for the relay's own retries (database, circuit breaker): the shared
+/// helper, jittered with [`random_fraction`] through [`jittered`].
+pub(crate) use outbox::backoff::Backoff;
 
-impl Backoff {
-    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            current: initial,
-        }
-    }
-
-    pub(crate) fn next(&mut self) -> Duration {
-        let d = self.current;
-        self.current = (self.current * 2).min(self.max);
-        let half = d / 2;
-        half + half.mul_f64(random_fraction())
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.current = self.initial;
-    }
+/// `backoff`'s next delay with equal jitter from this thread's (possibly seeded) generator.
+pub(crate) fn jittered(backoff: &mut Backoff) -> Duration {
+    backoff.next_jittered(random_fraction())
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@
 //! The outbox table is a public contract: services in any language may `INSERT` into it directly
 //! (see the crate README, or docs/architecture.md in the repository: the write contract).
 
+pub mod backoff;
 pub mod compat;
 mod error;
 mod event;

@@ -297,7 +297,8 @@ pub async fn connect_waiting(
         return connect_any(url, max_connections).await;
     }
     let address = database_address(url);
-    let mut delay = Duration::from_millis(500);
+    let mut backoff =
+        outbox::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     let mut waited = false;
     loop {
         let opened = match kind {
@@ -312,12 +313,12 @@ pub async fn connect_waiting(
                 return Ok(db);
             }
             Err(error) if unreachable(&error) => {
+                let delay = backoff.next();
                 tracing::warn!(database = %address, cause = %error, retry_in = ?delay,
                     "cannot reach the database; retrying");
                 waiting(format!("waiting for the database at {address}: {error}"));
                 waited = true;
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
             Err(error) => {
                 return Err(format!(

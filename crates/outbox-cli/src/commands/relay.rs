@@ -25,7 +25,7 @@ pub struct Settings {
     /// amqp1://user:pass@host:5672 (any AMQP 1.0 broker), or kafka://host:9092[,host:port].
     #[arg(long, env = "OUTBOX_BROKER_URL", hide_env_values = true)]
     broker_url: Option<String>,
-    /// TOML config file (see README: configuration reference).
+    /// TOML config file (see docs/configuration.md).
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Address for the dashboard, /metrics, /healthz and /readyz [default: 127.0.0.1:9187].
@@ -218,7 +218,8 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
             let relay = Relay::mysql(pool.clone(), publisher, cfg.relay.clone()).await?;
             let session = cfg.relay.mysql_session();
             let admin = outbox_relayer::admin::Admin::mysql_with(pool.clone(), &tables, session);
-            let store = outbox_relayer::store::MySqlStore::open_with(pool, &tables, session).await?;
+            let store =
+                outbox_relayer::store::MySqlStore::open_with(pool, &tables, session).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
         Db::Sqlite(pool) => {
@@ -280,8 +281,12 @@ const BROKER_PROBE: std::time::Duration = std::time::Duration::from_secs(3);
 /// Probes a broker that could not be reached at start-up, with backoff, until it can: the relay
 /// is not ready meanwhile (`/readyz`: `broker`), and each failure is logged with its cause.
 async fn watch_broker(address: String, health: Arc<http::Health>, shutdown: CancellationToken) {
-    let mut delay = std::time::Duration::from_millis(500);
+    let mut backoff = outbox::backoff::Backoff::new(
+        std::time::Duration::from_millis(500),
+        std::time::Duration::from_secs(30),
+    );
     loop {
+        let delay = backoff.next();
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = shutdown.cancelled() => return,
@@ -293,11 +298,10 @@ async fn watch_broker(address: String, health: Arc<http::Health>, shutdown: Canc
                 return;
             }
             Err(cause) => {
-                tracing::warn!(%cause, retry_in = ?delay, "cannot reach the broker yet");
+                tracing::warn!(%cause, retry_in = ?backoff.peek(), "cannot reach the broker yet");
                 health.broker_unreachable(Some(cause));
             }
         }
-        delay = (delay * 2).min(std::time::Duration::from_secs(30));
     }
 }
 

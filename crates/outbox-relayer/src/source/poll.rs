@@ -22,7 +22,7 @@ use crate::{
     dispatch,
     http::Health,
     lease::Leases,
-    retry::Backoff,
+    retry::{jittered, Backoff},
     store::{within, Claimed, ClaimedRow, Fence, Store},
     telemetry::Metrics,
     Error, Publisher,
@@ -190,7 +190,7 @@ impl Poll {
                     }
                     Err(error) => {
                         self.metrics.database_errors.inc();
-                        let delay = db_backoff.next();
+                        let delay = jittered(&mut db_backoff);
                         tracing::warn!(%error, ?delay, "claim failed; retrying");
                         paused_until = Instant::now() + delay;
                     }
@@ -228,7 +228,7 @@ impl Poll {
                         self.health.progressed();
                     }
                     if done.tally.transient > 0 && done.tally.published == 0 {
-                        let delay = circuit.next();
+                        let delay = jittered(&mut circuit);
                         tracing::warn!(?delay, "broker failing; pausing the publisher");
                         paused_until = Instant::now() + delay;
                     } else if done.tally.published > 0 {

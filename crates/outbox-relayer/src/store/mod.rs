@@ -691,7 +691,8 @@ async fn listen(
     wake: std::sync::Arc<tokio::sync::Notify>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff =
+        outbox::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
         let attempt = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
@@ -715,9 +716,8 @@ async fn listen(
         wake.notify_one();
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
+            () = tokio::time::sleep(backoff.next()) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(10));
     }
 }
 

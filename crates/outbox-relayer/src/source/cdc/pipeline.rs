@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     dispatch::{self, Item, Outcome},
-    retry::Backoff,
+    retry::{jittered, Backoff},
     PublishError,
 };
 
@@ -231,7 +231,7 @@ impl Session {
             for (e, error) in &round_failed {
                 self.count_failure(e, error);
             }
-            let delay = in_place.next();
+            let delay = jittered(&mut in_place);
             tracing::debug!(failed = round_failed.len(), ?delay, error = %round_failed[0].1,
                 "publish failed; retrying in place");
             tokio::select! {
@@ -278,7 +278,7 @@ impl Session {
         behind.sort_by_key(|e| e.seq);
         self.spill_behind(behind).await?;
         if pause {
-            let delay = self.circuit.next();
+            let delay = jittered(&mut self.circuit);
             tracing::warn!(?delay, error = %first_error,
                 "nothing of the batch was published; pausing the stream");
             tokio::select! {

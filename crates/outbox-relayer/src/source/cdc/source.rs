@@ -22,7 +22,7 @@ use super::{
     resumes::Resumptions,
 };
 use crate::{
-    retry::Backoff,
+    retry::{jittered, Backoff},
     store::{ClaimedRow, Fence},
     Error, PublishError,
 };
@@ -131,7 +131,7 @@ pub(crate) async fn run(ctx: Context, shutdown: CancellationToken) -> Result<(),
                 if let Some(error) = slot_elsewhere(&ctx, names.slot.as_str()).await {
                     return Err(error);
                 }
-                let delay = pause.next();
+                let delay = jittered(&mut pause);
                 tracing::warn!(error = %error.chain(), ?delay, "CDC stream failed; reconnecting");
                 tokio::select! {
                     biased;
@@ -157,7 +157,7 @@ async fn names(ctx: &Context) -> Result<outbox::postgres::cdc::CdcNames, Error> 
                 Ok(recorded) => break recorded,
                 Err(error) => {
                     ctx.metrics.database_errors.inc();
-                    let delay = pause.next();
+                    let delay = jittered(&mut pause);
                     tracing::warn!(%error, ?delay, "could not read the CDC set-up; retrying");
                     tokio::time::sleep(delay).await;
                 }
