@@ -5,6 +5,7 @@ mod commands;
 mod config;
 mod escape;
 mod logging;
+mod table;
 #[cfg(feature = "otel")]
 mod traces;
 

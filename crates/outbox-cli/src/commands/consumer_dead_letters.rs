@@ -302,19 +302,25 @@ fn table(source: &str, letters: &[DeadLetter]) -> String {
     if letters.is_empty() {
         return out;
     }
-    out.push_str(&format!(
-        "{:<36}  {:<20}  {:>8}  {:<30}  reason\n",
-        "event id", "event type", "attempts", "origin"
+    use crate::table::{render, Align::*};
+    let rows = letters.iter().map(|l| {
+        vec![
+            escape::control(l.event_id.as_deref().unwrap_or("-")).into_owned(),
+            escape::control(l.event_type.as_deref().unwrap_or("-")).into_owned(),
+            l.attempts.to_string(),
+            escape::control(&l.origin).into_owned(),
+            escape::control(&l.reason).into_owned(),
+        ]
+    });
+    out.push_str(&render(
+        &[
+            ("event id", Left),
+            ("event type", Left),
+            ("attempts", Right),
+            ("origin", Left),
+            ("reason", Left),
+        ],
+        rows,
     ));
-    for l in letters {
-        out.push_str(&format!(
-            "{:<36}  {:<20}  {:>8}  {:<30}  {}\n",
-            escape::control(l.event_id.as_deref().unwrap_or("-")),
-            escape::control(l.event_type.as_deref().unwrap_or("-")),
-            l.attempts,
-            escape::control(&l.origin),
-            escape::control(&l.reason)
-        ));
-    }
     out
 }

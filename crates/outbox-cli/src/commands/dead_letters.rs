@@ -296,24 +296,30 @@ pub async fn run(args: Args) -> CommandResult {
 
 /// The dead letters as a table; writers' data in it has its control characters escaped.
 fn table(letters: &[DeadLetter]) -> String {
-    let mut out = format!(
-        "{:>8}  {:<24} {:<28} {:>8} {:>6}  {}\n",
-        "id", "event type", "aggregate", "attempts", "parked", "last error"
-    );
-    for l in letters {
+    use crate::table::{render, Align::*};
+    let rows = letters.iter().map(|l| {
         let aggregate = format!("{}/{}", l.aggregate_type, l.aggregate_id);
         let error: String = l.last_error.chars().take(80).collect();
-        out.push_str(&format!(
-            "{:>8}  {:<24} {:<28} {:>8} {:>6}  {}\n",
-            l.id,
-            escape::control(&l.event_type),
-            escape::control(&aggregate),
-            l.attempts,
-            if l.parked { "yes" } else { "no" },
-            escape::control(&error)
-        ));
-    }
-    out
+        vec![
+            l.id.to_string(),
+            escape::control(&l.event_type).into_owned(),
+            escape::control(&aggregate).into_owned(),
+            l.attempts.to_string(),
+            if l.parked { "yes" } else { "no" }.to_owned(),
+            escape::control(&error).into_owned(),
+        ]
+    });
+    render(
+        &[
+            ("id", Right),
+            ("event type", Left),
+            ("aggregate", Left),
+            ("attempts", Right),
+            ("parked", Right),
+            ("last error", Left),
+        ],
+        rows,
+    )
 }
 
 /// The ids of `letters` (id, aggregate type, aggregate id) in chunks of about `size`, each

@@ -101,25 +101,29 @@ pub async fn run(args: Args) -> CommandResult {
                 writeln!(out, "no saga instances")?;
             }
             if !instances.is_empty() {
-                writeln!(
-                    out,
-                    "\n{:<20} {:<24} {:<20} {:>7} {:<12} {:>8}  updated",
-                    "type", "correlation id", "state", "version", "deadline", "problems"
-                )?;
-            }
-            let now = Utc::now();
-            for i in &instances {
-                writeln!(
-                    out,
-                    "{:<20} {:<24} {:<20} {:>7} {:<12} {:>8}  {}",
-                    i.saga_type,
-                    i.correlation_id,
-                    i.state,
-                    i.version,
-                    deadline_text(i.deadline, now),
-                    i.problems,
-                    i.updated_at.format("%Y-%m-%d %H:%M:%S")
-                )?;
+                use crate::table::{render, Align::*};
+                let now = Utc::now();
+                let rows = instances.iter().map(|i| {
+                    vec![
+                        crate::escape::control(&i.saga_type).into_owned(),
+                        crate::escape::control(&i.correlation_id).into_owned(),
+                        crate::escape::control(&i.state).into_owned(),
+                        i.version.to_string(),
+                        deadline_text(i.deadline, now),
+                        i.problems.to_string(),
+                        i.updated_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    ]
+                });
+                let header = [
+                    ("type", Left),
+                    ("correlation id", Left),
+                    ("state", Left),
+                    ("version", Right),
+                    ("deadline", Left),
+                    ("problems", Right),
+                    ("updated", Left),
+                ];
+                write!(out, "\n{}", render(&header, rows))?;
             }
             print(&out);
             Ok(ExitCode::SUCCESS)

@@ -49,23 +49,28 @@ pub async fn run(args: Args) -> CommandResult {
         oldest.map_or("-".to_owned(), |s| format!("{s:.1}s")),
         backlog.dead
     )?;
-    writeln!(
-        out,
-        "{:>9}  {:<32} {:>6} {:>6} {:>9} {:>10}",
-        "partition", "owner", "epoch", "lease", "pending", "oldest"
-    )?;
-    for p in partitions {
-        writeln!(
-            out,
-            "{:>9}  {:<32} {:>6} {:>6} {:>9} {:>10}",
-            p.partition,
-            p.owner.as_deref().unwrap_or("-"),
-            p.epoch,
-            if p.live { "live" } else { "free" },
-            p.pending,
-            p.oldest_age_seconds
-                .map_or("-".to_owned(), |s| format!("{s:.1}s")),
-        )?;
+    {
+        use crate::table::{render, Align::*};
+        let rows = partitions.iter().map(|p| {
+            vec![
+                p.partition.to_string(),
+                crate::escape::control(p.owner.as_deref().unwrap_or("-")).into_owned(),
+                p.epoch.to_string(),
+                if p.live { "live" } else { "free" }.to_owned(),
+                p.pending.to_string(),
+                p.oldest_age_seconds
+                    .map_or("-".to_owned(), |s| format!("{s:.1}s")),
+            ]
+        });
+        let header = [
+            ("partition", Right),
+            ("owner", Left),
+            ("epoch", Right),
+            ("lease", Right),
+            ("pending", Right),
+            ("oldest", Right),
+        ];
+        write!(out, "{}", render(&header, rows))?;
     }
     for s in &slots {
         writeln!(
