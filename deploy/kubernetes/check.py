@@ -368,7 +368,7 @@ def check_agreement() -> dict:
         read = relay_settings.get(key, default)
         check(created == read, f"migrate creates {key} {created}, the relay reads {read}")
 
-    # The grace period covers the relay's drain with this config (README defaults otherwise).
+    # The grace period covers the relay's drain with this config (docs/configuration.md defaults otherwise).
     publish = seconds(relay_settings.get("publish_timeout", "30s"))
     statement = seconds(relay_settings.get("statement_timeout", "30s")) + ANSWER_MARGIN_S
     drain = publish + statement + UPKEEP_STOP_S + statement

@@ -148,7 +148,7 @@ impl Supervisor {
             });
         }
         // Table mode only: zero-growth and table-less events not yet streamed are lost with
-        // the slot, by design (README). Never while a commit is in the WAL but not yet
+        // the slot, by design (docs/operations.md, CDC). Never while a commit is in the WAL but not yet
         // visible: such a commit through the whole catch-up is a known gap
         // (docs/reliability.md).
         if s.cdc == Some(crate::db_cdc::WriteMode::Table)

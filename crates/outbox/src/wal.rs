@@ -3,8 +3,8 @@
 //! transaction and published by the CDC relay. The message exists only in the WAL: it reaches
 //! the relay if and only if the transaction commits (G2), and no table grows.
 //!
-//! The content is a JSON object (any language can write it; see the README's "Table-less
-//! outbox"):
+//! The content is a JSON object (any language can write it; see `docs/operations.md`, "CDC",
+//! its write modes):
 //!
 //! ```json
 //! {"v": 1, "event_id": "0192f0c4-7d1e-7b3a-9c55-1d2e3f405162",

@@ -64,7 +64,8 @@ pub async fn run(args: Args) -> CommandResult {
     };
     match cfg.broker_url.as_deref() {
         Some(url) => checks.extend(
-            outbox_relayer::publishers::probe::probe(url, cfg.broker_settings(), &destinations).await,
+            outbox_relayer::publishers::probe::probe(url, cfg.broker_settings(), &destinations)
+                .await,
         ),
         None => checks.push(Check::warn(
             "broker",
@@ -112,8 +113,8 @@ fn config_checks(cfg: &config::FileConfig) -> Vec<Check> {
             "config",
             "relay settings",
             error.to_string(),
-            "correct the setting it names in the config file (see README: configuration \
-             reference)",
+            "correct the setting it names in the config file (see docs/configuration.md: \
+             the configuration file)",
         )),
     }
     let token = cfg.admin_token.as_deref().is_some_and(|t| !t.is_empty());
