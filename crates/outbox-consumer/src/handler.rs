@@ -47,6 +47,8 @@ enum Kind {
     Permanent,
     /// Permanent: a version below its aggregate's start, never this consumer's to apply.
     BelowStart,
+    /// Permanent: an upcaster panicked (counted with the handlers' panics).
+    UpcastPanic,
     Conflict,
 }
 
@@ -108,7 +110,22 @@ impl HandlerError {
 
     /// Whether no retry can cure it: the message is dead-lettered at once.
     pub fn is_permanent(&self) -> bool {
-        matches!(self.kind, Kind::Permanent | Kind::BelowStart)
+        matches!(
+            self.kind,
+            Kind::Permanent | Kind::BelowStart | Kind::UpcastPanic
+        )
+    }
+
+    /// An upcaster's panic, caught: permanent, and counted as a panic by the processor.
+    pub(crate) fn upcast_panicked(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            kind: Kind::UpcastPanic,
+        }
+    }
+
+    pub(crate) fn is_upcast_panic(&self) -> bool {
+        self.kind == Kind::UpcastPanic
     }
 
     pub(crate) fn is_below_start(&self) -> bool {
@@ -123,7 +140,7 @@ impl HandlerError {
     pub fn counts_as_attempt(&self) -> bool {
         matches!(
             self.kind,
-            Kind::Message | Kind::Permanent | Kind::BelowStart
+            Kind::Message | Kind::Permanent | Kind::BelowStart | Kind::UpcastPanic
         )
     }
 }

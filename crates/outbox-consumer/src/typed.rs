@@ -325,7 +325,10 @@ fn current<'e>(
         Some(current) if current != envelope.schema_version => upcasters
             .upcast_envelope(envelope.clone())
             .map(std::borrow::Cow::Owned)
-            .map_err(|e| HandlerError::permanent(e.to_string())),
+            .map_err(|e| match e {
+                crate::UpcastError::Panicked { .. } => HandlerError::upcast_panicked(e.to_string()),
+                _ => HandlerError::permanent(e.to_string()),
+            }),
         _ => Ok(std::borrow::Cow::Borrowed(envelope)),
     }
 }

@@ -575,3 +575,34 @@ async fn a_message_several_handlers_could_take_is_never_skipped_unapplied() {
         vec![(placed, "placed 3 1xkiwi in eu".to_owned())]
     );
 }
+
+#[tokio::test]
+async fn a_panicking_upcaster_dead_letters_its_message_and_counts_as_a_panic() {
+    let db = TestDb::new(1).await;
+    let log = Arc::new(Log::install(&db).await);
+    let handlers = Handlers::new()
+        .on::<OrderPlaced>(Log {
+            sql: log.sql.clone(),
+        })
+        .upcast::<OrderPlaced>(1, |v| {
+            let sku = v["sku"].as_str().expect("a sku");
+            Ok(serde_json::json!({ "sku": sku }))
+        });
+    let processor = Processor::new(db.pool.clone(), &db.tables, "typed", Arc::new(handlers));
+    let (_, m) = message(Some("order"), "OrderPlaced", "1", br#"{"order_id": 1}"#);
+    let error = processor.apply(&m).await.unwrap_err();
+    assert!(error.is_permanent(), "{error}");
+    assert!(
+        error
+            .message()
+            .starts_with("OrderPlaced: the upcaster from schema_version 1 panicked"),
+        "{error}"
+    );
+    assert_eq!(
+        processor
+            .metrics()
+            .count("typed", outbox_consumer::Count::Panics),
+        1
+    );
+    assert!(logged(&db).await.is_empty());
+}

@@ -437,7 +437,13 @@ impl Processor {
             .catch_unwind()
             .await
         {
-            Ok(result) => result,
+            Ok(result) => {
+                // An upcaster's panic inside a typed handler, caught where it ran.
+                if matches!(&result, Err(e) if e.is_upcast_panic()) {
+                    self.counts.add(Count::Panics);
+                }
+                result
+            }
             Err(panic) => {
                 self.counts.add(Count::Panics);
                 Err(HandlerError::new(format!(
