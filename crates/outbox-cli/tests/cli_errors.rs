@@ -62,6 +62,8 @@ fn unknown_config_keys_and_bad_values_name_the_key() {
             "nats://127.0.0.1:4222",
             "--config",
             path.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
         ]);
         assert_eq!(out.status.code(), Some(2), "{text}");
         assert!(stderr(&out).contains(expected), "{text}: {}", stderr(&out));
@@ -77,6 +79,8 @@ fn unsupported_broker_schemes_and_missing_outboxes_are_explained() {
         &database_url(),
         "--broker-url",
         "pulsar://127.0.0.1:6650",
+        "--listen",
+        "127.0.0.1:0",
     ]);
     assert!(
         stderr(&out).contains("broker URL scheme \"pulsar\" is not supported"),
@@ -146,6 +150,8 @@ fn unrelated_outbox_variables_are_ignored_but_misspelt_relay_keys_are_not() {
             "pulsar://x",
             "--database-url",
             &database_url(),
+            "--listen",
+            "127.0.0.1:0",
         ])
         .env("OUTBOX_SOMETHING_ELSE", "1")
         .output()
@@ -163,6 +169,8 @@ fn unrelated_outbox_variables_are_ignored_but_misspelt_relay_keys_are_not() {
             "nats://x",
             "--database-url",
             &database_url(),
+            "--listen",
+            "127.0.0.1:0",
         ])
         .env("OUTBOX_RELAY__MAX_BATCH_SIZ", "5")
         .output()
@@ -270,7 +278,12 @@ fn an_otlp_protocol_this_build_does_not_speak_is_refused_by_name() {
     ] {
         let out = support::bin()
             .args(["relay", "--database-url", &database_url()])
-            .args(["--broker-url", "nats://127.0.0.1:4222"])
+            .args([
+                "--broker-url",
+                "nats://127.0.0.1:4222",
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
             .env(name, value)
             .output()

@@ -203,6 +203,8 @@ fn bad_versioning_keys_in_the_config_name_the_key() {
             "nats://127.0.0.1:4222",
             "--config",
             path.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
         ]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{text}: {stderr}");
