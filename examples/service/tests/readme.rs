@@ -49,7 +49,7 @@ mod readme {
         pool: sqlx::PgPool,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Result<(), Box<dyn std::error::Error>> {
-        let handlers = Handlers::new().on::<OrderPlaced>(Inventory);     // .upcast::<OrderPlaced>(1, |v| ..)
+        let handlers = Handlers::new().on::<OrderPlaced>(Inventory);     // older versions: .upcast::<OrderPlaced>(..)
         let processor = Processor::new(pool, &outbox::Tables::default(), "inventory", Arc::new(handlers));
         let source = NatsSource::new("nats://127.0.0.1:4222", "OUTBOX");
         NatsConsumer::connect(source, ConsumerConfig::new("inventory"), processor).await?

@@ -28,8 +28,9 @@ pub struct Args {
     /// mariadb://…) instead of SQLite, in a schema or database of its own.
     #[arg(long)]
     database_url: Option<String>,
-    /// Run the scenario through NATS JetStream (nats://…) or RabbitMQ (amqp://…) instead of
-    /// webhooks (needs a PostgreSQL --database-url).
+    /// Run the scenario through NATS JetStream (nats://…), RabbitMQ (amqp://…) or Kafka
+    /// (kafka://…, with the `kafka` feature) instead of webhooks (needs a PostgreSQL
+    /// --database-url).
     #[arg(long, requires = "database_url")]
     broker_url: Option<String>,
 }
