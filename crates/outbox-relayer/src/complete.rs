@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::{
     dispatch::{Item, Outcome},
-    http::Health,
+    health::Health,
     lease::Leases,
     retry::{jittered, Backoff, RetryPolicy},
     store::{within, Failure, Fence, Marking, Store},

@@ -14,7 +14,7 @@ use outbox_testkit::SqliteFile;
 
 use super::Completer;
 use crate::{
-    http::Health,
+    health::Health,
     lease::Leases,
     retry::RetryPolicy,
     store::{Backlog, Claimed, Failure, Fence, Marking, SqliteStore, Store},

@@ -205,7 +205,7 @@ pub async fn run(
     leases: std::sync::Arc<Leases>,
     settings: LeaseSettings,
     metrics: std::sync::Arc<crate::telemetry::Metrics>,
-    health: std::sync::Arc<crate::http::Health>,
+    health: std::sync::Arc<crate::health::Health>,
     shutdown: CancellationToken,
 ) {
     let local_validity = settings.ttl * 3 / 4;

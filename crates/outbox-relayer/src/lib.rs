@@ -35,6 +35,7 @@ pub mod dashboard;
 pub mod dispatch;
 pub mod doctor;
 mod error;
+pub mod health;
 pub mod http;
 pub mod lease;
 mod maintenance;

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    http::Health,
+    health::Health,
     store::{within, Store},
     telemetry::Metrics,
 };

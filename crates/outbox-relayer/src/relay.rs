@@ -10,7 +10,7 @@ use crate::{
     complete::Completer,
     config::{OnDead, RelayConfig},
     fanout::Downcasts,
-    http::Health,
+    health::Health,
     lease::{self, LeaseSettings, Leases},
     maintenance,
     outgoing::Outgoing,

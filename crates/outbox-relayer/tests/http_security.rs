@@ -9,7 +9,8 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 use outbox_relayer::{
     admin::{Admin, DeadLetterFilter},
     dashboard::{self, Dashboard, MAX_LIST_LIMIT},
-    http::{self, Health},
+    health::Health,
+    http,
     store::PgStore,
     telemetry::Metrics,
 };

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, num::NonZeroUsize, path::PathBuf, process::ExitCode, sync::Arc};
 
-use outbox_relayer::{http, store::Store, Relay};
+use outbox_relayer::{health::Health, http, store::Store, Relay};
 use tokio_util::sync::CancellationToken;
 
 use super::{connect_waiting, CommandResult, Db};
@@ -280,7 +280,7 @@ const BROKER_PROBE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Probes a broker that could not be reached at start-up, with backoff, until it can: the relay
 /// is not ready meanwhile (`/readyz`: `broker`), and each failure is logged with its cause.
-async fn watch_broker(address: String, health: Arc<http::Health>, shutdown: CancellationToken) {
+async fn watch_broker(address: String, health: Arc<Health>, shutdown: CancellationToken) {
     let mut backoff = outbox::backoff::Backoff::new(
         std::time::Duration::from_millis(500),
         std::time::Duration::from_secs(30),

@@ -20,7 +20,7 @@ use crate::{
     complete::{Completer, Tally},
     config::RelayConfig,
     dispatch,
-    http::Health,
+    health::Health,
     lease::Leases,
     retry::{jittered, Backoff},
     store::{within, Claimed, ClaimedRow, Fence, Store},

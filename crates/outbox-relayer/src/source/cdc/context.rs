@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::{
     complete::{Needs, Refusals},
     config::RelayConfig,
-    http::Health,
+    health::Health,
     lease::Leases,
     store::{ClaimedRow, Fence, Store},
     telemetry::Metrics,
