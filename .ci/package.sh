@@ -11,6 +11,22 @@ args=()
 for crate in "${crates[@]}"; do
   args+=(-p "$crate")
 done
+# cargo unpacks the packages it serves to the later ones under
+# $CARGO_HOME/registry/src/-<hash>/ and never unpacks the same name and version again: the
+# sources of an earlier run (an earlier commit) would be built instead of this one's. Only those
+# local registries are named with a leading dash; crates.io's are kept.
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+rm -rf "$cargo_home"/registry/src/-*/ "$cargo_home"/registry/cache/-*/
+# Nor does it rebuild a registry crate of a name and version it has built: drop what earlier
+# runs built from those sources (their dep-info names the local registry's path).
+target=${CARGO_TARGET_DIR:-target}
+for depinfo in "$target"/debug/deps/*.d; do
+  if grep -qF "/registry/src/-" "$depinfo" 2>/dev/null; then
+    stem=$(basename "$depinfo" .d)
+    rm -rf "$target"/debug/deps/"$stem".* "$target"/debug/deps/lib"$stem".* \
+      "$target"/debug/.fingerprint/*-"${stem##*-}"
+  fi
+done
 # `cargo package` refuses a tree with uncommitted changes; pass --allow-dirty by hand when
 # trying it before a commit.
 cargo package --locked "${args[@]}" "$@"
