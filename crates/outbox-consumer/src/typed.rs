@@ -321,16 +321,10 @@ fn current<'e>(
     upcasters: &Upcasters,
     envelope: &'e Envelope,
 ) -> Result<std::borrow::Cow<'e, Envelope>, HandlerError> {
-    match upcasters.current_version(&envelope.event_type) {
-        Some(current) if current != envelope.schema_version => upcasters
-            .upcast_envelope(envelope.clone())
-            .map(std::borrow::Cow::Owned)
-            .map_err(|e| match e {
-                crate::UpcastError::Panicked { .. } => HandlerError::upcast_panicked(e.to_string()),
-                _ => HandlerError::permanent(e.to_string()),
-            }),
-        _ => Ok(std::borrow::Cow::Borrowed(envelope)),
-    }
+    upcasters.to_current(envelope).map_err(|e| match e {
+        crate::UpcastError::Panicked { .. } => HandlerError::upcast_panicked(e.to_string()),
+        _ => HandlerError::permanent(e.to_string()),
+    })
 }
 
 impl Handler for Handlers {

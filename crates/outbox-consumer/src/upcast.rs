@@ -250,6 +250,20 @@ impl Upcasters {
         })
     }
 
+    /// `envelope` at its current version: borrowed when it is there already (or its type has no
+    /// current version), else upcast ([`Upcasters::upcast_envelope`]) into a new one.
+    pub fn to_current<'e>(
+        &self,
+        envelope: &'e Envelope,
+    ) -> Result<std::borrow::Cow<'e, Envelope>, UpcastError> {
+        match self.current_version(&envelope.event_type) {
+            Some(current) if current != envelope.schema_version => self
+                .upcast_envelope(envelope.clone())
+                .map(std::borrow::Cow::Owned),
+            _ => Ok(std::borrow::Cow::Borrowed(envelope)),
+        }
+    }
+
     /// The envelope as handlers must see it: payload upcast and `schema_version` set to the
     /// current version. Envelopes already current, and types without upcasters, are returned
     /// unchanged (their payload is not parsed).

@@ -16,7 +16,7 @@
 
 pub mod orders;
 
-use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use std::{future::Future, net::SocketAddr, time::Duration};
 
 use outbox::postgres::{MigrateOptions, PgOutbox};
 use outbox_relayer::{publishers::BrokerSettings, Relay, RelayConfig};
@@ -73,7 +73,7 @@ impl Service {
         let relay = Relay::new(pool, publisher, config.relay).await?;
         let app = shop.router().merge(outbox_relayer::http::router(
             relay.metrics(),
-            Arc::clone(&relay.health()),
+            relay.health(),
         ));
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;

@@ -419,11 +419,14 @@ impl Processor {
     /// `event` upcast to its current version, if it is not (a no-op for events upcast on
     /// receipt).
     pub(crate) fn current(&self, event: &Envelope) -> Result<Envelope, HandlerError> {
-        match self.upcasters.current_version(&event.event_type) {
-            Some(current) if current != event.schema_version => self
-                .upcast(event.clone())
-                .map_err(|e| HandlerError::permanent(e.to_string())),
-            _ => Ok(event.clone()),
+        match self.upcasters.to_current(event) {
+            Ok(event) => Ok(event.into_owned()),
+            Err(e) => {
+                if matches!(e, UpcastError::Panicked { .. }) {
+                    self.counts.add(Count::Panics);
+                }
+                Err(HandlerError::permanent(e.to_string()))
+            }
         }
     }
 
