@@ -12,7 +12,8 @@ use outbox::{
 };
 
 use crate::{
-    common::{interruptible, Bench, Result, Scope},
+    common::{interruptible, Result, Scope},
+    context::Bench,
     process::{RelayProcess, RelayStats},
 };
 

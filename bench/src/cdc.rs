@@ -14,7 +14,8 @@ use sqlx::Row;
 use tokio::sync::oneshot;
 
 use crate::{
-    common::{interruptible, payload, wait_until, Bench, Result, Scope},
+    common::{interruptible, payload, wait_until, Result, Scope},
+    context::Bench,
     process::{RelayProcess, RelayStats},
     steady::{collect, SLOW_MS},
     writers::{self, WriterSettings},

@@ -4,13 +4,15 @@
 //! statement (`pg_stat_statements`, when the server preloads it), rows written and index
 //! entries read and added on the events table (the statistics views and index sizes).
 
-use std::{collections::HashMap, fmt::Write, time::Duration};
+use std::{collections::HashMap, fmt::Write, str::FromStr, time::Duration};
 
-use sqlx::PgPool;
+use sqlx::{postgres::PgConnectOptions, PgPool};
 
 use crate::{
-    common::{Result, Scope},
+    common::{port_of, Result, Scope},
+    context::{Bench, HARNESS_APPLICATION},
     process::{MachineCpu, CLOCK_TICKS},
+    Broker,
 };
 
 /// The processes whose CPU a phase accounts for.
@@ -631,6 +633,33 @@ fn join(parts: impl Iterator<Item = String>) -> String {
         "none".into()
     } else {
         v.join(", ")
+    }
+}
+
+impl Bench {
+    /// The processes a phase of `scope` accounts for: the database server and the broker the
+    /// scenario publishes to (found by their listening ports), and the harness's own backends
+    /// (its pool is opened in full first, so that every one of them is known).
+    pub async fn processes(&self, scope: &Scope) -> Result<Processes> {
+        let database_port = PgConnectOptions::from_str(&self.options.database_url)?.get_port();
+        let broker = match self.broker_of(scope) {
+            Broker::Nats => ("nats-server", port_of(&self.options.nats_url, 4222)),
+            Broker::Kafka => ("kafka", port_of(&self.options.kafka_brokers, 9092)),
+            Broker::Rabbitmq => ("rabbitmq", port_of(&self.options.rabbitmq_url, 5672)),
+        };
+        let mut processes = Processes::find(database_port, Some(broker));
+        let mut held = Vec::new();
+        for _ in 0..self.pool.options().get_max_connections() {
+            held.push(self.pool.acquire().await?);
+        }
+        drop(held);
+        let pids: Vec<i32> =
+            sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+                .bind(HARNESS_APPLICATION)
+                .fetch_all(&self.pool)
+                .await?;
+        processes.harness_backends = pids.into_iter().map(|p| p as u32).collect();
+        Ok(processes)
     }
 }
 

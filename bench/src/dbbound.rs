@@ -15,7 +15,8 @@ use outbox_relayer::{
 use sqlx::postgres::PgPoolOptions;
 
 use crate::{
-    common::{interruptible, Bench, Result, Scope},
+    common::{interruptible, Result, Scope},
+    context::Bench,
     cost::{Cpu, DbCounters, DbWork, Meter},
     process::MachineCpu,
     progress::Progress,

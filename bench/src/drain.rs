@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    common::{interruptible, Bench, Result, Scope},
+    common::{interruptible, Result, Scope},
+    context::Bench,
     cost::{Cpu, DbCounters, DbWork, Meter},
     process::{MachineCpu, RelayProcess, RelayStats},
     progress::Progress,

@@ -4,10 +4,12 @@
 mod bigtx;
 mod cdc;
 mod common;
+mod context;
 mod cost;
 mod dbbound;
 mod drain;
 mod kafka;
+mod machine;
 mod mysql;
 mod mysql_beside;
 mod naive;
@@ -27,7 +29,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
-use crate::{common::Bench, report::Report};
+use crate::{context::Bench, report::Report};
 
 /// The relay's allocator, so that (k) natsonly measures the client as the relay runs it.
 #[global_allocator]

@@ -27,7 +27,8 @@ use sqlx::{
 };
 
 use crate::{
-    common::{interruptible, payload, Bench, Result, Scope},
+    common::{interruptible, payload, Result, Scope},
+    context::Bench,
     process::{MachineCpu, RelayProcess},
     sqlite::{in_process, BacklogResult, Step},
     steady::collect,

@@ -24,7 +24,8 @@ use outbox_relayer::admin::Admin;
 use sqlx::{mysql::MySqlConnectOptions, ConnectOptions, Connection, MySqlPool};
 
 use crate::{
-    common::{interruptible, Bench, Result},
+    common::{interruptible, Result},
+    context::Bench,
     mysql::{insert, open, pending},
     process::RelayProcess,
 };

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use sqlx::Row;
 
-use crate::common::{interruptible, Bench, Result, Scope};
+use crate::{
+    common::{interruptible, Result, Scope},
+    context::Bench,
+};
 
 /// Rows per poll of the naive loop.
 const BATCH: i64 = 50;

@@ -11,7 +11,8 @@ use async_nats::{jetstream::message::PublishMessage, HeaderMap};
 use futures::{stream::FuturesUnordered, StreamExt};
 
 use crate::{
-    common::{interruptible, payload, Bench, Result},
+    common::{interruptible, payload, Result},
+    context::Bench,
     cost::{Cpu, Meter},
 };
 

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use outbox_relayer::store::{Failure, PgStore};
 use sqlx::Executor;
 
-use crate::common::{interruptible, Bench, Result, Scope};
+use crate::{
+    common::{interruptible, Result, Scope},
+    context::Bench,
+};
 
 /// Events of other aggregates, claimable.
 const CLAIMABLE: u64 = 1_000;

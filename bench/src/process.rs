@@ -13,7 +13,11 @@ use std::{
 
 use tokio::{process::Child, task::JoinHandle};
 
-use crate::common::{Bench, Result, Scope};
+use crate::{
+    common::{Result, Scope},
+    context::Bench,
+    machine::field_kb,
+};
 
 /// How often the relay's RSS is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
@@ -236,14 +240,6 @@ async fn sample_rss(pid: u32, peak_kb: Arc<AtomicU64>) {
     }
 }
 
-/// The value in kB of a `Name:   1234 kB` line of a `/proc` file.
-pub fn field_kb(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// utime + stime of a process (all its threads), in seconds.
 /// CPU seconds (user + system, all threads) process `pid` has used so far.
 pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
@@ -364,14 +360,6 @@ fn tail(path: &Path, lines: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_proc_fields() {
-        let status = "Name:\toutbox\nVmHWM:\t   51234 kB\nVmRSS:\t   40000 kB\n";
-        assert_eq!(field_kb(status, "VmHWM:"), Some(51234));
-        assert_eq!(field_kb(status, "VmRSS:"), Some(40000));
-        assert_eq!(field_kb(status, "VmSwap:"), None);
-    }
 
     #[test]
     fn groups_warnings_by_message() {

@@ -2,7 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{Bench, Result, Scope};
+use crate::{
+    common::{Result, Scope},
+    context::Bench,
+};
 
 /// Throughput at the start and at the end of a drain, from the pending counts polled during it.
 #[derive(Clone, Copy, Debug, Default)]

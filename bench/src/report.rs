@@ -6,6 +6,7 @@ use crate::{
     cost::Phase,
     dbbound::DbBoundResult,
     drain::DrainResult,
+    machine::Machine,
     naive::NaiveResult,
     natsonly::NatsOnlyResult,
     process::RelayStats,
@@ -13,29 +14,6 @@ use crate::{
     sqlonly::SqlOnlyResult,
     steady::{FixedRate, SteadyResult},
 };
-
-/// Facts about the machine the figures come from.
-#[derive(Clone, Debug)]
-pub struct Machine {
-    /// CPUs available to this process.
-    pub nproc: usize,
-    /// CPU model name.
-    pub cpu_model: String,
-    /// Total memory, GiB.
-    pub memory_gib: f64,
-    /// PostgreSQL `server_version`.
-    pub postgres: String,
-    /// PostgreSQL `shared_buffers`.
-    pub shared_buffers: String,
-    /// PostgreSQL `synchronous_commit`.
-    pub synchronous_commit: String,
-    /// 1, 5 and 15-minute load averages when the run started.
-    pub load_average: String,
-    /// PostgreSQL `autovacuum`.
-    pub autovacuum: String,
-    /// The brokers used and their versions.
-    pub brokers: String,
-}
 
 /// The figures of one run; scenarios not run (or failed) are `None`.
 pub struct Report {
@@ -93,7 +71,7 @@ impl Report {
             m.cpu_model,
             m.memory_gib,
             m.load_average,
-            crate::common::load_average(),
+            crate::machine::load_average(),
             m.postgres,
             m.shared_buffers,
             m.synchronous_commit,

@@ -18,7 +18,8 @@ use outbox_relayer::{
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 use crate::{
-    common::{interruptible, payload, Bench, Result, Scope},
+    common::{interruptible, payload, Result, Scope},
+    context::Bench,
     process::{process_cpu_seconds, MachineCpu, RelayProcess, RelayStats},
 };
 

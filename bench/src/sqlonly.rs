@@ -10,7 +10,8 @@ use std::time::Instant;
 use sqlx::{postgres::PgPoolOptions, Row};
 
 use crate::{
-    common::{interruptible, Bench, Result, Scope},
+    common::{interruptible, Result, Scope},
+    context::Bench,
     cost::{Cpu, DbCounters, DbWork, Meter},
 };
 

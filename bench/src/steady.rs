@@ -16,7 +16,8 @@ use outbox::postgres::PgOutbox;
 use tokio::sync::oneshot;
 
 use crate::{
-    common::{interruptible, wait_until, Bench, Result, Scope},
+    common::{interruptible, wait_until, Result, Scope},
+    context::Bench,
     cost::{Cpu, DbCounters, DbWork, Meter},
     process::{RelayProcess, RelayStats},
     writers::{self, WriteRate, WriterSettings},

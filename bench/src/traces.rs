@@ -19,7 +19,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 
 use crate::{
-    common::{interruptible, Bench, Result},
+    common::{interruptible, Result},
+    context::Bench,
     drain::{measure_with, DrainResult},
 };
 

@@ -1,9 +1,7 @@
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::Error;
+use crate::{headers::Headers, Error};
 
 /// Content type used when the payload is set with [`Event::json`] or left unset.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/json";
@@ -19,9 +17,6 @@ const MAX_VALUE_BYTES: usize = 4096;
 /// Longest accepted aggregate id, in bytes: with the aggregate type, the key must fit in one
 /// PostgreSQL index entry (about 2.7 kB), or the database refuses the row.
 const MAX_AGGREGATE_ID_BYTES: usize = 2048;
-
-/// String headers carried with the event to the broker (trace context, correlation id, tenant…).
-pub type Headers = BTreeMap<String, String>;
 
 /// A domain event to write into the outbox.
 ///

@@ -46,6 +46,7 @@ pub mod backoff;
 pub mod compat;
 mod error;
 mod event;
+mod headers;
 mod ident;
 mod inbox;
 mod migration;
@@ -70,7 +71,8 @@ pub mod wire;
 pub struct ReadmeDoctests;
 
 pub use error::{Error, SchemaError};
-pub use event::{Event, Headers, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
+pub use event::{Event, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
+pub use headers::Headers;
 pub use ident::{Ident, Tables};
 pub use inbox::{check_message as check_inbox_message, Seen, MAX_MESSAGE_ID_CHARS};
 pub use migration::{require_migrated, MigrateOptions, DEFAULT_PARTITIONS};

@@ -12,7 +12,7 @@ use opentelemetry::{
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::event::Headers;
+use crate::headers::Headers;
 
 /// The header that carries the trace context (W3C Trace Context).
 pub const TRACEPARENT: &str = "traceparent";
