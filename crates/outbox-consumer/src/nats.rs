@@ -68,7 +68,7 @@ impl NatsConsumer {
         processor: Processor,
     ) -> Result<Self, Error> {
         config.validate()?;
-        let broker = |e: &dyn std::fmt::Display| Error::Broker(format!("nats: {e}"));
+        let broker = |e: &dyn std::fmt::Display| Error::broker("nats", e.to_string());
         let client = async_nats::connect(&source.url)
             .await
             .map_err(|e| broker(&e))?;
@@ -135,7 +135,7 @@ impl NatsConsumer {
                 tracing::warn!(error = %e, "nats: receiving failed; retrying");
                 None
             },
-            || Error::Broker("nats: consumer stream ended".into()),
+            || Error::broker_message("nats: consumer stream ended"),
         )
         .await
     }

@@ -120,7 +120,7 @@ impl RabbitMqConsumer {
         processor: Processor,
     ) -> Result<Self, Error> {
         config.validate()?;
-        let broker = |e: lapin::Error| Error::Broker(format!("rabbitmq: {e}"));
+        let broker = |e: lapin::Error| Error::broker("rabbitmq", e);
         let connection = Connection::connect(&source.url, ConnectionProperties::default())
             .await
             .map_err(broker)?;
@@ -187,8 +187,8 @@ impl RabbitMqConsumer {
             consumer.map(|d| d.map(RabbitDelivery::new)),
             &worker,
             &shutdown,
-            |e| Some(Error::Broker(format!("rabbitmq: {e}"))),
-            || Error::Broker("rabbitmq: consumer cancelled".into()),
+            |e| Some(Error::broker("rabbitmq", e)),
+            || Error::broker_message("rabbitmq: consumer cancelled"),
         )
         .await
     }
@@ -205,7 +205,7 @@ async fn declare_dead_queue(
     let channel = connection
         .create_channel()
         .await
-        .map_err(|e| Error::Broker(format!("rabbitmq: {e}")))?;
+        .map_err(|e| Error::broker("rabbitmq", e))?;
     let mut arguments = kind.arguments();
     if kind == QueueType::Quorum {
         arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(-1));
@@ -227,7 +227,7 @@ async fn declare_dead_queue(
             let channel = connection
                 .create_channel()
                 .await
-                .map_err(|e| Error::Broker(format!("rabbitmq: {e}")))?;
+                .map_err(|e| Error::broker("rabbitmq", e))?;
             channel
                 .queue_declare(
                     queue,
@@ -244,10 +244,13 @@ async fn declare_dead_queue(
     };
     let _ = channel.close(200, "declared").await;
     declared.map_err(|e| {
-        Error::Broker(format!(
-            "rabbitmq: cannot declare the dead-letter queue {queue} as a durable {kind} queue: \
-             {e} (delete it, or set dead_letter_queue_type to the type it has)"
-        ))
+        Error::broker(
+            format!(
+                "rabbitmq: cannot declare the dead-letter queue {queue} as a durable {kind} queue \
+                 (delete it, or set dead_letter_queue_type to the type it has)"
+            ),
+            e,
+        )
     })
 }
 

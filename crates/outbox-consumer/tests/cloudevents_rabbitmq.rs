@@ -113,7 +113,8 @@ async fn both_cloudevents_modes_round_trip_through_rabbitmq() {
             envelope: mode,
             ..Default::default()
         };
-        let relay = Relay::new(db.pool.clone(), Arc::new(publisher), config)
+        let relay = Relay::builder(db.pool.clone(), Arc::new(publisher), config)
+            .build()
             .await
             .unwrap()
             .spawn();

@@ -47,7 +47,8 @@ async fn relay_one(headers: serde_json::Value) -> (Uuid, outbox_testkit::Deliver
         routing: RoutingConfig::default(),
         ..Default::default()
     };
-    let relay = Relay::new(db.pool.clone(), Arc::new(publisher), config)
+    let relay = Relay::builder(db.pool.clone(), Arc::new(publisher), config)
+        .build()
         .await
         .unwrap()
         .spawn();

@@ -141,7 +141,8 @@ impl Setup {
             envelope,
             ..Default::default()
         };
-        Relay::new(self.db.pool.clone(), Arc::new(publisher), config)
+        Relay::builder(self.db.pool.clone(), Arc::new(publisher), config)
+            .build()
             .await
             .unwrap()
             .spawn()

@@ -139,7 +139,8 @@ async fn the_verifier_accepts_the_relays_request_and_refuses_its_replay() {
         routing: RoutingConfig::default(),
         ..Default::default()
     };
-    let relay = Relay::new(db.pool.clone(), Arc::new(publisher), config)
+    let relay = Relay::builder(db.pool.clone(), Arc::new(publisher), config)
+        .build()
         .await
         .unwrap()
         .spawn();
@@ -246,7 +247,8 @@ async fn a_retry_while_the_first_delivery_is_handled_is_not_acknowledged() {
         },
         ..Default::default()
     };
-    let relay = Relay::new(db.pool.clone(), Arc::new(publisher), config)
+    let relay = Relay::builder(db.pool.clone(), Arc::new(publisher), config)
+        .build()
         .await
         .unwrap()
         .spawn();

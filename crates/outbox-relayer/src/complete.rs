@@ -20,13 +20,15 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use crate::{
+    db::within,
     dispatch::{Item, Outcome},
     health::Health,
     lease::Leases,
+    publisher::FailureClass,
+    publisher::PublishError,
     retry::{jittered, Backoff, RetryPolicy},
-    store::{within, Failure, Fence, Marking, Store},
+    store::{Failure, Fence, Marking, Store},
     telemetry::{DestinationLabel, FailureLabels, Metrics},
-    FailureClass, PublishError,
 };
 
 /// One reading of both clocks, to turn the monotonic instant of an ack into wall-clock time

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{cloudevents::Envelope, retry::RetryPolicy, routing::RoutingConfig};
+use crate::{retry::RetryPolicy, wire::cloudevents::Envelope, wire::routing::RoutingConfig};
 
 /// Longest duration any setting takes: far above any sensible value, and small enough that
 /// what the relay computes from one (three times a heartbeat, an instant that far ahead, a
@@ -32,7 +32,7 @@ pub enum Mode {
     #[default]
     Poll,
     /// Stream inserts (and table-less messages) from a PostgreSQL logical replication slot, in
-    /// commit order. One relay streams at a time; others wait as standbys. See [`crate::cdc`].
+    /// commit order. One relay streams at a time; others wait as standbys. See [`crate::source::cdc`].
     Cdc,
 }
 
@@ -181,7 +181,7 @@ pub struct RelayConfig {
     /// Destination routing, and fan-out copies for other schema versions.
     pub routing: RoutingConfig,
     /// How events go on the wire (default `outbox`: the payload and the relay's native
-    /// headers; or `cloudevents-binary`, `cloudevents-structured`). See [`crate::cloudevents`].
+    /// headers; or `cloudevents-binary`, `cloudevents-structured`). See [`crate::wire::cloudevents`].
     pub envelope: Envelope,
     /// The CloudEvents `source` attribute, a URI reference (default `/outbox/{aggregate_type}`;
     /// placeholders as in routing templates). Used by the CloudEvents envelopes only.
@@ -235,8 +235,8 @@ impl RelayConfig {
     }
 
     /// Checks every field without I/O.
-    pub fn validate(&self) -> Result<(), crate::Error> {
-        self.check().map_err(crate::Error::Config)
+    pub fn validate(&self) -> Result<(), crate::error::Error> {
+        self.check().map_err(crate::error::Error::Config)
     }
 
     fn check(&self) -> Result<(), String> {
@@ -322,7 +322,7 @@ impl RelayConfig {
         self.cdc_names()?;
         self.retry.validate()?;
         self.routing.validate()?;
-        crate::routing::check_template("cloudevents_source", &self.cloudevents_source)?;
+        crate::wire::routing::check_template("cloudevents_source", &self.cloudevents_source)?;
         if self.cloudevents_source.chars().any(char::is_whitespace) {
             return Err("cloudevents_source: a URI reference has no spaces".into());
         }

@@ -2,7 +2,12 @@
 //! The checks themselves live next to what they check (the broker probes in
 //! [`crate::publishers::probe`], the database checks in the `outbox` command).
 
+use std::time::Duration;
+
 use serde::Serialize;
+
+/// How long each network step of a broker probe may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a check came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -127,7 +132,7 @@ pub fn server_address(url: &str, default_port: u16) -> Option<String> {
 
 /// Opens a TCP connection to `address` within `timeout`: the cause when the server is not
 /// there (refused, unknown host, timed out), in words an operator can act on.
-pub async fn reach(address: &str, timeout: std::time::Duration) -> Result<(), String> {
+pub async fn reach(address: &str, timeout: Duration) -> Result<(), String> {
     match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(error)) => Err(match error.kind() {
@@ -186,9 +191,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
         drop(listener);
-        let error = reach(&address, std::time::Duration::from_secs(2))
-            .await
-            .unwrap_err();
+        let error = reach(&address, Duration::from_secs(2)).await.unwrap_err();
         assert!(error.contains("connection refused"), "{error}");
         assert!(error.contains(&address), "{error}");
     }

@@ -1,5 +1,5 @@
 /// Errors that stop the relay from starting or running. Publishing failures are not here: they
-/// are [`crate::PublishError`]s, recorded on the event, never fatal.
+/// are [`crate::publisher::PublishError`]s, recorded on the event, never fatal.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -13,8 +13,14 @@ pub enum Error {
     #[error(transparent)]
     Outbox(#[from] outbox::Error),
     /// The broker could not be set up (connection, stream or exchange creation).
-    #[error("broker set-up failed: {0}")]
-    Broker(String),
+    #[error("broker set-up failed: {context}")]
+    Broker {
+        /// What was being set up, on which broker.
+        context: String,
+        /// The broker client's error, when one caused it.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// The metrics/health listener could not start.
     #[error("cannot listen on {addr}")]
     Listen {
@@ -24,6 +30,20 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl Error {
+    /// A broker set-up failure while doing `context`, caused by `source` (kept as the error's
+    /// source).
+    pub(crate) fn broker(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Broker {
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
 }
 
 /// The text of a caught panic, cut to 200 characters (it is stored in `last_error`).

@@ -133,16 +133,16 @@ pub async fn serve(
     addr: SocketAddr,
     router: Router,
     shutdown: CancellationToken,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), crate::Error> {
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), crate::error::Error> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| crate::Error::Listen {
+        .map_err(|source| crate::error::Error::Listen {
             addr: addr.to_string(),
             source,
         })?;
     let bound = listener
         .local_addr()
-        .map_err(|source| crate::Error::Listen {
+        .map_err(|source| crate::error::Error::Listen {
             addr: addr.to_string(),
             source,
         })?;

@@ -217,7 +217,7 @@ pub async fn run(
                 tracing::error!(?silence, "the relay loop is stuck: giving up every lease");
             }
             stuck = true;
-            crate::store::within(
+            crate::db::within(
                 settings.answer_within,
                 give_up(store.as_ref(), &leases, &settings),
             )
@@ -227,7 +227,7 @@ pub async fn run(
                 tracing::info!("the relay loop turns again: taking part in the leases");
             }
             stuck = false;
-            crate::store::within(
+            crate::db::within(
                 settings.answer_within,
                 tick(store.as_ref(), &leases, &settings, local_validity),
             )

@@ -26,12 +26,14 @@
 //!   one stored event as several schema versions during a migration, and events can go out
 //!   as CloudEvents 1.0 (binary or structured mode) instead of the native headers.
 //!
-//! The entry point is [`Relay`].
+//! The entry point is [`Relay::builder`].
 
 pub mod admin;
+mod builder;
 mod complete;
 pub mod config;
 pub mod dashboard;
+mod db;
 pub mod dispatch;
 pub mod doctor;
 mod error;
@@ -54,6 +56,7 @@ pub mod wire;
 pub use source::cdc;
 pub use wire::{cloudevents, fanout, message, outgoing, routing};
 
+pub use builder::{RelayBuilder, Storage};
 pub use config::{Mode, RelayConfig};
 pub use error::Error;
 pub use message::Message;

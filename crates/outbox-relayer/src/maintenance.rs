@@ -7,11 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    health::Health,
-    store::{within, Store},
-    telemetry::Metrics,
-};
+use crate::{db::within, health::Health, store::Store, telemetry::Metrics};
 
 /// Samples the backlog gauges (G7).
 pub(crate) async fn sample_stats(

@@ -31,7 +31,7 @@ use opentelemetry_sdk::{
 };
 use prometheus_client::metrics::counter::Counter;
 
-use crate::{telemetry::Metrics, Message, PublishError};
+use crate::{publisher::PublishError, telemetry::Metrics, wire::message::Message};
 
 static TRACER: OnceLock<Tracer> = OnceLock::new();
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use futures::future::BoxFuture;
 
-use crate::Message;
+use crate::wire::message::Message;
 
 /// A broker client the relay publishes through.
 ///

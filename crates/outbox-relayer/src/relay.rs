@@ -3,21 +3,22 @@
 
 use std::{sync::Arc, time::Duration};
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    admin::Admin,
     complete::Completer,
     config::{OnDead, RelayConfig},
-    fanout::Downcasts,
+    error::Error,
     health::Health,
     lease::{self, LeaseSettings, Leases},
     maintenance,
-    outgoing::Outgoing,
-    source::poll::Poll,
-    store::{PgStore, Store, Timeouts},
+    publisher::Publisher,
+    source::{cdc::CdcDb, poll::Poll},
+    store::Store,
     telemetry::Metrics,
-    Error, Publisher,
+    wire::fanout::Downcasts,
+    wire::outgoing::Outgoing,
 };
 
 /// A configured relay, ready to [`run`](Relay::run).
@@ -29,21 +30,17 @@ pub struct Relay {
 struct Shared {
     store: Arc<dyn Store>,
     /// Operator actions: the periodic purge uses them.
-    admin: Option<crate::admin::Admin>,
+    admin: Option<Admin>,
     /// What the relay publishes through: the broker's publisher, wrapped by
-    /// [`crate::outgoing::Outgoing`] when the config fans out or changes the envelope.
+    /// [`crate::wire::outgoing::Outgoing`] when the config fans out or changes the envelope.
     publisher: Arc<dyn Publisher>,
-    /// The broker's publisher itself, to wrap again with [`Relay::with_downcasts`].
-    broker: Arc<dyn Publisher>,
     config: RelayConfig,
     relay_id: String,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     leases: Arc<Leases>,
-    /// The PostgreSQL pool (CDC mode needs it beside the store).
-    pool: Option<PgPool>,
     /// The CDC source's statements and replication stream (`mode = "cdc"`).
-    cdc: Option<Arc<dyn crate::cdc::CdcDb>>,
+    cdc: Option<Arc<dyn CdcDb>>,
 }
 
 /// A relay running in the background.
@@ -73,133 +70,31 @@ impl RelayHandle {
 }
 
 impl Relay {
-    /// Validates the configuration and opens the PostgreSQL outbox (which must have been
-    /// migrated). The relay opens its own connections, lazily, with `pool`'s connect options
-    /// and size, adding `statement_timeout` and `lock_timeout` from the configuration; its
-    /// lease statements have two connections of their own.
-    pub async fn new(
-        pool: PgPool,
-        publisher: Arc<dyn Publisher>,
-        config: RelayConfig,
-    ) -> Result<Self, Error> {
-        config.validate()?;
-        let pool = Timeouts {
-            statement: config.statement_timeout,
-            lock: config.lock_timeout,
-        }
-        .apply(&pool);
-        let admin = crate::admin::Admin::new(pool.clone(), &config.tables());
-        let store = PgStore::open(pool.clone(), &config.tables()).await?;
-        let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
-        let shared = Arc::get_mut(&mut relay.shared).expect("not shared yet");
-        shared.admin = Some(admin);
-        shared.pool = Some(pool);
-        Ok(relay)
-    }
-
-    /// The same relay, with the database URL its CDC source (`mode = "cdc"`) opens its
-    /// replication connection to: the URL the pool was opened with (the pool cannot give the
-    /// password back). Needs the REPLICATION attribute for the user.
-    pub fn with_replication_url(mut self, database_url: &str) -> Result<Self, Error> {
-        let target = crate::cdc::ReplicationTarget::from_url(database_url)?;
-        let shared = Arc::get_mut(&mut self.shared).expect("not running yet");
-        let pool = shared.pool.clone().ok_or_else(|| {
-            Error::Config("a replication URL needs a PostgreSQL relay (Relay::new)".into())
-        })?;
-        let tables = shared.config.tables();
-        shared.cdc = Some(Arc::new(crate::cdc::PgCdc::new(pool, &tables, target)));
-        Ok(self)
-    }
-
-    /// The same relay, with the database its CDC source (`mode = "cdc"`) reads the stream
-    /// from and runs its statements on: any [`crate::cdc::CdcDb`] (the simulation's model;
-    /// on PostgreSQL, [`Relay::with_replication_url`] sets it).
-    pub fn with_cdc_database(mut self, db: Arc<dyn crate::cdc::CdcDb>) -> Self {
-        Arc::get_mut(&mut self.shared).expect("not running yet").cdc = Some(db);
-        self
-    }
-
-    /// Opens the SQLite outbox (migrated with `outbox::sqlite::SqliteOutbox::migrate`). One
-    /// relay publishes at a time; another on the same file waits as a standby.
-    pub async fn sqlite(
-        pool: sqlx::SqlitePool,
-        publisher: Arc<dyn Publisher>,
-        config: RelayConfig,
-    ) -> Result<Self, Error> {
-        config.validate()?;
-        let admin = crate::admin::Admin::sqlite(pool.clone(), &config.tables());
-        let store = crate::store::SqliteStore::open(pool, &config.tables()).await?;
-        let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
-        Arc::get_mut(&mut relay.shared)
-            .expect("not shared yet")
-            .admin = Some(admin);
-        Ok(relay)
-    }
-
-    /// Opens the MySQL or MariaDB outbox (migrated with `outbox::mysql::MySqlOutbox::migrate`).
-    /// Partitions and leases as on PostgreSQL: any number of relays share the work. The relay
-    /// opens its own connections with `pool`'s connect options and size, each set to an
-    /// [`outbox::mysql::Session`] (READ COMMITTED, autocommit, the timeouts of
-    /// [`RelayConfig::mysql_session`]), whatever the server's defaults.
-    pub async fn mysql(
-        pool: sqlx::MySqlPool,
-        publisher: Arc<dyn Publisher>,
-        config: RelayConfig,
-    ) -> Result<Self, Error> {
-        config.validate()?;
-        let session = config.mysql_session();
-        let admin = crate::admin::Admin::mysql_with(pool.clone(), &config.tables(), session);
-        let store = crate::store::MySqlStore::open_with(pool, &config.tables(), session).await?;
-        let mut relay = Self::with_store(Arc::new(store), publisher, config)?;
-        Arc::get_mut(&mut relay.shared)
-            .expect("not shared yet")
-            .admin = Some(admin);
-        Ok(relay)
-    }
-
-    /// A relay over any [`Store`].
-    pub fn with_store(
+    /// The relay [`crate::builder::RelayBuilder::build`] opened: every part known at once.
+    pub(crate) fn assemble(
         store: Arc<dyn Store>,
+        admin: Option<Admin>,
         publisher: Arc<dyn Publisher>,
         config: RelayConfig,
-    ) -> Result<Self, Error> {
-        config.validate()?;
+        cdc: Option<Arc<dyn CdcDb>>,
+        downcasts: Downcasts,
+    ) -> Self {
         let relay_id = config.relay_id.clone().unwrap_or_else(default_relay_id);
         let health = Arc::new(Health::new(config.stall_timeout));
         let metrics = Arc::new(Metrics::new());
-        Ok(Self {
+        Self {
             shared: Arc::new(Shared {
                 store,
-                admin: None,
-                publisher: Outgoing::wrap(
-                    publisher.clone(),
-                    &config,
-                    Downcasts::new(),
-                    metrics.clone(),
-                ),
-                broker: publisher,
+                admin,
+                publisher: Outgoing::wrap(publisher, &config, downcasts, metrics.clone()),
                 config,
                 relay_id,
                 metrics,
                 health,
                 leases: Arc::new(Leases::default()),
-                pool: None,
-                cdc: None,
+                cdc,
             }),
-        })
-    }
-
-    /// The same relay, making fan-out copies with these Rust downcasts where they apply
-    /// (instead of the copies' `keep_fields` / `drop_fields`). See [`crate::fanout`].
-    pub fn with_downcasts(mut self, downcasts: Downcasts) -> Self {
-        let shared = Arc::get_mut(&mut self.shared).expect("not running yet");
-        shared.publisher = Outgoing::wrap(
-            shared.broker.clone(),
-            &shared.config,
-            downcasts,
-            shared.metrics.clone(),
-        );
-        self
+        }
     }
 
     /// This relay's id in the lease table.
@@ -232,8 +127,8 @@ impl Relay {
         let cdc = this.config.mode == crate::config::Mode::Cdc;
         if cdc && this.cdc.is_none() {
             return Err(Error::Config(
-                "mode = \"cdc\" needs a PostgreSQL relay (Relay::new) and its database URL \
-                 (Relay::with_replication_url)"
+                "mode = \"cdc\" needs a PostgreSQL relay and its database URL \
+                 (RelayBuilder::replication_url)"
                     .into(),
             ));
         }
@@ -292,7 +187,7 @@ impl Relay {
             answer_within: this.answer_within(),
         });
         let result = if cdc {
-            let context = crate::cdc::context::Context {
+            let context = crate::source::cdc::context::Context {
                 completer,
                 db: this.cdc.clone().expect("checked"),
                 tables: this.config.tables(),
@@ -306,7 +201,7 @@ impl Relay {
                 max_payload: this.max_payload_bytes(),
                 unconfirmed: Default::default(),
             };
-            crate::cdc::run(context, shutdown.clone()).await
+            crate::source::cdc::run(context, shutdown.clone()).await
         } else {
             let poll = Arc::new(Poll {
                 store: this.store.clone(),

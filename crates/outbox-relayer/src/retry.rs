@@ -5,7 +5,7 @@ use std::{cell::RefCell, time::Duration};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::FailureClass;
+use crate::publisher::FailureClass;
 
 /// When and how often failed events are retried (`[retry]` in the config file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -73,7 +73,7 @@ impl RetryPolicy {
         id: i64,
         attempts: i32,
         permanent_failures: i32,
-        error: &crate::PublishError,
+        error: &crate::publisher::PublishError,
     ) -> crate::store::Failure {
         let permanent = error.class == FailureClass::Permanent;
         let count = if permanent {
@@ -161,8 +161,8 @@ mod tests {
     #[test]
     fn transient_failures_do_not_use_up_the_permanent_budget() {
         let p = RetryPolicy::default();
-        let outage = crate::PublishError::transient("broker down");
-        let rejected = crate::PublishError::permanent("rejected");
+        let outage = crate::publisher::PublishError::transient("broker down");
+        let rejected = crate::publisher::PublishError::permanent("rejected");
         // Ten transient attempts, then the first permanent failure: retried, not dead.
         let f = p.failure(1, 10, 0, &rejected);
         assert!(!f.dead && f.permanent);

@@ -18,11 +18,12 @@ async fn a_broker_restart_mid_run_loses_nothing_and_dead_letters_nothing() {
     let db = TestDb::new(8).await;
     let prefix = unique("p");
     let stream = unique("S");
-    let relay = Relay::new(
+    let relay = Relay::builder(
         db.pool.clone(),
         common::nats(&server.url(), &stream).await,
         common::fast_config(&db, &prefix),
     )
+    .build()
     .await
     .unwrap();
     let metrics = relay.metrics();

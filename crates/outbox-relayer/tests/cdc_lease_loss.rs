@@ -147,10 +147,10 @@ async fn a_lane_stopped_by_a_lapsed_lease_is_not_confirmed_past() {
     // what ends the lane is the renewal that finds the leases taken.
     config.lease_ttl = Duration::from_secs(20);
     config.publish_timeout = Duration::from_secs(30);
-    let relay = Relay::new(db.pool.clone(), gate.clone(), config.clone())
+    let relay = Relay::builder(db.pool.clone(), gate.clone(), config.clone())
+        .replication_url(&db.url)
+        .build()
         .await
-        .unwrap()
-        .with_replication_url(&db.url)
         .unwrap();
     let metrics = relay.metrics();
     let relay = relay.spawn();

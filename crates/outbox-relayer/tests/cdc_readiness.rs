@@ -21,10 +21,10 @@ async fn a_mark_the_database_refuses_for_ever_reads_as_stalled_and_recovers() {
     let publisher = common::nats(NATS_URL, &reader.stream).await;
     let mut config = cdc_config(&db, &prefix);
     config.stall_timeout = Duration::from_secs(2);
-    let relay = Relay::new(db.pool.clone(), publisher, config)
+    let relay = Relay::builder(db.pool.clone(), publisher, config)
+        .replication_url(&db.url)
+        .build()
         .await
-        .unwrap()
-        .with_replication_url(&db.url)
         .unwrap();
     let health = relay.health();
     let relay = relay.spawn();
@@ -146,10 +146,10 @@ async fn a_replication_stream_that_goes_silent_is_not_ready_and_is_reconnected()
     let publisher = common::nats(NATS_URL, &reader.stream).await;
     let mut config = cdc_config(&db, &prefix);
     config.stall_timeout = Duration::from_secs(2);
-    let relay = Relay::new(db.pool.clone(), publisher, config)
+    let relay = Relay::builder(db.pool.clone(), publisher, config)
+        .replication_url(through.as_str())
+        .build()
         .await
-        .unwrap()
-        .with_replication_url(through.as_str())
         .unwrap();
     let (health, metrics) = (relay.health(), relay.metrics());
     let relay = relay.spawn();

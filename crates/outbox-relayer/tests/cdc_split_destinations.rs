@@ -309,10 +309,10 @@ async fn a_relay_whose_destination_never_answers_reads_as_stalled() {
     let mut config = cdc_config(&db, &unique("p"));
     config.publish_timeout = Duration::from_millis(500);
     config.stall_timeout = Duration::from_secs(3);
-    let relay = Relay::new(db.pool.clone(), broker.clone(), config)
+    let relay = Relay::builder(db.pool.clone(), broker.clone(), config)
+        .replication_url(&db.url)
+        .build()
         .await
-        .unwrap()
-        .with_replication_url(&db.url)
         .unwrap();
     let health = relay.health();
     let relay = relay.spawn();

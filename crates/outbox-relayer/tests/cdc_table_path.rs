@@ -572,11 +572,11 @@ async fn start_watched(
     outbox_relayer::RelayHandle,
     Arc<outbox_relayer::telemetry::Metrics>,
 ) {
-    let relay = outbox_relayer::Relay::new(db.pool.clone(), sick, cdc_config(db, prefix))
+    let relay = outbox_relayer::Relay::builder(db.pool.clone(), sick, cdc_config(db, prefix))
+        .replication_url(&db.url)
+        .build()
         .await
-        .expect("relay")
-        .with_replication_url(&db.url)
-        .expect("replication url");
+        .expect("relay");
     let metrics = relay.metrics();
     (relay.spawn(), metrics)
 }

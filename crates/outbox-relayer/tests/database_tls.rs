@@ -247,7 +247,7 @@ async fn the_relay_publishes_over_verified_tls_to_a_mariadb_that_requires_secure
         .unwrap();
     let prefix = unique("tlsmy");
     let reader = NatsReader::start(NATS_URL, &unique("TLSMY"), &prefix).await;
-    let relay = Relay::mysql(
+    let relay = Relay::builder(
         pool.clone(),
         common::nats(NATS_URL, &reader.stream).await,
         RelayConfig {
@@ -255,6 +255,7 @@ async fn the_relay_publishes_over_verified_tls_to_a_mariadb_that_requires_secure
             ..common::fast_config_for("outbox", &prefix)
         },
     )
+    .build()
     .await
     .unwrap()
     .spawn();
@@ -338,15 +339,15 @@ async fn cdc_refuses(key: &str) {
 
     let prefix = unique("cdctls");
     let reader = NatsReader::start(NATS_URL, &unique("CDCTLS"), &prefix).await;
-    let relay = Relay::new(
+    let relay = Relay::builder(
         db.pool.clone(),
         common::nats(NATS_URL, &reader.stream).await,
         common::cdc::cdc_config(&db, &prefix),
     )
+    .replication_url(&strict)
+    .build()
     .await
     .expect("relay")
-    .with_replication_url(&strict)
-    .expect("replication url")
     .spawn();
     let written = common::cdc::write(&db, Default::default(), "order", 2, 2, 4).await;
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -74,7 +74,8 @@ async fn the_lag_gauge_reads_zero_when_idle_and_grows_while_an_event_is_stuck() 
     let publisher = Arc::new(Switch::default());
     publisher.failing.store(true, Ordering::SeqCst);
     let config = common::fast_config(&db, &unique("p"));
-    let relay = Relay::new(db.pool.clone(), publisher.clone(), config)
+    let relay = Relay::builder(db.pool.clone(), publisher.clone(), config)
+        .build()
         .await
         .unwrap();
     let metrics = relay.metrics();
@@ -166,7 +167,8 @@ async fn readiness_fails_while_claims_are_blocked_with_work_pending_and_recovers
     let mut config = common::fast_config(&db, &unique("p"));
     config.stall_timeout = Duration::from_secs(2);
     config.lock_timeout = Duration::from_millis(300);
-    let relay = Relay::new(db.pool.clone(), Arc::new(Switch::default()), config)
+    let relay = Relay::builder(db.pool.clone(), Arc::new(Switch::default()), config)
+        .build()
         .await
         .unwrap();
     let (health, metrics) = (relay.health(), relay.metrics());
@@ -246,7 +248,8 @@ async fn leases_are_renewed_while_a_blocked_claim_holds_the_only_connection() {
     config.lock_timeout = Duration::from_secs(60);
     config.statement_timeout = Duration::from_secs(60);
     config.stall_timeout = Duration::from_secs(60);
-    let relay = Relay::new(pool, Arc::new(Switch::default()), config)
+    let relay = Relay::builder(pool, Arc::new(Switch::default()), config)
+        .build()
         .await
         .unwrap();
     let relay_id = relay.relay_id().to_owned();
@@ -294,7 +297,8 @@ async fn a_relay_whose_loop_is_stuck_gives_its_leases_up_and_takes_them_back_aft
     config.lock_timeout = Duration::from_secs(60);
     config.statement_timeout = Duration::from_secs(60);
     config.stall_timeout = Duration::from_secs(2);
-    let relay = Relay::new(db.pool.clone(), Arc::new(Switch::default()), config)
+    let relay = Relay::builder(db.pool.clone(), Arc::new(Switch::default()), config)
+        .build()
         .await
         .unwrap();
     let (relay_id, health) = (relay.relay_id().to_owned(), relay.health());

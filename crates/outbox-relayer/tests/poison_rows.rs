@@ -99,7 +99,8 @@ async fn sqlite_rows_with_an_id_or_a_time_the_relay_cannot_read_are_dead_letters
             .unwrap();
     }
     let recorder = Arc::new(Recorder::default());
-    let relay = Relay::sqlite(db.pool.clone(), recorder.clone(), config())
+    let relay = Relay::builder(db.pool.clone(), recorder.clone(), config())
+        .build()
         .await
         .unwrap()
         .spawn();
@@ -197,7 +198,8 @@ async fn an_event_that_makes_the_publisher_panic_is_dead_lettered_and_the_rest_f
     outbox.enqueue_batch(&mut tx, &events).await.unwrap();
     tx.commit().await.unwrap();
     let recorder = Arc::new(Recorder::default());
-    let relay = Relay::sqlite(db.pool.clone(), recorder.clone(), config())
+    let relay = Relay::builder(db.pool.clone(), recorder.clone(), config())
+        .build()
         .await
         .unwrap()
         .spawn();

@@ -247,7 +247,8 @@ async fn a_copy_no_stream_takes_is_dropped_and_every_event_still_flows_in_order(
             ids.push(enqueue(&db, aggregate, version, 2, json!({"total": version})).await);
         }
     }
-    let relay = outbox_relayer::Relay::new(db.pool.clone(), publisher, config)
+    let relay = outbox_relayer::Relay::builder(db.pool.clone(), publisher, config)
+        .build()
         .await
         .unwrap();
     let metrics = relay.metrics();

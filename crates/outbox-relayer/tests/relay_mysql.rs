@@ -21,7 +21,8 @@ fn config(prefix: &str, relay: &str) -> RelayConfig {
 }
 
 async fn start(db: &MySqlDb, publisher: Arc<dyn Publisher>, config: RelayConfig) -> RelayHandle {
-    Relay::mysql(db.pool.clone(), publisher, config)
+    Relay::builder(db.pool.clone(), publisher, config)
+        .build()
         .await
         .expect("relay")
         .spawn()

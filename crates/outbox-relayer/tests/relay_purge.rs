@@ -15,7 +15,7 @@ async fn the_relay_purges_published_rows_after_the_retention_and_nothing_else() 
     let written = insert_sequences(&db, "order", 10, 10, 50).await;
     db.exec("UPDATE {schema}.{events} SET status = 'dead' WHERE aggregate_id = 'a9'")
         .await;
-    let relay = Relay::new(
+    let relay = Relay::builder(
         db.pool.clone(),
         common::nats(NATS_URL, &reader.stream).await,
         RelayConfig {
@@ -24,6 +24,7 @@ async fn the_relay_purges_published_rows_after_the_retention_and_nothing_else() 
             ..common::fast_config(&db, &prefix)
         },
     )
+    .build()
     .await
     .unwrap();
     let metrics = relay.metrics();

@@ -93,7 +93,7 @@ async fn the_relay_publishes_from_time_partitions_and_drops_expired_ones() {
 
     let prefix = unique("p");
     let reader = NatsReader::start(NATS_URL, &unique("S"), &prefix).await;
-    let relay = Relay::new(
+    let relay = Relay::builder(
         db.pool.clone(),
         common::nats(NATS_URL, &reader.stream).await,
         RelayConfig {
@@ -102,6 +102,7 @@ async fn the_relay_publishes_from_time_partitions_and_drops_expired_ones() {
             ..common::fast_config(&db, &prefix)
         },
     )
+    .build()
     .await
     .unwrap();
     let metrics = relay.metrics();

@@ -143,7 +143,7 @@ pub struct SimConfig {
     /// Where the relays read events from.
     pub source: Source,
     /// CDC: how the writers write (default: drawn from the seed).
-    pub write_mode: Option<crate::db_cdc::WriteMode>,
+    pub write_mode: Option<WriteMode>,
 }
 
 /// Where the relays read events from.
@@ -171,4 +171,15 @@ impl Default for SimConfig {
             write_mode: None,
         }
     }
+}
+
+/// How the writers write their events (CDC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteMode {
+    /// Rows that stay in the table.
+    Table,
+    /// Rows inserted and deleted in their transaction.
+    ZeroGrowth,
+    /// Logical messages only.
+    TableLess,
 }

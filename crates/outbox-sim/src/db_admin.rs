@@ -2,7 +2,10 @@
 //! and `sqlite.sql`, which the store conformance suite holds to the same results):
 //! `replay` of dead events and `skip` of one, each applied atomically, whether relays run or not.
 
-use crate::db::{Db, Key, Status};
+use crate::{
+    db::Db,
+    row::{Key, Status},
+};
 
 impl Db {
     /// The first pending visible row of an aggregate.

@@ -10,7 +10,9 @@ use outbox_relayer::{
 };
 
 use crate::{
-    db::{claimed, partition_of, Content, Db, Hold, Key, Row, Status},
+    config::WriteMode,
+    db::{Db, Hold},
+    row::{claimed, partition_of, Content, Key, Row, Status},
     wal::TxnBuilder,
 };
 
@@ -250,17 +252,6 @@ impl Db {
     }
 }
 
-/// How the writers write their events (CDC).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum WriteMode {
-    /// Rows that stay in the table.
-    Table,
-    /// Rows inserted and deleted in their transaction.
-    ZeroGrowth,
-    /// Logical messages only.
-    TableLess,
-}
-
 /// Whether an event of `content` written in `mode` is not a valid event to the relay: hostile
 /// content, and oversized headers in a table-less message (the relay's decoding refuses them,
 /// as the library's validation does). Such an event is dead-lettered under a key of its own
@@ -277,14 +268,14 @@ pub fn table_less_content(id: i64, row: &Row) -> Vec<u8> {
     if row.content == Content::Hostile {
         return hostile_content(id);
     }
-    let headers = crate::db::headers_value(row);
+    let headers = crate::row::headers_value(row);
     serde_json::json!({
         "v": 1,
         "event_id": uuid::Uuid::from_u128(id as u128),
         "aggregate_type": row.key.0,
         "aggregate_id": row.key.1,
         "aggregate_version": row.version,
-        "event_type": crate::db::event_type_of(row),
+        "event_type": crate::row::event_type_of(row),
         "headers": headers,
         "payload": String::from_utf8_lossy(&row.payload),
     })

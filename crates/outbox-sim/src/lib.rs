@@ -34,6 +34,7 @@ pub mod db_admin;
 pub mod db_cdc;
 pub mod node;
 pub mod oracle;
+pub mod row;
 pub mod supervisor;
 pub mod wal;
 pub mod world;
@@ -44,8 +45,7 @@ use std::{fmt, time::Duration};
 use outbox_relayer::{retry::RetryPolicy, RelayConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-pub use config::{Bug, Faults, SimConfig, Source};
-pub use db_cdc::WriteMode;
+pub use config::{Bug, Faults, SimConfig, Source, WriteMode};
 
 use crate::{
     db::Db,

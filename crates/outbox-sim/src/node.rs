@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::Bug,
-    db::Status,
+    row::Status,
     world::{Delivery, State, World},
 };
 

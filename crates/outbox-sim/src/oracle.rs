@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
-    db::{Content, Key, Status},
     db_cdc::undecodable,
+    row::{Content, Key, Status},
     world::State,
 };
 

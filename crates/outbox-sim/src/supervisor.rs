@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use outbox_relayer::{Relay, RelayConfig, RelayHandle};
+use outbox_relayer::{store::Store, Relay, RelayConfig, RelayHandle};
 
 use crate::{
     cdc::SimCdc,
@@ -64,16 +64,22 @@ impl Supervisor {
         let mut config = self.config.clone();
         config.relay_id = Some(name.clone());
         let cdc = config.mode == outbox_relayer::config::Mode::Cdc;
-        let mut relay = Relay::with_store(Arc::new(store.clone()), Arc::new(publisher), config)
-            .expect("the simulation's relay settings are valid");
+        let mut relay = Relay::builder(
+            Arc::new(store.clone()) as Arc<dyn Store>,
+            Arc::new(publisher),
+            config,
+        );
         if cdc {
-            relay = relay.with_cdc_database(Arc::new(SimCdc::new(
+            relay = relay.cdc_database(Arc::new(SimCdc::new(
                 store,
                 self.world.clone(),
                 node,
                 self.config.lease_ttl,
             )));
         }
+        // Over a store already open, building does no I/O: the future is ready at once.
+        let relay = futures::executor::block_on(relay.build())
+            .expect("the simulation's relay settings are valid");
         slot.node = node;
         slot.handle = Some(relay.spawn());
         slot.restart_at = None;
@@ -151,7 +157,7 @@ impl Supervisor {
         // the slot, by design (docs/operations.md, CDC). Never while a commit is in the WAL but not yet
         // visible: such a commit through the whole catch-up is a known gap
         // (docs/reliability.md).
-        if s.cdc == Some(crate::db_cdc::WriteMode::Table)
+        if s.cdc == Some(crate::config::WriteMode::Table)
             && s.db.wal.slot_exists
             && s.chance(f.slot_loss * per_tick)
             && !s.db.rows.values().any(|r| r.committed && !r.visible)
@@ -225,7 +231,7 @@ impl Supervisor {
 /// aggregate's, of those a retry can fail again: undecodable content is never replayed, and a
 /// skipped event is not replayed, so that the oracle knows what parks.
 fn operate(s: &mut crate::world::State, now: i64) {
-    use crate::db::Status;
+    use crate::row::Status;
     let candidates: Vec<i64> =
         s.db.rows
             .iter()
@@ -258,11 +264,11 @@ fn operate(s: &mut crate::world::State, now: i64) {
                 (ids, "aggregate")
             }
             2 => {
-                let kind = crate::db::event_type_of(&s.db.rows[&id]);
+                let kind = crate::row::event_type_of(&s.db.rows[&id]);
                 let ids = candidates
                     .iter()
                     .copied()
-                    .filter(|c| crate::db::event_type_of(&s.db.rows[c]) == kind)
+                    .filter(|c| crate::row::event_type_of(&s.db.rows[c]) == kind)
                     .collect();
                 (ids, "event type")
             }

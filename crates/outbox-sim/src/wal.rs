@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use outbox_relayer::cdc::{Lsn, ReplicationEvent};
 
-use crate::db::{headers_of, timestamp, Row, Status};
+use crate::row::{headers_of, timestamp, Row, Status};
 
 /// The relation id of the events table in the stream.
 const RELATION: u32 = 16_385;
@@ -169,7 +169,7 @@ impl TxnBuilder {
             text(row.key.0.clone()),
             text(row.key.1.clone()),
             text(row.version.to_string()),
-            text(crate::db::event_type_of(row).into()),
+            text(crate::row::event_type_of(row).into()),
             text("1".into()),
             None,
             text(format!("\\x{payload}")),

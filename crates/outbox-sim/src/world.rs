@@ -114,7 +114,7 @@ pub struct State {
     /// Events an operator skipped: they stay dead but no longer park their aggregate.
     pub skipped: BTreeSet<i64>,
     /// CDC: how the writers write (`None`: polling, rows only).
-    pub cdc: Option<crate::db_cdc::WriteMode>,
+    pub cdc: Option<crate::config::WriteMode>,
     /// Guarantee violations seen as they happened (the oracle adds the rest at the end).
     pub violations: Vec<String>,
     rng: StdRng,
@@ -242,12 +242,12 @@ impl World {
 
     /// Inserts and commits one good event (a writer outside the simulation, for tests that
     /// drive the model directly); returns its id.
-    pub fn commit_event(&self, key: crate::db::Key, version: i64, payload: Vec<u8>) -> i64 {
+    pub fn commit_event(&self, key: crate::row::Key, version: i64, payload: Vec<u8>) -> i64 {
         let now = self.now();
         let mut s = self.lock();
         let db_now = now + s.skew_ms;
         let id =
-            s.db.insert(key, version, crate::db::Content::Good, payload, db_now);
+            s.db.insert(key, version, crate::row::Content::Good, payload, db_now);
         s.db.commit(&[id], now);
         id
     }

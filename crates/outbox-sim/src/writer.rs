@@ -6,8 +6,9 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
-    db::{payload_for, Content, Key},
-    db_cdc::{table_less_content, undecodable, WriteMode},
+    config::WriteMode,
+    db_cdc::{table_less_content, undecodable},
+    row::{payload_for, Content, Key},
     world::World,
 };
 

@@ -70,7 +70,9 @@ impl Service {
 
         let publisher =
             outbox_relayer::publishers::connect(&config.broker_url, config.brokers).await?;
-        let relay = Relay::new(pool, publisher, config.relay).await?;
+        let relay = Relay::builder(pool, publisher, config.relay)
+            .build()
+            .await?;
         let app = shop.router().merge(outbox_relayer::http::router(
             relay.metrics(),
             relay.health(),

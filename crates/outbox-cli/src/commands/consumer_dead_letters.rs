@@ -8,6 +8,11 @@ use outbox_consumer::dead_letters::{DeadLetter, Replayed, Selection};
 use super::{connect, print, require_url, CommandResult, DatabaseArgs};
 use crate::escape;
 
+/// A replay that a broker failure stopped part-way (the cause follows in the error's chain).
+#[derive(Debug, thiserror::Error)]
+#[error("the replay stopped early")]
+struct StoppedEarly(#[source] outbox_consumer::dead_letters::Error);
+
 /// Options of `outbox consumer-dead-letters`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -289,7 +294,7 @@ pub async fn run(args: Args) -> CommandResult {
                 letters.source()
             ));
             if let Some(failure) = failure {
-                return Err(format!("the replay stopped early: {failure}").into());
+                return Err(StoppedEarly(failure).into());
             }
         }
     }

@@ -200,11 +200,12 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
     let publisher = outbox_relayer::publishers::connect(&broker_url, cfg.broker_settings()).await?;
     let (relay, admin, store) = match db {
         Db::Postgres(pool) => {
-            let mut relay = Relay::new(pool.clone(), publisher, cfg.relay.clone()).await?;
+            let mut relay = Relay::builder(pool.clone(), publisher, cfg.relay.clone());
             if cfg.relay.mode == outbox_relayer::Mode::Cdc {
                 outbox::postgres::cdc::check_wal_level(&pool).await?;
-                relay = relay.with_replication_url(database_url)?;
+                relay = relay.replication_url(database_url);
             }
+            let relay = relay.build().await?;
             let tables = cfg.relay.tables();
             let admin = outbox_relayer::admin::Admin::new(pool.clone(), &tables);
             let store = outbox_relayer::store::PgStore::open(pool, &tables).await?;
@@ -215,7 +216,9 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
         }
         Db::MySql(pool) => {
             let tables = cfg.relay.tables();
-            let relay = Relay::mysql(pool.clone(), publisher, cfg.relay.clone()).await?;
+            let relay = Relay::builder(pool.clone(), publisher, cfg.relay.clone())
+                .build()
+                .await?;
             let session = cfg.relay.mysql_session();
             let admin = outbox_relayer::admin::Admin::mysql_with(pool.clone(), &tables, session);
             let store =
@@ -224,7 +227,9 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
         }
         Db::Sqlite(pool) => {
             let tables = cfg.relay.tables();
-            let relay = Relay::sqlite(pool.clone(), publisher, cfg.relay.clone()).await?;
+            let relay = Relay::builder(pool.clone(), publisher, cfg.relay.clone())
+                .build()
+                .await?;
             let admin = outbox_relayer::admin::Admin::sqlite(pool.clone(), &tables);
             let store = outbox_relayer::store::SqliteStore::open(pool, &tables).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)

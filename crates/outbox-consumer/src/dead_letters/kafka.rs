@@ -72,9 +72,9 @@ impl KafkaDeadLetters {
             .create()
             .map_err(|e| match e {
                 rdkafka::error::KafkaError::ClientConfig(_, description, key, _) => {
-                    Error::Broker(format!("kafka: property {key:?}: {description}"))
+                    Error::broker_message(format!("kafka: property {key:?}: {description}"))
                 }
-                other => Error::Broker(format!("kafka: cannot create a producer: {other}")),
+                other => Error::broker("kafka: cannot create a producer", other),
             })?;
         let letters = Self {
             config,
@@ -119,10 +119,13 @@ impl KafkaDeadLetters {
         let origin = &stored.letter.origin;
         let place = format!("{}:{}", stored.partition, stored.offset);
         let failed = |e: &dyn std::fmt::Display| {
-            Error::Broker(format!(
-                "kafka: replaying dead letter {place} of {} to {origin}: {e}",
-                self.topic
-            ))
+            Error::broker(
+                format!(
+                    "kafka: replaying dead letter {place} of {} to {origin}",
+                    self.topic
+                ),
+                e.to_string(),
+            )
         };
         if origin.is_empty() {
             return Err(failed(&"it has no dead-letter-topic header"));
@@ -155,19 +158,19 @@ impl KafkaDeadLetters {
         tokio::task::spawn_blocking(move || {
             let metadata = consumer
                 .fetch_metadata(Some(&topic), TIMEOUT)
-                .map_err(|e| Error::Broker(format!("kafka: reading topic {topic}: {e}")))?;
+                .map_err(|e| Error::broker(format!("kafka: reading topic {topic}"), e))?;
             let found = metadata.topics().iter().find(|t| t.name() == topic);
             match found {
                 Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
                     Ok(t.partitions().iter().map(|p| p.id()).collect())
                 }
-                _ => Err(Error::Broker(format!(
+                _ => Err(Error::broker_message(format!(
                     "kafka: no dead-letter topic {topic} (has the consumer run?)"
                 ))),
             }
         })
         .await
-        .map_err(|e| Error::Broker(format!("kafka: reading {}: {e}", self.topic)))?
+        .map_err(|e| Error::broker(format!("kafka: reading {}", self.topic), e))?
     }
 
     fn reader(&self) -> Result<BaseConsumer, Error> {
@@ -177,7 +180,7 @@ impl KafkaDeadLetters {
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
             .create()
-            .map_err(|e| Error::Broker(format!("kafka: cannot create a reader: {e}")))
+            .map_err(|e| Error::broker("kafka: cannot create a reader", e))
     }
 
     /// Every dead letter not replayed yet that matches `selection`, up to its limit.
@@ -188,7 +191,7 @@ impl KafkaDeadLetters {
         let selection = selection.clone();
         tokio::task::spawn_blocking(move || read_all(&consumer, &topic, &partitions, &selection))
             .await
-            .map_err(|e| Error::Broker(format!("kafka: reading {}: {e}", self.topic)))?
+            .map_err(|e| Error::broker(format!("kafka: reading {}", self.topic), e))?
     }
 }
 
@@ -199,7 +202,8 @@ fn read_all(
     partitions: &[i32],
     selection: &Selection,
 ) -> Result<Vec<Stored>, Error> {
-    let broker = |e: &dyn std::fmt::Display| Error::Broker(format!("kafka: reading {topic}: {e}"));
+    let broker =
+        |e: &dyn std::fmt::Display| Error::broker(format!("kafka: reading {topic}"), e.to_string());
     let mut ends = Vec::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in partitions {

@@ -113,11 +113,38 @@ pub struct Replayed {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The broker refused or could not be reached; the message names the operation.
-    #[error("{0}")]
-    Broker(String),
+    #[error("{context}")]
+    Broker {
+        /// The operation, on which broker and destination.
+        context: String,
+        /// The broker client's error, when one caused it.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// The audit record could not be written.
-    #[error("audit: {0}")]
+    #[error("audit")]
     Audit(#[from] sqlx::Error),
+}
+
+impl Error {
+    /// A broker failure while doing `context`, caused by `source` (kept as the error's source).
+    pub(crate) fn broker(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Broker {
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A broker failure that no other error caused (a header missing, a topic absent).
+    pub(crate) fn broker_message(context: impl Into<String>) -> Self {
+        Self::Broker {
+            context: context.into(),
+            source: None,
+        }
+    }
 }
 
 /// Records a consumer replay in the outbox's `audit` table (`tables`' schema): action

@@ -22,13 +22,16 @@ impl NatsDeadLetters {
         let name = format!("{stream}_DEAD_{consumer}");
         let client = async_nats::connect(url)
             .await
-            .map_err(|e| Error::Broker(format!("nats: cannot connect: {e}")))?;
+            .map_err(|e| Error::broker("nats: cannot connect", e))?;
         let js = jetstream::new(client);
         let handle = js.get_stream(&name).await.map_err(|e| {
-            Error::Broker(format!(
-                "nats: no dead-letter stream {name} (has consumer {consumer} of stream \
-                 {stream} run?): {e}"
-            ))
+            Error::broker(
+                format!(
+                    "nats: no dead-letter stream {name} (has consumer {consumer} of stream \
+                 {stream} run?)"
+                ),
+                e,
+            )
         })?;
         Ok(Self {
             js,
@@ -51,7 +54,7 @@ impl NatsDeadLetters {
             .stream
             .get_info()
             .await
-            .map_err(|e| Error::Broker(format!("nats: reading {}: {e}", self.name)))?
+            .map_err(|e| Error::broker(format!("nats: reading {}", self.name), e))?
             .state;
         let mut out = Vec::new();
         if state.messages == 0 {
@@ -108,7 +111,7 @@ impl NatsDeadLetters {
         message: &StreamMessage,
     ) -> Result<(), Error> {
         if letter.origin.is_empty() {
-            return Err(Error::Broker(format!(
+            return Err(Error::broker_message(format!(
                 "nats: dead letter {seq} of {} has no dead-letter-subject header",
                 self.name
             )));
@@ -122,10 +125,10 @@ impl NatsDeadLetters {
             }
         }
         let failed = |e: &dyn std::fmt::Display| {
-            Error::Broker(format!(
-                "nats: replaying dead letter {seq} to {}: {e}",
-                letter.origin
-            ))
+            Error::broker(
+                format!("nats: replaying dead letter {seq} to {}", letter.origin),
+                e.to_string(),
+            )
         };
         self.js
             .publish_with_headers(letter.origin.clone(), headers, message.payload.clone())

@@ -26,7 +26,7 @@ pub struct RabbitMqDeadLetters {
 impl RabbitMqDeadLetters {
     /// Opens the dead letters of the consumer of `queue` (the queue `{queue}.dead`).
     pub async fn open(url: &str, queue: &str) -> Result<Self, Error> {
-        let broker = |what: &str, e: lapin::Error| Error::Broker(format!("rabbitmq: {what}: {e}"));
+        let broker = |what: &str, e: lapin::Error| Error::broker(format!("rabbitmq: {what}"), e);
         let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .map_err(|e| broker("cannot connect", e))?;
@@ -81,7 +81,7 @@ impl RabbitMqDeadLetters {
                 .channel
                 .basic_get(&self.dead, BasicGetOptions { no_ack: false })
                 .await
-                .map_err(|e| Error::Broker(format!("rabbitmq: reading {}: {e}", self.dead)))?;
+                .map_err(|e| Error::broker(format!("rabbitmq: reading {}", self.dead), e))?;
             let Some(message) = got else { break };
             let delivery = message.delivery;
             let headers = headers_of(&delivery);
@@ -142,7 +142,10 @@ impl RabbitMqDeadLetters {
         }
         let properties = delivery.properties.clone().with_headers(table);
         let failed = |e: &dyn std::fmt::Display| {
-            Error::Broker(format!("rabbitmq: replaying to queue {}: {e}", self.queue))
+            Error::broker(
+                format!("rabbitmq: replaying to queue {}", self.queue),
+                e.to_string(),
+            )
         };
         let confirm = self
             .channel

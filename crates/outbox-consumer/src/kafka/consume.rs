@@ -104,7 +104,7 @@ where
                 }
                 Some(Receive::Skipped) => {}
                 Some(Receive::Fatal(e)) => {
-                    break Some(Error::Broker(format!("kafka: fatal consumer error: {e}")));
+                    break Some(Error::broker("kafka: fatal consumer error", e));
                 }
                 Some(Receive::Transient(e)) => {
                     receive_errors += 1;
@@ -112,7 +112,7 @@ where
                         tracing::warn!(error = %e, receive_errors, "kafka: receiving failed; retrying");
                     }
                 }
-                None => break Some(Error::Broker("kafka: consumer stream ended".into())),
+                None => break Some(Error::broker_message("kafka: consumer stream ended")),
             },
             _ = tick.tick() => commit(control, offsets, false),
         }

@@ -184,7 +184,7 @@ impl KafkaConsumer {
         let topics: Vec<&str> = source.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
-            .map_err(|e| Error::Broker(format!("kafka: subscribe to {topics:?}: {e}")))?;
+            .map_err(|e| Error::broker(format!("kafka: subscribe to {topics:?}"), e))?;
         Ok(Self {
             consumer,
             offsets,
@@ -287,12 +287,12 @@ async fn create_if_missing(source: &KafkaSource, topic: &str) -> Result<(), Erro
             &options,
         )
         .await
-        .map_err(|e| Error::Broker(format!("kafka: create dead-letter topic {topic}: {e}")))?;
+        .map_err(|e| Error::broker(format!("kafka: create dead-letter topic {topic}"), e))?;
     for result in results {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((_, code)) => {
-                return Err(Error::Broker(format!(
+                return Err(Error::broker_message(format!(
                     "kafka: create dead-letter topic {topic}: {code} (create it, or name \
                      another in dead_letter_topic)"
                 )))
@@ -309,7 +309,7 @@ fn created(what: &str, e: KafkaError) -> Error {
         KafkaError::ClientConfig(_, description, key, _) => {
             Error::Config(format!("kafka.properties.{key:?}: {description}"))
         }
-        other => Error::Broker(format!("kafka: cannot create the {what}: {other}")),
+        other => Error::broker(format!("kafka: cannot create the {what}"), other),
     }
 }
 

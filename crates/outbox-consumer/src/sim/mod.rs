@@ -168,7 +168,7 @@ impl Model {
 
     /// One runner's life until `stop`.
     async fn run(&self, worker: &Worker<Shared>, stop: &CancellationToken, rebalances: bool) {
-        let ended = || Error::Broker("the model's stream ended".into());
+        let ended = || Error::broker_message("the model's stream ended");
         let result = match self {
             Self::Nats(m) => runner::run(m.stream(), worker, stop, |e| match e {}, ended).await,
             Self::RabbitMq(m) => runner::run(m.stream(), worker, stop, |e| match e {}, ended).await,

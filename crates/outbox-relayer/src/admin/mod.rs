@@ -4,17 +4,19 @@
 //! result for the same rows (`tests/admin_conformance.rs`), the result the simulation's model
 //! (`outbox-sim`, `db_admin.rs`) gives.
 
+mod backend;
 mod listing;
 mod mysql;
 mod postgres;
 mod sqlite;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use outbox::Tables;
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
+use backend::AdminBackend;
 use mysql::MySqlAdmin;
 use postgres::PgAdmin;
 use sqlite::SqliteAdmin;
@@ -134,21 +136,14 @@ pub struct Replayed {
 /// Operator actions on one outbox.
 #[derive(Clone, Debug)]
 pub struct Admin {
-    backend: Backend,
-}
-
-#[derive(Clone, Debug)]
-enum Backend {
-    Postgres(PgAdmin),
-    MySql(MySqlAdmin),
-    Sqlite(SqliteAdmin),
+    backend: Arc<dyn AdminBackend>,
 }
 
 impl Admin {
     /// Actions on the PostgreSQL outbox at `tables`.
     pub fn new(pool: PgPool, tables: &Tables) -> Self {
         Self {
-            backend: Backend::Postgres(PgAdmin::new(pool, tables)),
+            backend: Arc::new(PgAdmin::new(pool, tables)),
         }
     }
 
@@ -164,7 +159,7 @@ impl Admin {
     /// the gaps the application's inserts go into.
     pub fn mysql_with(pool: MySqlPool, tables: &Tables, session: outbox::mysql::Session) -> Self {
         Self {
-            backend: Backend::MySql(MySqlAdmin::new(session.pool(&pool), tables)),
+            backend: Arc::new(MySqlAdmin::new(session.pool(&pool), tables)),
         }
     }
 
@@ -172,7 +167,7 @@ impl Admin {
     /// `outbox::sqlite::SqliteOutbox::migrate`).
     pub fn sqlite(pool: SqlitePool, tables: &Tables) -> Self {
         Self {
-            backend: Backend::Sqlite(SqliteAdmin::new(pool, tables)),
+            backend: Arc::new(SqliteAdmin::new(pool, tables)),
         }
     }
 
@@ -180,10 +175,7 @@ impl Admin {
     /// ahead that do not exist yet and returns their names (nothing on a plain table, nor on
     /// MySQL or SQLite).
     pub async fn create_partitions_ahead(&self) -> Result<Vec<String>, outbox::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => pg.create_partitions_ahead().await,
-            Backend::MySql(_) | Backend::Sqlite(_) => Ok(Vec::new()),
-        }
+        self.backend.create_partitions_ahead().await
     }
 
     /// On a time-partitioned PostgreSQL outbox, drops (or, with `archive`, archives then
@@ -195,22 +187,14 @@ impl Admin {
         archive: bool,
         dry_run: bool,
     ) -> Result<outbox::postgres::time_partitions::DropReport, outbox::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => {
-                pg.drop_expired_partitions(retention, archive, dry_run)
-                    .await
-            }
-            Backend::MySql(_) | Backend::Sqlite(_) => Ok(Default::default()),
-        }
+        self.backend
+            .drop_expired_partitions(retention, archive, dry_run)
+            .await
     }
 
     /// Published rows older than `retention` (what a purge would delete now).
     pub async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => pg.purgeable(retention).await,
-            Backend::MySql(my) => my.purgeable(retention).await,
-            Backend::Sqlite(lite) => lite.purgeable(retention).await,
-        }
+        self.backend.purgeable(retention).await
     }
 
     /// Deletes (or, with `archive`, moves to `{table}_archive`) one batch of published rows
@@ -222,11 +206,7 @@ impl Admin {
         archive: bool,
     ) -> Result<u64, sqlx::Error> {
         let batch = batch.max(1);
-        match &self.backend {
-            Backend::Postgres(pg) => pg.purge_batch(retention, batch, archive).await,
-            Backend::MySql(my) => my.purge_batch(retention, batch, archive).await,
-            Backend::Sqlite(lite) => lite.purge_batch(retention, batch, archive).await,
-        }
+        self.backend.purge_batch(retention, batch, archive).await
     }
 
     /// Deletes published rows older than `retention` in batches (short transactions, no long
@@ -252,11 +232,7 @@ impl Admin {
     /// Deletes inbox rows older than `retention` (see `outbox::postgres::PgInbox::purge` for
     /// the rule on choosing it); returns how many.
     pub async fn purge_inbox(&self, retention: Duration, batch: i64) -> Result<u64, outbox::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => pg.purge_inbox(retention, batch).await,
-            Backend::MySql(my) => my.purge_inbox(retention, batch).await,
-            Backend::Sqlite(lite) => lite.purge_inbox(retention, batch).await,
-        }
+        self.backend.purge_inbox(retention, batch).await
     }
 
     /// Dead letters matching `filter`, oldest first, each bounded and redacted (see
@@ -266,22 +242,14 @@ impl Admin {
         &self,
         filter: &DeadLetterFilter,
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-        let mut letters = match &self.backend {
-            Backend::Postgres(pg) => pg.dead_letters(filter).await,
-            Backend::MySql(my) => my.dead_letters(filter).await,
-            Backend::Sqlite(lite) => lite.dead_letters(filter).await,
-        }?;
+        let mut letters = self.backend.dead_letters(filter).await?;
         letters.iter_mut().for_each(listing::bound);
         Ok(letters)
     }
 
     /// The payload of row `id`, if it exists.
     pub async fn payload(&self, id: i64) -> Result<Option<Vec<u8>>, sqlx::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => pg.payload(id).await,
-            Backend::MySql(my) => my.payload(id).await,
-            Backend::Sqlite(lite) => lite.payload(id).await,
-        }
+        self.backend.payload(id).await
     }
 
     /// Makes dead events pending again (attempts reset): each aggregate concerned resumes
@@ -300,30 +268,18 @@ impl Admin {
         actor: &str,
         reason: &str,
     ) -> Result<Replayed, sqlx::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => pg.replay(ids, actor, reason).await,
-            Backend::MySql(my) => my.replay(ids, actor, reason).await,
-            Backend::Sqlite(lite) => lite.replay(ids, actor, reason).await,
-        }
+        self.backend.replay(ids, actor, reason).await
     }
 
     /// Abandons dead events: they stay dead but stop parking their aggregates, whose later
     /// events then flow (the one exception to per-aggregate order, G4). Recorded in the audit
     /// table; returns how many aggregates were released.
     pub async fn skip(&self, ids: &[i64], actor: &str, reason: &str) -> Result<i64, sqlx::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => pg.skip(ids, actor, reason).await,
-            Backend::MySql(my) => my.skip(ids, actor, reason).await,
-            Backend::Sqlite(lite) => lite.skip(ids, actor, reason).await,
-        }
+        self.backend.skip(ids, actor, reason).await
     }
 
     /// The latest `limit` audit records, newest first.
     pub async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
-        match &self.backend {
-            Backend::Postgres(pg) => pg.audit(limit).await,
-            Backend::MySql(my) => my.audit(limit).await,
-            Backend::Sqlite(lite) => lite.audit(limit).await,
-        }
+        self.backend.audit(limit).await
     }
 }

@@ -4,11 +4,14 @@
 
 use std::time::Duration;
 
-use outbox::Tables;
+use outbox::{sql::named, Tables};
 use sqlx::{sqlite::SqliteRow, Row, SqlitePool};
 
-use super::{AuditEntry, DeadLetter, DeadLetterFilter};
-use crate::store::{named, parse_time};
+use super::{
+    backend::{Action, AdminBackend},
+    AuditEntry, DeadLetter, DeadLetterFilter, Replayed,
+};
+use crate::store::parse_time;
 
 /// Operator actions on a SQLite outbox.
 #[derive(Clone, Debug)]
@@ -88,176 +91,6 @@ impl SqliteAdmin {
         self.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
-    pub(crate) async fn purgeable(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.purgeable)
-            .bind(age(retention))
-            .fetch_one(&self.pool)
-            .await
-    }
-
-    pub(crate) async fn purge_batch(
-        &self,
-        retention: Duration,
-        batch: i64,
-        archive: bool,
-    ) -> Result<u64, sqlx::Error> {
-        if !archive {
-            return sqlx::query(&self.sql.purge)
-                .bind(age(retention))
-                .bind(batch)
-                .execute(&self.pool)
-                .await
-                .map(|done| done.rows_affected());
-        }
-        let mut tx = self.begin_write().await?;
-        let ids: Vec<i64> = sqlx::query_scalar(&self.sql.archive_batch)
-            .bind(age(retention))
-            .bind(batch)
-            .fetch_all(&mut *tx)
-            .await?;
-        let ids = json_ids(&ids);
-        sqlx::query(&self.sql.archive)
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?;
-        let moved = sqlx::query(&self.sql.delete_archived)
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        tx.commit().await?;
-        Ok(moved)
-    }
-
-    pub(crate) async fn purge_inbox(
-        &self,
-        retention: Duration,
-        batch: i64,
-    ) -> Result<u64, outbox::Error> {
-        outbox::sqlite::SqliteInbox::new(&self.tables)
-            .purge(&self.pool, retention, batch)
-            .await
-    }
-
-    pub(crate) async fn dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-    ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-        let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
-            t.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
-        };
-        let rows = sqlx::query(&self.sql.list_dead)
-            .bind(&filter.event_type)
-            .bind(&filter.aggregate_type)
-            .bind(&filter.aggregate_id)
-            .bind(time(filter.since))
-            .bind(time(filter.until))
-            .bind(&filter.error_contains)
-            .bind(filter.limit.unwrap_or(100))
-            .bind(filter.ids.as_deref().map(json_ids))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let text_or_empty = |name: &str| text(r, name).map(Option::unwrap_or_default);
-                let (headers, truncated) =
-                    super::listing::read_headers(text(r, "headers")?, r.try_get("headers_size")?);
-                Ok(DeadLetter {
-                    id: r.try_get("id")?,
-                    event_id: text_or_empty("event_id")?,
-                    aggregate_type: text_or_empty("aggregate_type")?,
-                    aggregate_id: text_or_empty("aggregate_id")?,
-                    aggregate_version: r.try_get("aggregate_version")?,
-                    event_type: text_or_empty("event_type")?,
-                    schema_version: r.try_get("schema_version")?,
-                    destination: text(r, "destination")?,
-                    content_type: text_or_empty("content_type")?,
-                    headers,
-                    occurred_at: parse_time(&text_or_empty("occurred_at")?),
-                    attempts: r.try_get("attempts")?,
-                    last_error: text_or_empty("last_error")?,
-                    payload_size: r.try_get("payload_size")?,
-                    parked: r.try_get("parked")?,
-                    truncated,
-                })
-            })
-            .collect()
-    }
-
-    pub(crate) async fn payload(&self, id: i64) -> Result<Option<Vec<u8>>, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.payload)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await
-    }
-
-    pub(crate) async fn replay(
-        &self,
-        ids: &[i64],
-        actor: &str,
-        reason: &str,
-    ) -> Result<super::Replayed, sqlx::Error> {
-        let mut tx = self.begin_write().await?;
-        let mut replayed: Vec<i64> = sqlx::query_scalar(&self.sql.replay)
-            .bind(json_ids(ids))
-            .fetch_all(&mut *tx)
-            .await?;
-        replayed.sort_unstable();
-        if !replayed.is_empty() {
-            let replayed = json_ids(&replayed);
-            sqlx::query(&self.sql.hold_heads)
-                .bind(&replayed)
-                .execute(&mut *tx)
-                .await?;
-            self.record(&mut tx, actor, "replay", &replayed, reason)
-                .await?;
-        }
-        // What is still dead of what was asked: what the park rule left.
-        let not_replayed: Vec<i64> = sqlx::query_scalar(&self.sql.still_dead)
-            .bind(json_ids(ids))
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(super::Replayed {
-            replayed: replayed.len() as i64,
-            not_replayed,
-        })
-    }
-
-    pub(crate) async fn skip(
-        &self,
-        ids: &[i64],
-        actor: &str,
-        reason: &str,
-    ) -> Result<i64, sqlx::Error> {
-        let mut tx = self.begin_write().await?;
-        let targets: Vec<(String, String, i64)> = sqlx::query_as(&self.sql.skip_targets)
-            .bind(json_ids(ids))
-            .fetch_all(&mut *tx)
-            .await?;
-        for (aggregate_type, aggregate_id, _) in &targets {
-            let moved: Option<i64> = sqlx::query_scalar(&self.sql.move_hold)
-                .bind(aggregate_type)
-                .bind(aggregate_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if moved.is_none() {
-                sqlx::query(&self.sql.drop_hold)
-                    .bind(aggregate_type)
-                    .bind(aggregate_id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        if !targets.is_empty() {
-            let released: Vec<i64> = targets.iter().map(|t| t.2).collect();
-            self.record(&mut tx, actor, "skip", &json_ids(&released), reason)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(targets.len() as i64)
-    }
-
     async fn record(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
@@ -275,28 +108,201 @@ impl SqliteAdmin {
             .await
             .map(drop)
     }
+}
 
-    pub(crate) async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
-        let rows = sqlx::query(&self.sql.audit)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let at: String = r.try_get("at")?;
-                let ids: String = r.try_get("event_ids")?;
-                Ok(AuditEntry {
-                    id: r.try_get("id")?,
-                    at: parse_time(&at).ok_or_else(|| {
-                        sqlx::Error::Decode(format!("audit time {at:?} is not a time").into())
-                    })?,
-                    actor: r.try_get("actor")?,
-                    action: r.try_get("action")?,
-                    event_ids: serde_json::from_str(&ids)
-                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-                    reason: r.try_get("reason")?,
+impl AdminBackend for SqliteAdmin {
+    fn purgeable(&self, retention: Duration) -> Action<'_, i64> {
+        Box::pin(async move {
+            sqlx::query_scalar(&self.sql.purgeable)
+                .bind(age(retention))
+                .fetch_one(&self.pool)
+                .await
+        })
+    }
+
+    fn purge_batch(&self, retention: Duration, batch: i64, archive: bool) -> Action<'_, u64> {
+        Box::pin(async move {
+            if !archive {
+                return sqlx::query(&self.sql.purge)
+                    .bind(age(retention))
+                    .bind(batch)
+                    .execute(&self.pool)
+                    .await
+                    .map(|done| done.rows_affected());
+            }
+            let mut tx = self.begin_write().await?;
+            let ids: Vec<i64> = sqlx::query_scalar(&self.sql.archive_batch)
+                .bind(age(retention))
+                .bind(batch)
+                .fetch_all(&mut *tx)
+                .await?;
+            let ids = json_ids(&ids);
+            sqlx::query(&self.sql.archive)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?;
+            let moved = sqlx::query(&self.sql.delete_archived)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            Ok(moved)
+        })
+    }
+
+    fn purge_inbox(&self, retention: Duration, batch: i64) -> Action<'_, u64, outbox::Error> {
+        Box::pin(async move {
+            outbox::sqlite::SqliteInbox::new(&self.tables)
+                .purge(&self.pool, retention, batch)
+                .await
+        })
+    }
+
+    fn dead_letters<'a>(&'a self, filter: &'a DeadLetterFilter) -> Action<'a, Vec<DeadLetter>> {
+        Box::pin(async move {
+            let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+                t.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+            };
+            let rows = sqlx::query(&self.sql.list_dead)
+                .bind(&filter.event_type)
+                .bind(&filter.aggregate_type)
+                .bind(&filter.aggregate_id)
+                .bind(time(filter.since))
+                .bind(time(filter.until))
+                .bind(&filter.error_contains)
+                .bind(filter.limit.unwrap_or(100))
+                .bind(filter.ids.as_deref().map(json_ids))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|r| {
+                    let text_or_empty = |name: &str| text(r, name).map(Option::unwrap_or_default);
+                    let (headers, truncated) = super::listing::read_headers(
+                        text(r, "headers")?,
+                        r.try_get("headers_size")?,
+                    );
+                    Ok(DeadLetter {
+                        id: r.try_get("id")?,
+                        event_id: text_or_empty("event_id")?,
+                        aggregate_type: text_or_empty("aggregate_type")?,
+                        aggregate_id: text_or_empty("aggregate_id")?,
+                        aggregate_version: r.try_get("aggregate_version")?,
+                        event_type: text_or_empty("event_type")?,
+                        schema_version: r.try_get("schema_version")?,
+                        destination: text(r, "destination")?,
+                        content_type: text_or_empty("content_type")?,
+                        headers,
+                        occurred_at: parse_time(&text_or_empty("occurred_at")?),
+                        attempts: r.try_get("attempts")?,
+                        last_error: text_or_empty("last_error")?,
+                        payload_size: r.try_get("payload_size")?,
+                        parked: r.try_get("parked")?,
+                        truncated,
+                    })
                 })
+                .collect()
+        })
+    }
+
+    fn payload(&self, id: i64) -> Action<'_, Option<Vec<u8>>> {
+        Box::pin(async move {
+            sqlx::query_scalar(&self.sql.payload)
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+        })
+    }
+
+    fn replay<'a>(
+        &'a self,
+        ids: &'a [i64],
+        actor: &'a str,
+        reason: &'a str,
+    ) -> Action<'a, Replayed> {
+        Box::pin(async move {
+            let mut tx = self.begin_write().await?;
+            let mut replayed: Vec<i64> = sqlx::query_scalar(&self.sql.replay)
+                .bind(json_ids(ids))
+                .fetch_all(&mut *tx)
+                .await?;
+            replayed.sort_unstable();
+            if !replayed.is_empty() {
+                let replayed = json_ids(&replayed);
+                sqlx::query(&self.sql.hold_heads)
+                    .bind(&replayed)
+                    .execute(&mut *tx)
+                    .await?;
+                self.record(&mut tx, actor, "replay", &replayed, reason)
+                    .await?;
+            }
+            // What is still dead of what was asked: what the park rule left.
+            let not_replayed: Vec<i64> = sqlx::query_scalar(&self.sql.still_dead)
+                .bind(json_ids(ids))
+                .fetch_all(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(super::Replayed {
+                replayed: replayed.len() as i64,
+                not_replayed,
             })
-            .collect()
+        })
+    }
+
+    fn skip<'a>(&'a self, ids: &'a [i64], actor: &'a str, reason: &'a str) -> Action<'a, i64> {
+        Box::pin(async move {
+            let mut tx = self.begin_write().await?;
+            let targets: Vec<(String, String, i64)> = sqlx::query_as(&self.sql.skip_targets)
+                .bind(json_ids(ids))
+                .fetch_all(&mut *tx)
+                .await?;
+            for (aggregate_type, aggregate_id, _) in &targets {
+                let moved: Option<i64> = sqlx::query_scalar(&self.sql.move_hold)
+                    .bind(aggregate_type)
+                    .bind(aggregate_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if moved.is_none() {
+                    sqlx::query(&self.sql.drop_hold)
+                        .bind(aggregate_type)
+                        .bind(aggregate_id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            if !targets.is_empty() {
+                let released: Vec<i64> = targets.iter().map(|t| t.2).collect();
+                self.record(&mut tx, actor, "skip", &json_ids(&released), reason)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(targets.len() as i64)
+        })
+    }
+
+    fn audit(&self, limit: i64) -> Action<'_, Vec<AuditEntry>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql.audit)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|r| {
+                    let at: String = r.try_get("at")?;
+                    let ids: String = r.try_get("event_ids")?;
+                    Ok(AuditEntry {
+                        id: r.try_get("id")?,
+                        at: parse_time(&at).ok_or_else(|| {
+                            sqlx::Error::Decode(format!("audit time {at:?} is not a time").into())
+                        })?,
+                        actor: r.try_get("actor")?,
+                        action: r.try_get("action")?,
+                        event_ids: serde_json::from_str(&ids)
+                            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                        reason: r.try_get("reason")?,
+                    })
+                })
+                .collect()
+        })
     }
 }

@@ -16,7 +16,7 @@ use std::{collections::HashMap, ops::Range, sync::Arc, time::Duration};
 use futures::{stream::FuturesUnordered, FutureExt, StreamExt};
 use tokio::time::Instant;
 
-use crate::{lease::Leases, Message, PublishError, Publisher};
+use crate::{lease::Leases, publisher::PublishError, publisher::Publisher, wire::message::Message};
 
 /// One event ready for a lane: the decoded message, or why the row cannot be published.
 #[derive(Debug)]
@@ -299,7 +299,7 @@ mod tests {
     }
 
     fn item(id: i64, aggregate: &str) -> Item {
-        let message = crate::message::sample(id, aggregate);
+        let message = crate::wire::message::sample(id, aggregate);
         Item {
             id,
             partition: 0,

@@ -1,11 +1,14 @@
-//! Dispatch: claimed rows, from either source, turned into messages ([`item`]) and published in
-//! ordered lanes ([`lanes`]): aggregates at once, each aggregate one event at a time.
+//! Dispatch: claimed rows, from either source, checked and turned into messages ([`decode`],
+//! [`item`]) and published in ordered lanes ([`lanes`]): aggregates at once, each aggregate
+//! one event at a time.
 
+pub mod decode;
 pub mod lanes;
 
+pub use decode::Checked;
 pub use lanes::{dispatch, Item, Outcome};
 
-use crate::{routing::RoutingConfig, store::ClaimedRow};
+use crate::{store::ClaimedRow, wire::routing::RoutingConfig};
 
 /// What the metrics call a row whose destination cannot be known (it does not decode).
 pub(crate) const UNDECODABLE: &str = "(undecodable)";

@@ -2,13 +2,8 @@
 //! destinations the relay will publish to, the target exists where the broker needs one. Never
 //! publishes into a live destination.
 
-use std::time::Duration;
-
 use super::{BrokerKind, BrokerSettings};
-use crate::doctor::{reach, server_address, Check};
-
-/// How long each network step of a probe may take.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::doctor::{reach, server_address, Check, PROBE_TIMEOUT};
 
 const AREA: &str = "broker";
 

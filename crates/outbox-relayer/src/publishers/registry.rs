@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::{Error, Publisher};
+use crate::{error::Error, publisher::Publisher};
 
 /// The brokers the relay can publish to, whether or not this build includes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

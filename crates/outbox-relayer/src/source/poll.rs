@@ -19,13 +19,15 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     complete::{Completer, Tally},
     config::RelayConfig,
+    db::within,
     dispatch,
+    error::Error,
     health::Health,
     lease::Leases,
+    publisher::Publisher,
     retry::{jittered, Backoff},
-    store::{within, Claimed, ClaimedRow, Fence, Store},
+    store::{Claimed, ClaimedRow, Fence, Store},
     telemetry::Metrics,
-    Error, Publisher,
 };
 
 /// The polling source of one relay.

@@ -8,12 +8,12 @@ use std::{collections::HashMap, time::Duration};
 
 use chrono::NaiveDateTime;
 use futures::future::BoxFuture;
-use outbox::{mysql::Session, Tables};
+use outbox::{mysql::Session, sql::named, Tables};
 use sqlx::{mysql::MySqlArguments, query::Query, MySql, MySqlConnection, MySqlPool, Row};
 use uuid::Uuid;
 
-use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
-use crate::Error;
+use super::{Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
+use crate::error::Error;
 
 /// The database clock in unix milliseconds. Not `UNIX_TIMESTAMP()`, which MariaDB before 11.5
 /// answers with NULL after 2038-01-19 03:14:07 UTC.
@@ -274,7 +274,7 @@ impl MySqlStore {
                 .map(drop)
         }
         .await;
-        super::finish(tx, result).await
+        crate::db::finish(tx, result).await
     }
 
     /// Sets free the rows waiting behind the hold of each aggregate, and drops the hold.
@@ -445,7 +445,7 @@ impl Store for MySqlStore {
                 Ok(still)
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -461,7 +461,7 @@ impl Store for MySqlStore {
             }
             let mut tx = self.lease_pool.begin().await?;
             let result = self.acquire_on(&mut tx, relay_id, n, ttl).await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -610,7 +610,7 @@ impl Store for MySqlStore {
                 Ok(marked)
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -701,7 +701,7 @@ impl Store for MySqlStore {
                 Ok(n)
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -720,7 +720,7 @@ impl Store for MySqlStore {
                     .map(|done| done.rows_affected())
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 

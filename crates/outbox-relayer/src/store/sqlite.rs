@@ -7,12 +7,12 @@ use std::{collections::HashSet, time::Duration};
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::future::BoxFuture;
-use outbox::Tables;
+use outbox::{sql::named, Tables};
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
-use super::{named, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
-use crate::Error;
+use super::{Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
+use crate::error::Error;
 
 #[derive(Debug)]
 struct Sql {
@@ -278,7 +278,7 @@ impl Store for SqliteStore {
                 Ok(still)
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -307,7 +307,7 @@ impl Store for SqliteStore {
                     .collect()
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -331,7 +331,7 @@ impl Store for SqliteStore {
                 Ok(())
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -378,7 +378,7 @@ impl Store for SqliteStore {
                     .execute(&mut *tx)
                     .await
                     .map(drop);
-                super::finish(tx, flagged).await?;
+                crate::db::finish(tx, flagged).await?;
             }
             let cut = found > claimed_rows.len() as i64;
             Ok(Claimed {
@@ -429,7 +429,7 @@ impl Store for SqliteStore {
                 Ok(marked)
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -509,7 +509,7 @@ impl Store for SqliteStore {
                 Ok(n)
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 
@@ -529,7 +529,7 @@ impl Store for SqliteStore {
                     .map(|done| done.rows_affected())
             }
             .await;
-            super::finish(tx, result).await
+            crate::db::finish(tx, result).await
         })
     }
 

@@ -35,7 +35,7 @@ use chrono::SecondsFormat;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::{message::header, Message};
+use crate::{wire::message::header, wire::message::Message};
 
 pub use outbox::wire::cloudevents::STRUCTURED_CONTENT_TYPE;
 
@@ -67,7 +67,7 @@ pub enum Binding {
 }
 
 impl Binding {
-    /// The binding of a publisher ([`crate::Publisher::name`]).
+    /// The binding of a publisher ([`crate::publisher::Publisher::name`]).
     pub fn of(publisher: &str) -> Self {
         match publisher {
             "kafka" => Self::Kafka,
@@ -215,7 +215,7 @@ mod tests {
     fn sample() -> Message {
         Message {
             payload: Bytes::from_static(br#"{"total":9.5}"#),
-            ..crate::message::sample(7, "o-1")
+            ..crate::wire::message::sample(7, "o-1")
         }
     }
 

@@ -42,8 +42,8 @@ use bytes::Bytes;
 use serde_json::Value;
 use uuid::Uuid;
 
-pub use crate::routing::FanOutCopy;
-use crate::{message::header, Message, PublishError};
+pub use crate::wire::routing::FanOutCopy;
+use crate::{publisher::PublishError, wire::message::header, wire::message::Message};
 
 impl FanOutCopy {
     /// Whether a payload change is configured.
@@ -119,7 +119,7 @@ pub(crate) fn copies(
 ) -> Result<Vec<Message>, PublishError> {
     let mut out = Vec::new();
     for copy in plan {
-        let destination = crate::routing::render(
+        let destination = crate::wire::routing::render(
             &copy.destination,
             &message.aggregate_type,
             &message.event_type,
@@ -212,7 +212,7 @@ mod tests {
             schema_version: 2,
             destination: "orders.v2".into(),
             payload: Bytes::from(serde_json::to_vec(&payload).unwrap()),
-            ..crate::message::sample(1, "o-1")
+            ..crate::wire::message::sample(1, "o-1")
         }
     }
 

@@ -18,7 +18,7 @@ pub struct Message {
     pub event_id: Uuid,
     /// The broker's message id and dedupe key (`Nats-Msg-Id`, AMQP `message-id`, …): the
     /// event id, except on a fan-out copy, which needs an id of its own for the broker to keep
-    /// it ([`crate::fanout::copy_message_id`]).
+    /// it ([`crate::wire::fanout::copy_message_id`]).
     pub message_id: Uuid,
     /// Ordering key, first half.
     pub aggregate_type: String,

@@ -1,5 +1,5 @@
 //! What goes on the wire for one event: the event itself and its fan-out copies
-//! ([`crate::fanout`]), each in the configured envelope ([`crate::cloudevents`]).
+//! ([`crate::wire::fanout`]), each in the configured envelope ([`crate::wire::cloudevents`]).
 //!
 //! [`Outgoing`] wraps the broker's publisher; the relay puts it in front of the publisher when
 //! the configuration asks for either. Its `publish` returns `Ok` only after the broker
@@ -20,11 +20,14 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::{
-    cloudevents::{self, Binding, Envelope},
-    fanout::{self, Downcasts},
-    routing::{render, RoutingConfig},
+    config::RelayConfig,
+    publisher::PublishError,
+    publisher::Publisher,
     telemetry::{DestinationLabel, Metrics},
-    Message, PublishError, Publisher, RelayConfig,
+    wire::cloudevents::{self, Binding, Envelope},
+    wire::fanout::{self, Downcasts},
+    wire::message::Message,
+    wire::routing::{render, RoutingConfig},
 };
 
 /// A publisher that sends each event as the configuration shapes it.
@@ -106,7 +109,7 @@ impl Publisher for Outgoing {
             // published again and again.
             for m in &messages {
                 self.inner.check_destination(&m.destination)?;
-                crate::check_payload_size(m, self.inner.max_payload_bytes())?;
+                crate::publisher::check_payload_size(m, self.inner.max_payload_bytes())?;
             }
             let (event, copies) = messages.split_first().expect("the event comes first");
             self.inner.publish(event).await?;
@@ -141,7 +144,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::{fanout::FanOutCopy, routing::RouteRule};
+    use crate::{wire::fanout::FanOutCopy, wire::routing::RouteRule};
 
     /// Records what was published; fails messages to the listed destinations (transiently,
     /// or for good when `refuse` is set).
@@ -197,7 +200,7 @@ mod tests {
             payload: serde_json::to_vec(&json!({"total": 1, "region": "eu"}))
                 .unwrap()
                 .into(),
-            ..crate::message::sample(1, "o-1")
+            ..crate::wire::message::sample(1, "o-1")
         }
     }
 

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::PublishError;
+use crate::publisher::PublishError;
 
 /// Placeholders a destination template may use.
 const PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type", "schema_version"];
@@ -42,7 +42,7 @@ pub struct RouteRule {
     /// Destination template for matching events.
     pub destination: String,
     /// Extra copies of matching events for other schema versions, during a migration
-    /// (default none). See [`crate::fanout`].
+    /// (default none). See [`crate::wire::fanout`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fan_out: Vec<FanOutCopy>,
 }

@@ -58,11 +58,11 @@ pub async fn start(
     publisher: Arc<dyn outbox_relayer::Publisher>,
     config: RelayConfig,
 ) -> RelayHandle {
-    Relay::new(db.pool.clone(), publisher, config)
+    Relay::builder(db.pool.clone(), publisher, config)
+        .replication_url(&db.url)
+        .build()
         .await
         .expect("relay")
-        .with_replication_url(&db.url)
-        .expect("replication url")
         .spawn()
 }
 

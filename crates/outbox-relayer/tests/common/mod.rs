@@ -73,7 +73,8 @@ pub async fn rabbitmq(exchange: &str) -> Arc<dyn Publisher> {
 
 /// Starts a relay in this process.
 pub async fn start(db: &TestDb, publisher: Arc<dyn Publisher>, config: RelayConfig) -> RelayHandle {
-    Relay::new(db.pool.clone(), publisher, config)
+    Relay::builder(db.pool.clone(), publisher, config)
+        .build()
         .await
         .expect("relay")
         .spawn()

@@ -210,7 +210,10 @@ async fn play(s: &Scenario, pool: &PgPool, tables: &Tables) -> Result<Report, Bo
             // Retried while the database restarts.
             let mut tries = 0;
             loop {
-                match Relay::new(pool.clone(), publisher.clone(), config.clone()).await {
+                match Relay::builder(pool.clone(), publisher.clone(), config.clone())
+                    .build()
+                    .await
+                {
                     Ok(relay) => return Ok::<RelayHandle, BoxError>(relay.spawn()),
                     Err(e) if tries < 100 => {
                         tries += 1;

@@ -288,11 +288,12 @@ impl Storage {
         publisher: Arc<dyn Publisher>,
         config: RelayConfig,
     ) -> Result<Relay, outbox_relayer::Error> {
-        match &self.db {
-            Db::Postgres { pool, .. } => Relay::new(pool.clone(), publisher, config).await,
-            Db::MySql { pool, .. } => Relay::mysql(pool.clone(), publisher, config).await,
-            Db::Sqlite { pool, .. } => Relay::sqlite(pool.clone(), publisher, config).await,
-        }
+        let storage: outbox_relayer::Storage = match &self.db {
+            Db::Postgres { pool, .. } => pool.clone().into(),
+            Db::MySql { pool, .. } => pool.clone().into(),
+            Db::Sqlite { pool, .. } => pool.clone().into(),
+        };
+        Relay::builder(storage, publisher, config).build().await
     }
 
     /// Drops the run's schema or database, or deletes its SQLite file.

@@ -1,7 +1,7 @@
 //! Kafka (rdkafka, bundled librdkafka): an idempotent producer with `acks=all`; `Ok` is the
 //! message's delivery report, so every in-sync replica has it. The record key is the aggregate
 //! id (same partition, so per-aggregate order for consumers), the topic is the message's
-//! destination, and every header of [`crate::Message::visit_headers`] is a record header.
+//! destination, and every header of [`crate::wire::message::Message::visit_headers`] is a record header.
 //!
 //! Kafka has **no broker-side dedupe by event id**: the idempotent producer only drops the
 //! duplicates of its own retries within one producer session. An event published again (the

@@ -5,7 +5,7 @@
 use rdkafka::producer::Producer;
 
 use super::{publisher::create_with, KafkaConfig};
-use crate::{doctor::Check, publishers::probe::PROBE_TIMEOUT};
+use crate::doctor::{Check, PROBE_TIMEOUT};
 
 const AREA: &str = "broker";
 

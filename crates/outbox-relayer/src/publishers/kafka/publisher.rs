@@ -10,7 +10,10 @@ use rdkafka::{
 };
 
 use super::{config::parse_brokers, KafkaConfig};
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::Message,
+};
 
 /// Publishes to Kafka with an idempotent producer (`acks=all`) and waits for each message's
 /// delivery report.
@@ -127,7 +130,7 @@ fn create(config: &ClientConfig) -> Result<FutureProducer, Error> {
         KafkaError::ClientConfig(_, description, key, _) => {
             Error::Config(format!("kafka.properties.{key:?}: {description}"))
         }
-        other => Error::Broker(format!("kafka: cannot create the producer: {other}")),
+        other => Error::broker("kafka: cannot create the producer", other),
     })
 }
 
@@ -305,15 +308,15 @@ fn check_topic(topic: &str, prefixes: &[String]) -> Result<(), PublishError> {
              platform's own topic"
         )));
     }
-    crate::routing::check_prefixes("kafka.topic_prefixes", topic, prefixes)
+    crate::wire::routing::check_prefixes("kafka.topic_prefixes", topic, prefixes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FailureClass::{Permanent, Transient};
+    use crate::publisher::FailureClass::{Permanent, Transient};
 
-    fn class(error: KafkaError) -> crate::FailureClass {
+    fn class(error: KafkaError) -> crate::publisher::FailureClass {
         classify(&error, None).class
     }
 
@@ -456,7 +459,7 @@ mod tests {
         })
         .await
         .unwrap();
-        let mut m = crate::message::sample(1, "a1");
+        let mut m = crate::wire::message::sample(1, "a1");
         m.payload = bytes::Bytes::from_static(b"12345678901");
         let e = publisher.publish(&m).await.unwrap_err();
         assert_eq!(e.class, Permanent);

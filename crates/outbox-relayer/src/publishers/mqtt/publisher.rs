@@ -17,7 +17,10 @@ use tokio::{
 };
 
 use super::{config::Endpoint, MqttConfig};
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::Message,
+};
 
 /// What a connection's event loop reports.
 type Report = Result<Event, PublishError>;
@@ -271,7 +274,7 @@ fn check_topic(topic: &str, prefixes: &[String]) -> Result<(), PublishError> {
              ($SYS/…)"
         )));
     }
-    crate::routing::check_prefixes("mqtt.topic_prefixes", topic, prefixes)
+    crate::wire::routing::check_prefixes("mqtt.topic_prefixes", topic, prefixes)
 }
 
 /// Whether `topic` can be published to: non-empty, at most 65,535 bytes, no wildcard and no

@@ -5,7 +5,7 @@
 use async_nats::jetstream;
 
 use super::{publisher::subject_pattern, NatsConfig};
-use crate::{doctor::Check, publishers::probe::PROBE_TIMEOUT};
+use crate::doctor::{Check, PROBE_TIMEOUT};
 
 const AREA: &str = "broker";
 

@@ -12,7 +12,10 @@ use super::{
     subjects::check_subject,
     NatsConfig,
 };
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::Message,
+};
 
 /// Fallback when the server has not told its `max_payload` yet.
 const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
@@ -40,14 +43,12 @@ impl NatsPublisher {
             })
             .connect(&config.url)
             .await
-            .map_err(|e| Error::Broker(format!("nats: {e}")))?;
+            .map_err(|e| Error::broker("nats", e))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.ack_timeout);
         let acks = Acks::start(&client, config.ack_timeout)
             .await
-            .map_err(|e| {
-                Error::Broker(format!("nats: subscribing to the acknowledgements: {e}"))
-            })?;
+            .map_err(|e| Error::broker("nats: subscribing to the acknowledgements", e))?;
         Ok(Self {
             client,
             js,
@@ -333,7 +334,7 @@ fn is_server_header(name: &str) -> bool {
 
 /// The relay's standard header names, as NATS header names.
 static STANDARD_NAMES: [(&str, HeaderName); 8] = {
-    use crate::message::header::*;
+    use crate::wire::message::header::*;
     [
         (EVENT_ID, HeaderName::from_static(EVENT_ID)),
         (EVENT_TYPE, HeaderName::from_static(EVENT_TYPE)),
@@ -409,7 +410,7 @@ mod tests {
     /// async-nats panics on a header value with CR or LF: such a value is a permanent error.
     #[test]
     fn a_header_value_with_a_line_break_is_a_permanent_error_not_a_panic() {
-        let mut m = crate::message::sample(1, "42\r\nevent-type: Forged");
+        let mut m = crate::wire::message::sample(1, "42\r\nevent-type: Forged");
         let err = nats_headers(&m).unwrap_err();
         assert!(!err.is_transient());
         assert!(err.message.contains("aggregate-id"), "{err}");
@@ -421,7 +422,7 @@ mod tests {
     /// A writer cannot set headers JetStream acts on; the relay's `Nats-Msg-Id` is its own.
     #[test]
     fn writer_headers_in_the_servers_namespace_are_dropped() {
-        let mut m = crate::message::sample(1, "42");
+        let mut m = crate::wire::message::sample(1, "42");
         for name in [
             "Nats-Rollup",
             "nats-expected-stream",
@@ -445,7 +446,7 @@ mod tests {
     /// A header the message does not have is not sent.
     #[test]
     fn a_header_the_message_lacks_is_absent_from_its_map() {
-        let mut m = crate::message::sample(1, "42");
+        let mut m = crate::wire::message::sample(1, "42");
         m.aggregate_version = None;
         let headers = nats_headers(&m).unwrap();
         assert!(headers.get("aggregate-version").is_none());

@@ -6,7 +6,7 @@
 //! refused before anything is sent, as are wildcards and malformed subjects, and anything
 //! outside `nats.subject_prefixes` when that is set.
 
-use crate::{routing::check_prefixes, PublishError};
+use crate::{publisher::PublishError, wire::routing::check_prefixes};
 
 /// Refuses, as permanent, a subject an event may not be published to; the error names the
 /// subject and the rule.

@@ -4,7 +4,7 @@
 use lapin::{options::ExchangeDeclareOptions, types::FieldTable, Connection, ExchangeKind};
 
 use super::RabbitMqConfig;
-use crate::{doctor::Check, publishers::probe::PROBE_TIMEOUT};
+use crate::doctor::{Check, PROBE_TIMEOUT};
 
 const AREA: &str = "broker";
 

@@ -8,7 +8,10 @@ use lapin::{
 use tokio::sync::{Mutex, RwLock, Semaphore};
 
 use super::RabbitMqConfig;
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::Message,
+};
 
 /// Publishes to a RabbitMQ exchange with publisher confirms. Reconnects lazily after a
 /// connection loss; publishes in the meantime fail as transient.
@@ -256,7 +259,7 @@ fn check_routing_key(key: &str, exchange: &str, prefixes: &[String]) -> Result<(
              and amq. queues belong to the broker and its clients (reply-to, server-named)"
         )));
     }
-    crate::routing::check_prefixes("rabbitmq.routing_key_prefixes", key, prefixes)
+    crate::wire::routing::check_prefixes("rabbitmq.routing_key_prefixes", key, prefixes)
 }
 
 #[cfg(test)]
@@ -293,7 +296,7 @@ mod tests {
     /// A writer's `CC`/`BCC` never reach RabbitMQ, which would route on them.
     #[test]
     fn sender_selected_distribution_headers_are_dropped() {
-        let mut m = crate::message::sample(1, "a1");
+        let mut m = crate::wire::message::sample(1, "a1");
         m.headers.insert("CC".into(), "other.key".into());
         m.headers.insert("bcc".into(), "other.key".into());
         let properties = RabbitMqPublisher::properties(&m);

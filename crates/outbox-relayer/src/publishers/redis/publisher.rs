@@ -2,7 +2,10 @@ use futures::future::BoxFuture;
 use redis::{aio::ConnectionManager, aio::ConnectionManagerConfig, RedisError, Script};
 
 use super::RedisConfig;
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::Message,
+};
 
 /// Adds one entry unless the event id was added within the dedupe window.
 ///
@@ -53,7 +56,7 @@ impl RedisPublisher {
             .set_response_timeout(Some(config.response_timeout))
             .set_number_of_retries(1);
         let connection = ConnectionManager::new_lazy_with_config(client, manager)
-            .map_err(|e| Error::Broker(format!("redis: {e}")))?;
+            .map_err(|e| Error::broker("redis", e))?;
         tracing::info!(url = %config.redacted_url(), "redis streams publisher ready");
         Ok(Self {
             config,
@@ -182,7 +185,7 @@ fn check_stream_key(key: &str, prefixes: &[String]) -> Result<(), PublishError> 
              relay's dedupe keys"
         )));
     }
-    crate::routing::check_prefixes("redis.stream_prefixes", key, prefixes)
+    crate::wire::routing::check_prefixes("redis.stream_prefixes", key, prefixes)
 }
 
 #[cfg(test)]

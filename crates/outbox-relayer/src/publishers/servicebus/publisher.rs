@@ -23,7 +23,10 @@ use super::{
     config::{Endpoint, Flavour, DESTINATION},
     ServiceBusConfig,
 };
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::Message,
+};
 
 /// How long the broker may stay silent before the connection is considered dead (we ask the
 /// peer to send heartbeats at least this often, and fe2o3 answers the peer's own timeout).
@@ -581,7 +584,7 @@ fn check_entity(
             destination.len()
         )));
     }
-    crate::routing::check_prefixes("servicebus.entity_prefixes", destination, prefixes)
+    crate::wire::routing::check_prefixes("servicebus.entity_prefixes", destination, prefixes)
 }
 
 #[cfg(test)]
@@ -593,7 +596,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::FailureClass;
+    use crate::publisher::FailureClass;
 
     fn rejected(condition: impl Into<ErrorCondition>, description: &str) -> Failure {
         Failure::Outcome(Outcome::Rejected(Rejected {
@@ -652,7 +655,7 @@ mod tests {
 
     #[test]
     fn message_carries_ids_and_headers() {
-        let m = crate::message::sample(3, "agg-7");
+        let m = crate::wire::message::sample(3, "agg-7");
         let amqp = amqp_message(&m);
         let props = amqp.properties.as_ref().unwrap();
         assert_eq!(

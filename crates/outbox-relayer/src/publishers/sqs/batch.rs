@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::encode::Entry;
-use crate::PublishError;
+use crate::publisher::PublishError;
 
 /// SQS's limit on entries in one `SendMessageBatch`.
 pub const MAX_ENTRIES: usize = 10;
@@ -190,7 +190,7 @@ mod tests {
     use futures::future::join_all;
 
     use super::*;
-    use crate::FailureClass;
+    use crate::publisher::FailureClass;
 
     /// Every batch sent: its queue URL and its entries' bodies.
     type Sent = Arc<StdMutex<Vec<(String, Vec<String>)>>>;

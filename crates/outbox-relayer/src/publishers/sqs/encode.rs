@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 
-use crate::Message;
+use crate::wire::message::Message;
 
 /// SQS allows at most this many message attributes on one message.
 pub const MAX_ATTRIBUTES: usize = 10;
@@ -72,7 +72,7 @@ pub fn encode(message: &Message, fifo: bool) -> Entry {
     let mut is_writer = true;
     message.visit_headers(|name, value| {
         // The writer's headers come first, then the standard ones, starting with event-id.
-        if name == crate::message::header::EVENT_ID {
+        if name == crate::wire::message::header::EVENT_ID {
             is_writer = false;
         }
         if is_writer {
@@ -202,7 +202,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::message::sample;
+    use crate::wire::message::sample;
 
     fn names(entry: &Entry) -> Vec<&str> {
         entry.attributes.iter().map(|(n, _)| n.as_str()).collect()

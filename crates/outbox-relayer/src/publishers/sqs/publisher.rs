@@ -19,7 +19,10 @@ use super::{
     encode::{encode, Entry},
     SqsConfig,
 };
-use crate::{check_payload_size, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::Message,
+};
 
 /// Attempts the SDK makes for one request before the error reaches the relay (which retries
 /// with its own backoff).
@@ -243,7 +246,7 @@ fn check_destination(
              0-9 _ -, optionally ending in .fifo) nor a queue URL"
         )));
     }
-    crate::routing::check_prefixes("sqs.queue_prefixes", name, &config.queue_prefixes)
+    crate::wire::routing::check_prefixes("sqs.queue_prefixes", name, &config.queue_prefixes)
 }
 
 /// The queue name of queue URL `url`, once the URL is found on the endpoint in use and in an
@@ -532,7 +535,7 @@ fn classify(failure: Failure<'_>, text: String) -> PublishError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FailureClass::{self, Permanent, Transient};
+    use crate::publisher::FailureClass::{self, Permanent, Transient};
 
     fn service(code: &str, status: Option<u16>, sender_fault: Option<bool>) -> Failure<'_> {
         Failure::Service {
@@ -701,7 +704,7 @@ mod tests {
 
     #[test]
     fn batch_entries_carry_everything() {
-        let message = crate::message::sample(3, "a1");
+        let message = crate::wire::message::sample(3, "a1");
         let built = batch_entry(4, encode(&message, true)).unwrap();
         assert_eq!(built.id(), "4");
         assert_eq!(built.message_body(), "{}");

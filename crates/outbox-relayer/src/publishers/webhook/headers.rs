@@ -18,7 +18,7 @@
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::message::header;
+use crate::wire::message::header;
 
 /// Headers the relay sets on every webhook request (besides the native ones).
 pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -78,7 +78,7 @@ fn dropped(name: &str) -> bool {
 /// [`dropped`]. A name or value HTTP cannot carry is an error naming the header.
 pub(crate) fn request_headers(
     own: impl IntoIterator<Item = (&'static str, String)>,
-    message: &crate::Message,
+    message: &crate::wire::message::Message,
 ) -> Result<HeaderMap, String> {
     let mut map = HeaderMap::new();
     for (name, value) in own {
@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn every_header_once_with_the_relays_value() {
-        let mut m = crate::message::sample(1, "a1");
+        let mut m = crate::wire::message::sample(1, "a1");
         for (name, value) in [
             ("Event-Id", "forged"),
             ("Host", "internal.admin.local"),
@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn a_value_http_cannot_carry_is_an_error_naming_the_header() {
-        let mut m = crate::message::sample(1, "a1");
+        let mut m = crate::wire::message::sample(1, "a1");
         m.headers.insert("note".into(), "bell\u{7}".into());
         let err = request_headers([], &m).unwrap_err();
         assert!(err.contains("`note`"), "{err}");

@@ -9,7 +9,10 @@ use super::{
     url_template::UrlTemplate,
     WebhookConfig,
 };
-use crate::{check_payload_size, message::header, Error, Message, PublishError, Publisher};
+use crate::{
+    error::Error, publisher::check_payload_size, publisher::PublishError, publisher::Publisher,
+    wire::message::header, wire::message::Message,
+};
 
 /// POSTs each event to an HTTP endpoint.
 pub struct WebhookPublisher {
@@ -39,7 +42,7 @@ impl WebhookPublisher {
             .redirect(redirect::Policy::none())
             .referer(false)
             .build()
-            .map_err(|e| Error::Broker(format!("webhook: {e}")))?;
+            .map_err(|e| Error::broker("webhook", e))?;
         Ok(Self {
             client,
             config,
@@ -147,7 +150,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let mut m = crate::message::sample(1, "a1");
+        let mut m = crate::wire::message::sample(1, "a1");
         m.headers.insert("note".into(), "bell\u{7}".into());
         let err = publisher.publish(&m).await.unwrap_err();
         assert!(!err.is_transient(), "{err}");

@@ -3,7 +3,7 @@
 
 use pgwire_replication::{ReplicationConfig, SslMode, TlsConfig};
 
-use crate::Error;
+use crate::error::Error;
 
 /// The server, credentials and TLS mode of a replication connection. `Debug` never shows the
 /// password.

@@ -12,9 +12,9 @@ use crate::{
     config::RelayConfig,
     health::Health,
     lease::Leases,
+    publisher::Publisher,
     store::{ClaimedRow, Fence, Store},
     telemetry::Metrics,
-    Publisher,
 };
 
 /// Everything the CDC loop needs from the relay.
@@ -33,7 +33,7 @@ pub(crate) struct Context {
     pub relay_id: String,
     pub max_payload: usize,
     /// The oldest streamed transaction not yet confirmed, for the slot's lag gauge.
-    pub unconfirmed: super::slot::Unconfirmed,
+    pub unconfirmed: super::unconfirmed::Unconfirmed,
 }
 
 /// Why a streaming session ended.
@@ -116,7 +116,7 @@ pub(super) struct ChunkWork {
     pub(super) published: Vec<(i64, u32)>,
     /// Events for the table path, in stream order: a failure with its error, or an event
     /// behind a held aggregate.
-    pub(super) spills: Vec<(Streamed, Option<crate::PublishError>)>,
+    pub(super) spills: Vec<(Streamed, Option<crate::publisher::PublishError>)>,
 }
 
 /// An aggregate whose events are in the table path.

@@ -65,6 +65,7 @@ mod slot;
 mod source;
 mod spill;
 mod table_path;
+mod unconfirmed;
 
 pub use connect::ReplicationTarget;
 pub use db::{

@@ -19,8 +19,8 @@ use super::{
 };
 use crate::{
     dispatch::{self, Item, Outcome},
+    publisher::PublishError,
     retry::{jittered, Backoff},
-    PublishError,
 };
 
 /// Rounds in which a batch's transiently failed events are published again in place (a blip

@@ -2,7 +2,7 @@
 //! replication stream of `pgwire-replication`.
 
 use futures::future::BoxFuture;
-use outbox::Tables;
+use outbox::{sql::named, Tables};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use sqlx::{PgPool, Row};
 
@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     complete::refused_for_its_data,
-    store::{named, render_fenced, ClaimedRow, Fence},
+    store::{render_fenced, ClaimedRow, Fence},
 };
 
 /// The CDC statements, rendered for one outbox.

@@ -1,5 +1,5 @@
 //! The CDC loop: wait for the exclusive lease, catch up from the table, stream, publish,
-//! settle, confirm. The design is in the module docs ([`crate::cdc`]).
+//! settle, confirm. The design is in the module docs ([`crate::source::cdc`]).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -22,9 +22,10 @@ use super::{
     resumes::Resumptions,
 };
 use crate::{
+    error::Error,
+    publisher::PublishError,
     retry::{jittered, Backoff},
     store::{ClaimedRow, Fence},
-    Error, PublishError,
 };
 
 /// A transaction being received.

@@ -2,7 +2,7 @@
 //! an aggregate already held) are handed to the events table, where they get attempts, holds
 //! and dead letters as in polling mode, and are published from the table, in id order, when
 //! their hold lapses or an operator releases them. Also the catch-up of rows older than the
-//! slot. See [`crate::cdc`].
+//! slot. See [`crate::source::cdc`].
 
 use std::{collections::HashMap, time::Duration};
 
@@ -23,8 +23,8 @@ use crate::{
     complete::{FailedRow, Recorded},
     config::OnDead,
     dispatch::Outcome,
+    publisher::PublishError,
     store::{ClaimedRow, Failure, Marking},
-    PublishError,
 };
 
 impl Session {
