@@ -1,5 +1,5 @@
 //! (b) `dbbound`: the PostgreSQL-alone limit. The same backlog claimed and marked published
-//! through the relay's own store (`outbox_relayer::store::PgStore`), with no broker: the
+//! through the relay's own store (`outbox_relayer::postgres::PgStore`), with no broker: the
 //! relay's claim and completion statements at the relay's batch size and pipelining depth,
 //! with its scan floors and its background statistics refresh.
 
@@ -9,7 +9,8 @@ use std::{
 };
 
 use outbox_relayer::{
-    store::{Fence, Marking, PgStore},
+    postgres::PgStore,
+    store::{Fence, Marking},
     RelayConfig,
 };
 use sqlx::postgres::PgPoolOptions;

@@ -19,7 +19,8 @@ use std::{
 use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
 use outbox_relayer::{
     admin::Admin,
-    store::{Marking, MySqlStore, Store},
+    mysql::MySqlStore,
+    store::{Marking, Store},
 };
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions},

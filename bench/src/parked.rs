@@ -1,5 +1,5 @@
 //! (f) `parked`: what one claim costs while an aggregate waits behind a dead head with a long
-//! backlog. The relay's own claim (`outbox_relayer::store::PgStore`) over 1,000 claimable events
+//! backlog. The relay's own claim (`outbox_relayer::postgres::PgStore`) over 1,000 claimable events
 //! of other aggregates, first with nothing parked (the baseline, in the same run), then with
 //! `--parked` events behind a dead head: the claim's time (median and p99 of `--claims`
 //! claims, nothing marked, so each claim reads the same rows, starting with the parked
@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_relayer::store::{Failure, PgStore};
+use outbox_relayer::{postgres::PgStore, store::Failure};
 use sqlx::Executor;
 
 use crate::{

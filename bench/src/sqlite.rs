@@ -13,7 +13,8 @@ use std::{
 use outbox::{sqlite::SqliteOutbox, Event, Tables};
 use outbox_relayer::{
     admin::Admin,
-    store::{Marking, SqliteStore, Store},
+    sqlite::SqliteStore,
+    store::{Marking, Store},
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 

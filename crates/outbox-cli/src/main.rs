@@ -117,15 +117,5 @@ async fn run(command: Command) -> commands::CommandResult {
 
 /// "outer: inner: root" — every cause, so the message names what is wrong.
 fn render_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    outbox::error_chain(error)
 }

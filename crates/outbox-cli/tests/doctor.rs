@@ -481,3 +481,31 @@ async fn a_missing_kafka_topic_fails() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn kafka_settings_librdkafka_refuses_are_named_with_its_reason() {
+    let db = TestDb::new(2).await;
+    let missing = std::env::temp_dir().join(unique("no-such-ca"));
+    let config = config(&format!(
+        "[kafka]\nsecurity_protocol = \"ssl\"\n\n[kafka.properties]\n\"ssl.ca.location\" = {:?}\n",
+        missing.display().to_string()
+    ));
+    let out = run(&[
+        "doctor",
+        "--database-url",
+        &db.url,
+        "--schema",
+        &db.schema,
+        "--broker-url",
+        "kafka://127.0.0.1:9092",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let settings = line(&text, "✗ broker settings");
+    assert!(
+        settings.contains("cannot create the producer") && settings.contains("ssl.ca.location"),
+        "the cause librdkafka gives is on the line: {text}"
+    );
+}

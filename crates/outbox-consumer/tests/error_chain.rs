@@ -39,13 +39,19 @@ fn assert_caused(error: Error, context: &str) {
 #[tokio::test]
 async fn a_nats_connection_refused_keeps_its_cause() {
     let url = format!("nats://127.0.0.1:{}", closed_port());
-    let error = NatsDeadLetters::open(&url, "S", "c").await.err().expect("refused");
+    let error = NatsDeadLetters::open(&url, "S", "c")
+        .await
+        .err()
+        .expect("refused");
     assert_caused(error, "nats: cannot connect");
 }
 
 #[tokio::test]
 async fn a_rabbitmq_connection_refused_keeps_its_cause() {
     let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", closed_port());
-    let error = RabbitMqDeadLetters::open(&url, "q").await.err().expect("refused");
+    let error = RabbitMqDeadLetters::open(&url, "q")
+        .await
+        .err()
+        .expect("refused");
     assert_caused(error, "rabbitmq: cannot connect");
 }

@@ -4,17 +4,19 @@
 
 use std::sync::Arc;
 
-use sqlx::{MySqlPool, PgPool, SqlitePool};
-
 use crate::{
     admin::Admin,
     config::RelayConfig,
     error::Error,
     publisher::Publisher,
-    relay::Relay,
-    source::cdc::{CdcDb, PgCdc, ReplicationTarget},
-    store::{MySqlStore, PgStore, SqliteStore, Store, Timeouts},
+    relay::{Parts, Relay},
+    store::Store,
     wire::fanout::Downcasts,
+};
+#[cfg(feature = "postgres")]
+use crate::{
+    postgres::PgCdc,
+    source::cdc::{CdcDb, ReplicationTarget},
 };
 
 /// The database a relay reads its outbox from.
@@ -27,33 +29,39 @@ pub enum Storage {
     /// own connections, lazily, with the pool's connect options and size, adding
     /// `statement_timeout` and `lock_timeout` from the configuration; its lease statements
     /// have two connections of their own.
-    Postgres(PgPool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
     /// MySQL or MariaDB (migrated with `outbox::mysql::MySqlOutbox::migrate`). Partitions and
     /// leases as on PostgreSQL: any number of relays share the work. Each connection is set
     /// to an [`outbox::mysql::Session`] (READ COMMITTED, autocommit, the timeouts of
     /// [`RelayConfig::mysql_session`]), whatever the server's defaults.
-    MySql(MySqlPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
     /// SQLite (migrated with `outbox::sqlite::SqliteOutbox::migrate`). One relay publishes at
     /// a time; another on the same file waits as a standby.
-    Sqlite(SqlitePool),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
     /// Any store, already open.
     Store(Arc<dyn Store>),
 }
 
-impl From<PgPool> for Storage {
-    fn from(pool: PgPool) -> Self {
+#[cfg(feature = "postgres")]
+impl From<sqlx::PgPool> for Storage {
+    fn from(pool: sqlx::PgPool) -> Self {
         Self::Postgres(pool)
     }
 }
 
-impl From<MySqlPool> for Storage {
-    fn from(pool: MySqlPool) -> Self {
+#[cfg(feature = "mysql")]
+impl From<sqlx::MySqlPool> for Storage {
+    fn from(pool: sqlx::MySqlPool) -> Self {
         Self::MySql(pool)
     }
 }
 
-impl From<SqlitePool> for Storage {
-    fn from(pool: SqlitePool) -> Self {
+#[cfg(feature = "sqlite")]
+impl From<sqlx::SqlitePool> for Storage {
+    fn from(pool: sqlx::SqlitePool) -> Self {
         Self::Sqlite(pool)
     }
 }
@@ -65,6 +73,7 @@ impl From<Arc<dyn Store>> for Storage {
 }
 
 /// Where the CDC source reads the stream from.
+#[cfg(feature = "postgres")]
 enum CdcSource {
     /// PostgreSQL's logical replication, on a connection to this URL.
     Replication(String),
@@ -77,6 +86,7 @@ pub struct RelayBuilder {
     storage: Storage,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
+    #[cfg(feature = "postgres")]
     cdc: Option<CdcSource>,
     downcasts: Downcasts,
 }
@@ -94,6 +104,7 @@ impl Relay {
             storage: storage.into(),
             publisher,
             config,
+            #[cfg(feature = "postgres")]
             cdc: None,
             downcasts: Downcasts::new(),
         }
@@ -104,6 +115,7 @@ impl RelayBuilder {
     /// The database URL the CDC source (`mode = "cdc"`) opens its replication connection to:
     /// the URL the pool was opened with (a pool cannot give the password back). Needs the
     /// REPLICATION attribute for the user, and a PostgreSQL storage.
+    #[cfg(feature = "postgres")]
     pub fn replication_url(mut self, database_url: impl Into<String>) -> Self {
         self.cdc = Some(CdcSource::Replication(database_url.into()));
         self
@@ -112,6 +124,7 @@ impl RelayBuilder {
     /// The database the CDC source (`mode = "cdc"`) reads the stream from and runs its
     /// statements on: any [`CdcDb`] (the simulation's model; on PostgreSQL,
     /// [`RelayBuilder::replication_url`] is the way).
+    #[cfg(feature = "postgres")]
     pub fn cdc_database(mut self, db: Arc<dyn CdcDb>) -> Self {
         self.cdc = Some(CdcSource::Database(db));
         self
@@ -127,52 +140,59 @@ impl RelayBuilder {
     /// Validates the configuration and opens the store (whose schema must have been
     /// migrated) and, for CDC, the source's statements.
     pub async fn build(self) -> Result<Relay, Error> {
-        let Self {
-            storage,
-            publisher,
-            config,
-            cdc,
-            downcasts,
-        } = self;
-        config.validate()?;
-        let tables = config.tables();
-        let (store, admin, pool): (Arc<dyn Store>, _, _) = match storage {
+        self.config.validate()?;
+        let tables = self.config.tables();
+        // The PostgreSQL pool with the relay's timeouts, which the CDC source shares.
+        #[cfg(feature = "postgres")]
+        let mut timed_pool = None;
+        let (store, admin): (Arc<dyn Store>, Option<Admin>) = match self.storage {
+            #[cfg(feature = "postgres")]
             Storage::Postgres(pool) => {
-                let pool = Timeouts {
-                    statement: config.statement_timeout,
-                    lock: config.lock_timeout,
+                let pool = crate::postgres::Timeouts {
+                    statement: self.config.statement_timeout,
+                    lock: self.config.lock_timeout,
                 }
                 .apply(&pool);
-                let store = PgStore::open(pool.clone(), &tables).await?;
+                let store = crate::postgres::PgStore::open(pool.clone(), &tables).await?;
                 let admin = Admin::new(pool.clone(), &tables);
-                (Arc::new(store), Some(admin), Some(pool))
+                timed_pool = Some(pool);
+                (Arc::new(store), Some(admin))
             }
+            #[cfg(feature = "mysql")]
             Storage::MySql(pool) => {
-                let session = config.mysql_session();
+                let session = self.config.mysql_session();
                 let admin = Admin::mysql_with(pool.clone(), &tables, session);
-                let store = MySqlStore::open_with(pool, &tables, session).await?;
-                (Arc::new(store), Some(admin), None)
+                let store = crate::mysql::MySqlStore::open_with(pool, &tables, session).await?;
+                (Arc::new(store), Some(admin))
             }
+            #[cfg(feature = "sqlite")]
             Storage::Sqlite(pool) => {
                 let admin = Admin::sqlite(pool.clone(), &tables);
-                let store = SqliteStore::open(pool, &tables).await?;
-                (Arc::new(store), Some(admin), None)
+                let store = crate::sqlite::SqliteStore::open(pool, &tables).await?;
+                (Arc::new(store), Some(admin))
             }
-            Storage::Store(store) => (store, None, None),
+            Storage::Store(store) => (store, None),
         };
-        let cdc: Option<Arc<dyn CdcDb>> = match cdc {
+        #[cfg(feature = "postgres")]
+        let cdc: Option<Arc<dyn CdcDb>> = match self.cdc {
             None => None,
             Some(CdcSource::Database(db)) => Some(db),
             Some(CdcSource::Replication(url)) => {
                 let target = ReplicationTarget::from_url(&url)?;
-                let pool = pool.ok_or_else(|| {
+                let pool = timed_pool.ok_or_else(|| {
                     Error::Config("a replication URL needs a PostgreSQL relay".into())
                 })?;
                 Some(Arc::new(PgCdc::new(pool, &tables, target)))
             }
         };
-        Ok(Relay::assemble(
-            store, admin, publisher, config, cdc, downcasts,
-        ))
+        Ok(Relay::assemble(Parts {
+            store,
+            admin,
+            publisher: self.publisher,
+            config: self.config,
+            #[cfg(feature = "postgres")]
+            cdc,
+            downcasts: self.downcasts,
+        }))
     }
 }

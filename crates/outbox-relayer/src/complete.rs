@@ -116,6 +116,7 @@ impl Completer {
     }
 
     /// One event acknowledged at `at`: its latency and the published counter.
+    #[cfg(feature = "postgres")]
     pub(crate) fn observe_published(
         &self,
         clock: &Clock,
@@ -502,6 +503,6 @@ pub(crate) fn refused_for_its_data(error: &sqlx::Error) -> bool {
         })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 #[path = "complete_tests.rs"]
 mod tests;

@@ -17,7 +17,8 @@ use crate::{
     health::Health,
     lease::Leases,
     retry::RetryPolicy,
-    store::{Backlog, Claimed, Failure, Fence, Marking, SqliteStore, Store},
+    sqlite::SqliteStore,
+    store::{Backlog, Claimed, Failure, Fence, Marking, Store},
     telemetry::Metrics,
 };
 

@@ -227,6 +227,7 @@ impl RelayConfig {
     /// The session of the relay's MySQL and MariaDB connections: `lock_timeout` as the lock
     /// wait, but at most half of `lease_ttl` (a relay blocked behind a lock must fail and
     /// report before its leases lapse), and `statement_timeout` as the statement limit.
+    #[cfg(feature = "mysql")]
     pub fn mysql_session(&self) -> outbox::mysql::Session {
         outbox::mysql::Session {
             lock_wait: self.lock_timeout.min(self.lease_ttl / 2),
@@ -319,7 +320,16 @@ impl RelayConfig {
         if self.cdc.max_transaction_events == 0 {
             return Err("cdc.max_transaction_events: must be 1 or more".into());
         }
+        #[cfg(feature = "postgres")]
         self.cdc_names()?;
+        #[cfg(not(feature = "postgres"))]
+        if self.mode == Mode::Cdc {
+            return Err(
+                "mode = \"cdc\": change data capture needs PostgreSQL (the `postgres` \
+                        feature of outbox-relayer)"
+                    .into(),
+            );
+        }
         self.retry.validate()?;
         self.routing.validate()?;
         crate::wire::routing::check_template("cloudevents_source", &self.cloudevents_source)?;
@@ -330,6 +340,7 @@ impl RelayConfig {
     }
 
     /// The CDC slot and publication these settings name (or their defaults).
+    #[cfg(feature = "postgres")]
     pub fn cdc_names(&self) -> Result<outbox::postgres::cdc::CdcNames, String> {
         let tables = outbox::Tables::new(&self.schema, &self.table).map_err(|e| e.to_string())?;
         let defaults = outbox::postgres::cdc::CdcNames::for_tables(&tables);

@@ -20,6 +20,7 @@ pub(crate) async fn within<T>(
 }
 
 /// Commits `tx` when `result` is Ok, else rolls it back; returns `result`.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn finish<DB: sqlx::Database, T>(
     tx: sqlx::Transaction<'static, DB>,
     result: Result<T, sqlx::Error>,

@@ -41,18 +41,25 @@ pub mod health;
 pub mod http;
 pub mod lease;
 mod maintenance;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "otel")]
 pub mod otel;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod publisher;
 pub mod publishers;
 pub mod redact;
 mod relay;
 pub mod retry;
 pub mod source;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 pub mod store;
 pub mod telemetry;
 pub mod wire;
 
+#[cfg(feature = "postgres")]
 pub use source::cdc;
 pub use wire::{cloudevents, fanout, message, outgoing, routing};
 

@@ -79,40 +79,11 @@ pub(crate) async fn maintain_periodically(
             }
         }
         first = false;
-        match admin.create_partitions_ahead().await {
-            Ok(created) if !created.is_empty() => {
-                tracing::info!(?created, "created time partitions ahead");
-            }
-            Ok(_) => {}
-            Err(error) => {
-                metrics.database_errors.inc();
-                tracing::warn!(%error, "creating time partitions failed; will retry");
-            }
-        }
+        #[cfg(feature = "postgres")]
+        maintain_time_partitions(&admin, retention, &metrics).await;
         let Some(retention) = retention else {
             continue;
         };
-        match admin.drop_expired_partitions(retention, false, false).await {
-            Ok(report) => {
-                for (name, rows) in &report.dropped {
-                    metrics.purged.inc_by(*rows as u64);
-                    tracing::info!(partition = %name, rows, "dropped expired time partition");
-                }
-                if !report.kept.is_empty() {
-                    tracing::info!(kept = ?report.kept,
-                        "expired time partitions kept: they still hold pending or dead events");
-                }
-                if !report.busy.is_empty() {
-                    tracing::info!(busy = ?report.busy,
-                        "expired time partitions left for the next run: another relay was \
-                         dropping partitions, or a transaction was using the events table");
-                }
-            }
-            Err(error) => {
-                metrics.database_errors.inc();
-                tracing::warn!(%error, "dropping expired time partitions failed; will retry");
-            }
-        }
         let mut last = 0;
         let purged = admin
             .purge(retention, 1000, false, |total| {
@@ -127,6 +98,50 @@ pub(crate) async fn maintain_periodically(
                 metrics.database_errors.inc();
                 tracing::warn!(%error, "purge failed; will retry");
             }
+        }
+    }
+}
+
+/// On a time-partitioned PostgreSQL outbox: creates the partitions a week ahead and, with a
+/// retention, drops expired partitions that hold only published events.
+#[cfg(feature = "postgres")]
+async fn maintain_time_partitions(
+    admin: &crate::admin::Admin,
+    retention: Option<Duration>,
+    metrics: &Metrics,
+) {
+    match admin.create_partitions_ahead().await {
+        Ok(created) if !created.is_empty() => {
+            tracing::info!(?created, "created time partitions ahead");
+        }
+        Ok(_) => {}
+        Err(error) => {
+            metrics.database_errors.inc();
+            tracing::warn!(%error, "creating time partitions failed; will retry");
+        }
+    }
+    let Some(retention) = retention else {
+        return;
+    };
+    match admin.drop_expired_partitions(retention, false, false).await {
+        Ok(report) => {
+            for (name, rows) in &report.dropped {
+                metrics.purged.inc_by(*rows as u64);
+                tracing::info!(partition = %name, rows, "dropped expired time partition");
+            }
+            if !report.kept.is_empty() {
+                tracing::info!(kept = ?report.kept,
+                    "expired time partitions kept: they still hold pending or dead events");
+            }
+            if !report.busy.is_empty() {
+                tracing::info!(busy = ?report.busy,
+                    "expired time partitions left for the next run: another relay was \
+                     dropping partitions, or a transaction was using the events table");
+            }
+        }
+        Err(error) => {
+            metrics.database_errors.inc();
+            tracing::warn!(%error, "dropping expired time partitions failed; will retry");
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::{
     lease::{self, LeaseSettings, Leases},
     maintenance,
     publisher::Publisher,
-    source::{cdc::CdcDb, poll::Poll},
+    source::poll::Poll,
     store::Store,
     telemetry::Metrics,
     wire::fanout::Downcasts,
@@ -40,7 +40,19 @@ struct Shared {
     health: Arc<Health>,
     leases: Arc<Leases>,
     /// The CDC source's statements and replication stream (`mode = "cdc"`).
-    cdc: Option<Arc<dyn CdcDb>>,
+    #[cfg(feature = "postgres")]
+    cdc: Option<Arc<dyn crate::source::cdc::CdcDb>>,
+}
+
+/// What a relay is made of, as [`crate::builder::RelayBuilder::build`] opened it.
+pub(crate) struct Parts {
+    pub store: Arc<dyn Store>,
+    pub admin: Option<Admin>,
+    pub publisher: Arc<dyn Publisher>,
+    pub config: RelayConfig,
+    #[cfg(feature = "postgres")]
+    pub cdc: Option<Arc<dyn crate::source::cdc::CdcDb>>,
+    pub downcasts: Downcasts,
 }
 
 /// A relay running in the background.
@@ -71,14 +83,16 @@ impl RelayHandle {
 
 impl Relay {
     /// The relay [`crate::builder::RelayBuilder::build`] opened: every part known at once.
-    pub(crate) fn assemble(
-        store: Arc<dyn Store>,
-        admin: Option<Admin>,
-        publisher: Arc<dyn Publisher>,
-        config: RelayConfig,
-        cdc: Option<Arc<dyn CdcDb>>,
-        downcasts: Downcasts,
-    ) -> Self {
+    pub(crate) fn assemble(parts: Parts) -> Self {
+        let Parts {
+            store,
+            admin,
+            publisher,
+            config,
+            #[cfg(feature = "postgres")]
+            cdc,
+            downcasts,
+        } = parts;
         let relay_id = config.relay_id.clone().unwrap_or_else(default_relay_id);
         let health = Arc::new(Health::new(config.stall_timeout));
         let metrics = Arc::new(Metrics::new());
@@ -92,6 +106,7 @@ impl Relay {
                 metrics,
                 health,
                 leases: Arc::new(Leases::default()),
+                #[cfg(feature = "postgres")]
                 cdc,
             }),
         }
@@ -125,6 +140,7 @@ impl Relay {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let this = self.shared;
         let cdc = this.config.mode == crate::config::Mode::Cdc;
+        #[cfg(feature = "postgres")]
         if cdc && this.cdc.is_none() {
             return Err(Error::Config(
                 "mode = \"cdc\" needs a PostgreSQL relay and its database URL \
@@ -187,21 +203,7 @@ impl Relay {
             answer_within: this.answer_within(),
         });
         let result = if cdc {
-            let context = crate::source::cdc::context::Context {
-                completer,
-                db: this.cdc.clone().expect("checked"),
-                tables: this.config.tables(),
-                store: this.store.clone(),
-                publisher: this.publisher.clone(),
-                config: this.config.clone(),
-                leases: this.leases.clone(),
-                metrics: this.metrics.clone(),
-                health: this.health.clone(),
-                relay_id: this.relay_id.clone(),
-                max_payload: this.max_payload_bytes(),
-                unconfirmed: Default::default(),
-            };
-            crate::source::cdc::run(context, shutdown.clone()).await
+            this.stream(completer, &shutdown).await
         } else {
             let poll = Arc::new(Poll {
                 store: this.store.clone(),
@@ -255,6 +257,44 @@ impl Shared {
             .max_payload_bytes
             .unwrap_or(usize::MAX)
             .min(self.publisher.max_payload_bytes())
+    }
+
+    /// Runs the CDC source (`mode = "cdc"`) until `shutdown`.
+    #[cfg(feature = "postgres")]
+    async fn stream(
+        &self,
+        completer: Arc<Completer>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Error> {
+        let context = crate::source::cdc::context::Context {
+            completer,
+            db: self.cdc.clone().expect("checked"),
+            tables: self.config.tables(),
+            store: self.store.clone(),
+            publisher: self.publisher.clone(),
+            config: self.config.clone(),
+            leases: self.leases.clone(),
+            metrics: self.metrics.clone(),
+            health: self.health.clone(),
+            relay_id: self.relay_id.clone(),
+            max_payload: self.max_payload_bytes(),
+            unconfirmed: Default::default(),
+        };
+        crate::source::cdc::run(context, shutdown.clone()).await
+    }
+
+    /// Without the `postgres` feature there is no CDC source (the configuration refuses
+    /// `mode = "cdc"` first).
+    #[cfg(not(feature = "postgres"))]
+    async fn stream(
+        &self,
+        completer: Arc<Completer>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Error> {
+        let _ = (completer, shutdown);
+        Err(Error::Config(
+            "mode = \"cdc\" needs the `postgres` feature of outbox-relayer".into(),
+        ))
     }
 }
 

@@ -7,8 +7,9 @@ mod common;
 
 use common::cdc::{cdc_db, write, WAIT};
 use outbox::postgres::{cdc::CdcNames, WriteMode};
-use outbox_relayer::cdc::{
-    heartbeat_prefix, CdcDb, PgCdc, ReplicationEvent, ReplicationTarget, StreamPosition,
+use outbox_relayer::{
+    cdc::{heartbeat_prefix, CdcDb, ReplicationEvent, ReplicationTarget, StreamPosition},
+    postgres::PgCdc,
 };
 use outbox_testkit::{wait_until, TestDb};
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use outbox::Event;
 use outbox_relayer::{
     admin::Admin,
-    store::{Failure, Marking, PgStore, Store},
+    postgres::PgStore,
+    store::{Failure, Marking, Store},
 };
 use outbox_testkit::TestDb;
 use sqlx::Executor;
@@ -307,7 +308,7 @@ async fn the_sqlite_claim_never_scans_the_events_table_whole() {
          ANALYZE;",
     )
     .await;
-    let store = outbox_relayer::store::SqliteStore::open(db.pool.clone(), &db.tables)
+    let store = outbox_relayer::sqlite::SqliteStore::open(db.pool.clone(), &db.tables)
         .await
         .unwrap();
     let plan = explain(&db, store.claim_statement()).await;
@@ -369,7 +370,7 @@ async fn the_mysql_claim_never_materialises_the_events_below_the_floor() {
          ANALYZE TABLE {events};",
     )
     .await;
-    let store = outbox_relayer::store::MySqlStore::open(db.pool.clone(), &db.tables)
+    let store = outbox_relayer::mysql::MySqlStore::open(db.pool.clone(), &db.tables)
         .await
         .unwrap();
     let parts = 4;

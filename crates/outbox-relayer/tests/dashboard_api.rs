@@ -7,7 +7,7 @@ use std::sync::Arc;
 use outbox_relayer::{
     admin::Admin,
     dashboard::{self, Dashboard},
-    store::PgStore,
+    postgres::PgStore,
     telemetry::Metrics,
 };
 use outbox_testkit::TestDb;

@@ -14,7 +14,7 @@ use std::{
 
 use futures::future::BoxFuture;
 use outbox::Event;
-use outbox_relayer::{store::PgStore, Message, PublishError, Publisher, Relay};
+use outbox_relayer::{postgres::PgStore, Message, PublishError, Publisher, Relay};
 use outbox_testkit::{unique, wait_until, TestDb};
 use sqlx::{postgres::PgPoolOptions, Executor};
 

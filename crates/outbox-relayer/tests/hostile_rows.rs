@@ -618,7 +618,7 @@ async fn infinite_times_do_not_break_the_gauges_or_the_dead_letter_list() {
         "UPDATE {{schema}}.{{events}} SET status = 'dead' WHERE id = {dead}"
     ))
     .await;
-    let store = outbox_relayer::store::PgStore::open(db.pool.clone(), &db.tables)
+    let store = outbox_relayer::postgres::PgStore::open(db.pool.clone(), &db.tables)
         .await
         .unwrap();
     let backlog = store.backlog().await.unwrap();

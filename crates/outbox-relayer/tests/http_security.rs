@@ -11,7 +11,7 @@ use outbox_relayer::{
     dashboard::{self, Dashboard, MAX_LIST_LIMIT},
     health::Health,
     http,
-    store::PgStore,
+    postgres::PgStore,
     telemetry::Metrics,
 };
 use outbox_testkit::{MySqlDb, SqliteFile, TestDb};

@@ -6,7 +6,10 @@
 use std::{str::FromStr, time::Duration};
 
 use outbox::Event;
-use outbox_relayer::store::{Fence, Marking, PgStore};
+use outbox_relayer::{
+    postgres::PgStore,
+    store::{Fence, Marking},
+};
 use outbox_testkit::{wait_until, TestDb};
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},

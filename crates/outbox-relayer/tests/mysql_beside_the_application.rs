@@ -15,7 +15,8 @@ use outbox::{
 };
 use outbox_relayer::{
     admin::Admin,
-    store::{Failure, Fence, Marking, MySqlStore, Store, DATETIME_OF_MS, NOW_MS},
+    mysql::{MySqlStore, DATETIME_OF_MS, NOW_MS},
+    store::{Failure, Fence, Marking, Store},
 };
 use outbox_testkit::{wait_until, MySqlDb};
 use sqlx::{Connection, MySqlConnection};
@@ -465,8 +466,8 @@ async fn the_clock_holds_past_2038() {
         .unwrap();
     assert_eq!(at.as_deref(), Some("2040-01-01 00:00:00.250000"));
     for (file, sql) in [
-        ("store", include_str!("../src/store/sql/mysql.sql")),
-        ("admin", include_str!("../src/admin/sql/mysql.sql")),
+        ("store", include_str!("../src/mysql/sql/store.sql")),
+        ("admin", include_str!("../src/mysql/sql/admin.sql")),
     ] {
         assert!(
             !sql.contains("UNIX_TIMESTAMP(") && !sql.contains("FROM_UNIXTIME("),

@@ -9,7 +9,10 @@ use std::{sync::Arc, time::Duration};
 use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Tables};
 use outbox_relayer::{
     admin::{Admin, Replayed},
-    store::{Failure, Marking, MySqlStore, PgStore, SqliteStore, Store},
+    mysql::MySqlStore,
+    postgres::PgStore,
+    sqlite::SqliteStore,
+    store::{Failure, Marking, Store},
 };
 use outbox_testkit::{MySqlDb, SqliteFile, TestDb};
 use sqlx::sqlite::SqlitePool;

@@ -1,6 +1,6 @@
 //! The relay keeps the outbox table's planner statistics fresh, even without autovacuum.
 
-use outbox_relayer::store::PgStore;
+use outbox_relayer::postgres::PgStore;
 use outbox_testkit::TestDb;
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! The in-memory database: the outbox, lease, relay and hold tables, with the semantics of the
-//! relay's SQL (`crates/outbox-relayer/src/store/sql/*.sql`) statement for statement. Each method
+//! relay's SQL (`crates/outbox-relayer/src/postgres/sql/*.sql`) statement for statement. Each method
 //! is one statement, applied atomically at one instant of the database clock, as PostgreSQL
 //! applies a statement against one snapshot (and the `FOR SHARE` fence makes a takeover wait).
 //!

@@ -1,5 +1,5 @@
-//! The operators' statements on the model (`crates/outbox-relayer/src/admin/sql/postgres.sql`,
-//! and `sqlite.sql`, which the store conformance suite holds to the same results):
+//! The operators' statements on the model (`crates/outbox-relayer/src/postgres/sql/admin.sql`,
+//! `mysql/sql/admin.sql` and `sqlite/sql/admin.sql`, which the store conformance suite holds to the same results):
 //! `replay` of dead events and `skip` of one, each applied atomically, whether relays run or not.
 
 use crate::{

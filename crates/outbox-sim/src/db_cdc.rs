@@ -1,4 +1,4 @@
-//! The CDC statements on the model (`crates/outbox-relayer/src/source/cdc/sql/cdc.sql`), statement
+//! The CDC statements on the model (`crates/outbox-relayer/src/postgres/sql/cdc.sql`), statement
 //! for statement, each applied atomically. Fenced statements take effect only while the relay
 //! holds every lease it names.
 

@@ -141,3 +141,43 @@ impl Error {
         }
     }
 }
+
+/// An error and its causes as one line, "outer: inner: root": what a program prints for an
+/// operator, who needs the cause (the errors of these crates keep it as their `source`, not in
+/// their message). A cause whose text the message already holds is not repeated.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Outer(&'static str, #[source] std::io::Error);
+
+    #[test]
+    fn a_chain_names_every_cause_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(
+            chain(&Outer("nats: cannot connect", refused)),
+            "nats: cannot connect: refused"
+        );
+        let repeated = std::io::Error::other("refused");
+        assert_eq!(
+            chain(&Outer("cannot connect: refused", repeated)),
+            "cannot connect: refused"
+        );
+    }
+}

@@ -70,7 +70,7 @@ pub mod wire;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-pub use error::{Error, SchemaError};
+pub use error::{chain as error_chain, Error, SchemaError};
 pub use event::{Event, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use headers::Headers;
 pub use ident::{Ident, Tables};

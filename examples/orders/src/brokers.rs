@@ -254,7 +254,7 @@ impl Broker {
                         .await?;
                 tokio::spawn(async move {
                     if let Err(e) = consumer.run(stop).await {
-                        eprintln!("consumer {name} stopped: {e}");
+                        eprintln!("consumer {name} stopped: {}", outbox::error_chain(&e));
                     }
                 })
             }
@@ -266,7 +266,7 @@ impl Broker {
                 let consumer = NatsConsumer::connect(source, config, processor).await?;
                 tokio::spawn(async move {
                     if let Err(e) = consumer.run(stop).await {
-                        eprintln!("consumer {name} stopped: {e}");
+                        eprintln!("consumer {name} stopped: {}", outbox::error_chain(&e));
                     }
                 })
             }
@@ -277,7 +277,7 @@ impl Broker {
                         .await?;
                 tokio::spawn(async move {
                     if let Err(e) = consumer.run(stop).await {
-                        eprintln!("consumer {name} stopped: {e}");
+                        eprintln!("consumer {name} stopped: {}", outbox::error_chain(&e));
                     }
                 })
             }

@@ -78,7 +78,7 @@ fn exit<T: std::fmt::Display>(
             }
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", outbox::error_chain(e.as_ref()));
             ExitCode::from(2)
         }
     }

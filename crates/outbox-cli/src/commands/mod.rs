@@ -225,15 +225,21 @@ pub async fn open_outbox(args: &DatabaseArgs) -> Result<Outbox, Box<dyn std::err
     let (admin, store): (Admin, std::sync::Arc<dyn store::Store>) = match &db {
         Db::Postgres(pool) => (
             Admin::new(pool.clone(), &tables),
-            std::sync::Arc::new(store::PgStore::open(pool.clone(), &tables).await?),
+            std::sync::Arc::new(
+                outbox_relayer::postgres::PgStore::open(pool.clone(), &tables).await?,
+            ),
         ),
         Db::MySql(pool) => (
             Admin::mysql(pool.clone(), &tables),
-            std::sync::Arc::new(store::MySqlStore::open(pool.clone(), &tables).await?),
+            std::sync::Arc::new(
+                outbox_relayer::mysql::MySqlStore::open(pool.clone(), &tables).await?,
+            ),
         ),
         Db::Sqlite(pool) => (
             Admin::sqlite(pool.clone(), &tables),
-            std::sync::Arc::new(store::SqliteStore::open(pool.clone(), &tables).await?),
+            std::sync::Arc::new(
+                outbox_relayer::sqlite::SqliteStore::open(pool.clone(), &tables).await?,
+            ),
         ),
     };
     Ok(Outbox {

@@ -200,15 +200,19 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
     let publisher = outbox_relayer::publishers::connect(&broker_url, cfg.broker_settings()).await?;
     let (relay, admin, store) = match db {
         Db::Postgres(pool) => {
+            let cdc = cfg.relay.mode == outbox_relayer::Mode::Cdc;
             let mut relay = Relay::builder(pool.clone(), publisher, cfg.relay.clone());
-            if cfg.relay.mode == outbox_relayer::Mode::Cdc {
-                outbox::postgres::cdc::check_wal_level(&pool).await?;
+            if cdc {
                 relay = relay.replication_url(database_url);
             }
+            // Opening the store first: an outbox not migrated is the first thing to say.
             let relay = relay.build().await?;
+            if cdc {
+                outbox::postgres::cdc::check_wal_level(&pool).await?;
+            }
             let tables = cfg.relay.tables();
             let admin = outbox_relayer::admin::Admin::new(pool.clone(), &tables);
-            let store = outbox_relayer::store::PgStore::open(pool, &tables).await?;
+            let store = outbox_relayer::postgres::PgStore::open(pool, &tables).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
         Db::MySql(_) | Db::Sqlite(_) if cfg.relay.mode == outbox_relayer::Mode::Cdc => {
@@ -222,7 +226,7 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
             let session = cfg.relay.mysql_session();
             let admin = outbox_relayer::admin::Admin::mysql_with(pool.clone(), &tables, session);
             let store =
-                outbox_relayer::store::MySqlStore::open_with(pool, &tables, session).await?;
+                outbox_relayer::mysql::MySqlStore::open_with(pool, &tables, session).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
         Db::Sqlite(pool) => {
@@ -231,7 +235,7 @@ async fn run(cfg: config::FileConfig, log_format: Option<logging::LogFormat>) ->
                 .build()
                 .await?;
             let admin = outbox_relayer::admin::Admin::sqlite(pool.clone(), &tables);
-            let store = outbox_relayer::store::SqliteStore::open(pool, &tables).await?;
+            let store = outbox_relayer::sqlite::SqliteStore::open(pool, &tables).await?;
             (relay, admin, Arc::new(store) as Arc<dyn Store>)
         }
     };

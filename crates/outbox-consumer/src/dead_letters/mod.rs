@@ -122,7 +122,7 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The audit record could not be written.
-    #[error("audit")]
+    #[error("writing the audit record failed")]
     Audit(#[from] sqlx::Error),
 }
 

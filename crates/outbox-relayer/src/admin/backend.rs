@@ -1,9 +1,10 @@
 //! The seam between [`super::Admin`] and a database: what each backend's operator actions
-//! implement (`postgres.rs`, `mysql.rs`, `sqlite.rs`).
+//! implement (`postgres/admin.rs`, `mysql/admin.rs`, `sqlite/admin.rs`).
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+#[cfg(feature = "postgres")]
 use outbox::postgres::time_partitions::DropReport;
 
 use super::{AuditEntry, DeadLetter, DeadLetterFilter, Replayed};
@@ -12,7 +13,7 @@ use super::{AuditEntry, DeadLetter, DeadLetterFilter, Replayed};
 pub(crate) type Action<'a, T, E = sqlx::Error> = BoxFuture<'a, Result<T, E>>;
 
 /// Operator actions on one database's outbox. Every backend gives the same result for the
-/// same rows (`tests/admin_conformance.rs`).
+/// same rows (`tests/store_conformance.rs`).
 pub(crate) trait AdminBackend: Send + Sync + std::fmt::Debug {
     /// Published rows older than `retention` (what a purge would delete now).
     fn purgeable(&self, retention: Duration) -> Action<'_, i64>;
@@ -46,11 +47,13 @@ pub(crate) trait AdminBackend: Send + Sync + std::fmt::Debug {
     fn audit(&self, limit: i64) -> Action<'_, Vec<AuditEntry>>;
 
     /// On a time-partitioned outbox, creates the partitions ahead (none elsewhere).
+    #[cfg(feature = "postgres")]
     fn create_partitions_ahead(&self) -> Action<'_, Vec<String>, outbox::Error> {
         Box::pin(async { Ok(Vec::new()) })
     }
 
     /// On a time-partitioned outbox, drops the expired partitions (none elsewhere).
+    #[cfg(feature = "postgres")]
     fn drop_expired_partitions(
         &self,
         retention: Duration,

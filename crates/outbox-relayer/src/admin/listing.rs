@@ -33,7 +33,7 @@ pub(crate) const REDACTED: &str = "[redacted]";
 /// `sql` with the listing's read limits in place of `{text_read}`, `{text_read_bytes}`,
 /// `{error_read}` and `{headers_read}`. One character more than shown is read, so that a cut
 /// can be told from a value of exactly the limit.
-pub(super) fn render_limits(sql: &str) -> String {
+pub(crate) fn render_limits(sql: &str) -> String {
     sql.replace("{text_read_bytes}", &(4 * TEXT_LIMIT + 4).to_string())
         .replace("{text_read}", &(TEXT_LIMIT + 1).to_string())
         .replace("{error_read}", &(ERROR_LIMIT + 1).to_string())
@@ -43,7 +43,7 @@ pub(super) fn render_limits(sql: &str) -> String {
 /// The headers as the listing reads them, from their JSON text when it was read (`None`: over
 /// [`HEADERS_READ_LIMIT`], `size` bytes), and the fields cut so far. Text that is not JSON the
 /// relay reads is kept as a JSON string; [`bound`] cuts and redacts either.
-pub(super) fn read_headers(text: Option<String>, size: i64) -> (Value, Vec<&'static str>) {
+pub(crate) fn read_headers(text: Option<String>, size: i64) -> (Value, Vec<&'static str>) {
     match text {
         Some(text) => (
             serde_json::from_str(&text).unwrap_or(Value::String(text)),

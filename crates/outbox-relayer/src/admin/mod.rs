@@ -1,25 +1,17 @@
 //! Operator actions on an outbox, PostgreSQL, MySQL or SQLite: purge published rows, and list,
 //! inspect, replay or skip dead letters. Every mutating dead-letter action is recorded in the
 //! `audit` table in the same transaction that performs it. Every backend gives the same
-//! result for the same rows (`tests/admin_conformance.rs`), the result the simulation's model
+//! result for the same rows (`tests/store_conformance.rs`), the result the simulation's model
 //! (`outbox-sim`, `db_admin.rs`) gives.
 
-mod backend;
-mod listing;
-mod mysql;
-mod postgres;
-mod sqlite;
+pub(crate) mod backend;
+pub(crate) mod listing;
 
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use outbox::Tables;
-use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use backend::AdminBackend;
-use mysql::MySqlAdmin;
-use postgres::PgAdmin;
-use sqlite::SqliteAdmin;
 
 /// Which dead letters an action applies to. Empty fields match everything.
 #[derive(Clone, Debug, Default)]
@@ -140,47 +132,24 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// Actions on the PostgreSQL outbox at `tables`.
-    pub fn new(pool: PgPool, tables: &Tables) -> Self {
-        Self {
-            backend: Arc::new(PgAdmin::new(pool, tables)),
-        }
-    }
-
-    /// Actions on the MySQL or MariaDB outbox at `tables` (migrated with
-    /// `outbox::mysql::MySqlOutbox::migrate`), on connections of their own set to the default
-    /// [`outbox::mysql::Session`].
-    pub fn mysql(pool: MySqlPool, tables: &Tables) -> Self {
-        Self::mysql_with(pool, tables, outbox::mysql::Session::default())
-    }
-
-    /// [`Admin::mysql`] on connections set to `session`: opened with `pool`'s connect options
-    /// and size, READ COMMITTED whatever the server's default, so that a purge never locks
-    /// the gaps the application's inserts go into.
-    pub fn mysql_with(pool: MySqlPool, tables: &Tables, session: outbox::mysql::Session) -> Self {
-        Self {
-            backend: Arc::new(MySqlAdmin::new(session.pool(&pool), tables)),
-        }
-    }
-
-    /// Actions on the SQLite outbox at `tables` (migrated with
-    /// `outbox::sqlite::SqliteOutbox::migrate`).
-    pub fn sqlite(pool: SqlitePool, tables: &Tables) -> Self {
-        Self {
-            backend: Arc::new(SqliteAdmin::new(pool, tables)),
-        }
+    /// Actions through `backend` (each database's folder has its constructor:
+    /// [`Admin::new`] for PostgreSQL, [`Admin::mysql`], [`Admin::sqlite`]).
+    pub(crate) fn from_backend(backend: Arc<dyn AdminBackend>) -> Self {
+        Self { backend }
     }
 
     /// On a time-partitioned PostgreSQL outbox, creates the partitions from today to a week
     /// ahead that do not exist yet and returns their names (nothing on a plain table, nor on
     /// MySQL or SQLite).
+    #[cfg(feature = "postgres")]
     pub async fn create_partitions_ahead(&self) -> Result<Vec<String>, outbox::Error> {
         self.backend.create_partitions_ahead().await
     }
 
     /// On a time-partitioned PostgreSQL outbox, drops (or, with `archive`, archives then
     /// drops) the partitions that ended more than `retention` ago and hold only published
-    /// events (nothing on a plain table, nor on SQLite).
+    /// events (nothing on a plain table, nor on MySQL or SQLite).
+    #[cfg(feature = "postgres")]
     pub async fn drop_expired_partitions(
         &self,
         retention: Duration,

@@ -260,6 +260,7 @@ const SLOW_FAILURE: Duration = Duration::from_secs(1);
 /// Whether `error` is a publish that got no answer in time, or a transient failure that took
 /// [`SLOW_FAILURE`] or longer (a destination that hangs or is slow to answer, rather than one
 /// that refuses at once).
+#[cfg(feature = "postgres")]
 pub(crate) fn unanswered(error: &PublishError) -> bool {
     error.is_transient() && error.message.starts_with(UNANSWERED)
 }

@@ -7,5 +7,6 @@
 //! * [`cdc`]: streams inserts (and table-less messages) from a logical replication slot, in
 //!   commit order; progress is the slot's confirmed position.
 
+#[cfg(feature = "postgres")]
 pub mod cdc;
 pub(crate) mod poll;

@@ -7,7 +7,7 @@
 //! interval, which is `claim_linger` right after a claim that found events and doubles up to
 //! `poll_interval` while claims come back empty (writers that do not NOTIFY still see their
 //! events published within milliseconds while events flow). Each partition's scan starts at a
-//! floor (a hint, see `store/sql/claim.sql`), reset every `rescan_interval` and whenever a
+//! floor (a hint, see `postgres/sql/claim.sql`), reset every `rescan_interval` and whenever a
 //! claim comes back less than full. The rows in flight are bounded in number and in bytes
 //! (`max_inflight_bytes`).
 
@@ -57,7 +57,7 @@ impl Poll {
         let mut busy: HashSet<i32> = HashSet::new();
         let mut batch_size = self.config.min_batch_size;
         let mut rotation = 0usize;
-        // Per-partition scan floors (see `sql/claim.sql`), cleared every `rescan_interval`.
+        // Per-partition scan floors (see `postgres/sql/claim.sql`), cleared every `rescan_interval`.
         let mut floors: std::collections::HashMap<i32, i64> = std::collections::HashMap::new();
         let mut full_scan_at = Instant::now();
         let mut more = true;

@@ -1,23 +1,13 @@
-//! The relay's access to its outbox: the [`Store`] trait every backend implements, what it
-//! returns, and one store per database (`postgres.rs`, `mysql.rs`, `sqlite.rs`).
+//! The relay's access to its outbox: the [`Store`] trait every database implements (in its
+//! own folder: `postgres/`, `mysql/`, `sqlite/`), and what it returns.
 
-mod mysql;
-mod postgres;
 mod rows;
-mod sqlite;
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-pub(crate) use mysql::{bind_list, key_text, listed};
-pub use mysql::{MySqlStore, DATETIME_OF_MS, NOW_MS};
-pub(crate) use postgres::render_fenced;
-pub use postgres::{PgStore, Timeouts};
 pub use rows::{storable_error, Claimed, ClaimedRow, Failure, MAX_ERROR_TEXT};
-pub(crate) use sqlite::parse_time;
-pub use sqlite::SqliteStore;
-
 
 /// A lease held by this relay: partition and the epoch it was acquired with.
 pub type Fence = (i32, i64);
@@ -52,6 +42,7 @@ pub struct Backlog {
 
 /// A wait the database measured in microseconds, as a duration: a negative one (a row whose
 /// arrival time a writer set ahead, against the contract) reads as no wait.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn waited(micros: i64) -> Duration {
     Duration::from_micros(micros.max(0) as u64)
 }
@@ -120,7 +111,7 @@ pub trait Store: Send + Sync + 'static {
         leases: &'a [Fence],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
     /// Pending rows of `partitions` (visited in order), each scanned from its floor id (a
-    /// hint; see `sql/claim.sql`), skipping held aggregates: at most `limit` rows, and while
+    /// hint; see `postgres/sql/claim.sql`), skipping held aggregates: at most `limit` rows, and while
     /// their `row_bytes` stay within `byte_budget` (the first row always).
     fn claim<'a>(
         &'a self,
@@ -153,7 +144,7 @@ pub trait Store: Send + Sync + 'static {
     fn partition_status(&self) -> BoxFuture<'_, Result<Vec<PartitionStatus>, sqlx::Error>> {
         Box::pin(async { Ok(Vec::new()) })
     }
-    /// Sets free the rows waiting behind a hold that is gone (see `sql/waiting.sql`); returns
+    /// Sets free the rows waiting behind a hold that is gone (see `postgres/sql/waiting.sql`); returns
     /// how many. Stores without waiting rows do nothing.
     fn release_stale(&self) -> BoxFuture<'_, Result<u64, sqlx::Error>> {
         Box::pin(async { Ok(0) })

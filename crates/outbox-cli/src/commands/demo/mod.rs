@@ -63,7 +63,7 @@ pub async fn run(args: Args) -> CommandResult {
     let progress = progress::Bar::new(u64::from(args.orders));
     let summary = outbox_example_orders::run(&scenario, &progress).await;
     progress.finish();
-    let summary = summary.map_err(|e| e.to_string())?;
+    let summary = summary.map_err(|e| e as Box<dyn std::error::Error>)?;
     print!("\n{summary}");
     Ok(if summary.guarantees_hold() {
         std::process::ExitCode::SUCCESS

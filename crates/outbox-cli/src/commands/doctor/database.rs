@@ -68,7 +68,7 @@ pub async fn check(url: &str, tables: &Tables) -> Found {
                     .fetch_all(pool)
                     .await,
                 );
-                let store = outbox_relayer::store::PgStore::open(pool.clone(), tables)
+                let store = outbox_relayer::postgres::PgStore::open(pool.clone(), tables)
                     .await
                     .map(|s| Arc::new(s) as Arc<dyn Store>)
                     .map_err(|e| e.to_string());
@@ -93,7 +93,7 @@ pub async fn check(url: &str, tables: &Tables) -> Found {
                     .fetch_all(pool)
                     .await,
                 );
-                let store = outbox_relayer::store::MySqlStore::open(pool.clone(), tables)
+                let store = outbox_relayer::mysql::MySqlStore::open(pool.clone(), tables)
                     .await
                     .map(|s| Arc::new(s) as Arc<dyn Store>)
                     .map_err(|e| e.to_string());
@@ -118,7 +118,7 @@ pub async fn check(url: &str, tables: &Tables) -> Found {
                     .fetch_all(pool)
                     .await,
                 );
-                let store = outbox_relayer::store::SqliteStore::open(pool.clone(), tables)
+                let store = outbox_relayer::sqlite::SqliteStore::open(pool.clone(), tables)
                     .await
                     .map(|s| Arc::new(s) as Arc<dyn Store>)
                     .map_err(|e| e.to_string());

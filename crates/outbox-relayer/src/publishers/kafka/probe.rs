@@ -27,7 +27,7 @@ pub async fn probe(config: &KafkaConfig, destinations: &[String]) -> Vec<Check> 
             checks.push(Check::fail(
                 AREA,
                 "settings",
-                error.to_string(),
+                outbox::error_chain(&error),
                 "correct the [kafka] table",
             ));
             return checks;

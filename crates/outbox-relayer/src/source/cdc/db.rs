@@ -1,7 +1,7 @@
 //! The CDC source's database as a seam: the statements it runs beside the [`Store`] (those of
-//! `sql/cdc.sql`) and its replication stream. PostgreSQL implements it ([`super::PgCdc`]);
-//! the deterministic simulation (`outbox-sim`) implements it over its model, so that the same
-//! CDC engine runs under both.
+//! `postgres/sql/cdc.sql`) and its replication stream. PostgreSQL implements it
+//! (`crate::postgres::PgCdc`); the deterministic simulation (`outbox-sim`) implements it over
+//! its model, so that the same CDC engine runs under both.
 //!
 //! Every write of event state is fenced: it takes effect only while `relay_id` holds each of
 //! `fences` (partition, epoch), and says when it did not.

@@ -59,7 +59,6 @@ mod marks;
 mod messages;
 mod pgoutput;
 mod pipeline;
-mod postgres;
 mod resumes;
 mod slot;
 mod source;
@@ -74,8 +73,4 @@ pub use db::{
 };
 pub use messages::{heartbeat_prefix, relay_write_prefix};
 pub use pgoutput::{BadRow, Change, Decoder};
-pub use postgres::PgCdc;
 pub(crate) use source::run;
-
-/// The CDC statements (named, rendered per outbox).
-pub(crate) const SQL: &str = include_str!("sql/cdc.sql");

@@ -23,7 +23,7 @@ UPDATE {leases} SET owner = NULL, expires_at = 0 WHERE partition = ?1 AND epoch 
 -- name: held
 SELECT count(*) FROM {leases} WHERE partition = ?1 AND epoch = ?2 AND owner = ?3;
 -- name: claim
--- As PostgreSQL's claim (store/sql/claim.sql and claim_columns.sql): pending rows that are not
+-- As PostgreSQL's claim (postgres/sql/claim.sql and claim_columns.sql): pending rows that are not
 -- waiting, from the floor ?5, in id order; a row behind a held head of its aggregate comes back
 -- with `behind` set (the store sets it waiting, in a write transaction); a head whose retry is
 -- due comes through its hold, with the pending rows after it. Payloads over ?3 bytes and text columns over their limit (4 KiB,

@@ -1,17 +1,17 @@
-//! Operator actions on a SQLite outbox (`sql/sqlite.sql`). SQLite runs one statement at a
+//! Operator actions on a SQLite outbox (`sql/admin.sql`). SQLite runs one statement at a
 //! time, so an action that PostgreSQL does in one statement is here a few in one write
 //! transaction (`BEGIN IMMEDIATE`: no other writer between them).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use outbox::{sql::named, Tables};
 use sqlx::{sqlite::SqliteRow, Row, SqlitePool};
 
-use super::{
+use super::store::parse_time;
+use crate::admin::{
     backend::{Action, AdminBackend},
-    AuditEntry, DeadLetter, DeadLetterFilter, Replayed,
+    listing, Admin, AuditEntry, DeadLetter, DeadLetterFilter, Replayed,
 };
-use crate::store::parse_time;
 
 /// Operator actions on a SQLite outbox.
 #[derive(Clone, Debug)]
@@ -57,9 +57,17 @@ fn text(row: &SqliteRow, name: &str) -> Result<Option<String>, sqlx::Error> {
     Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
+impl Admin {
+    /// Actions on the SQLite outbox at `tables` (migrated with
+    /// `outbox::sqlite::SqliteOutbox::migrate`).
+    pub fn sqlite(pool: sqlx::SqlitePool, tables: &Tables) -> Self {
+        Self::from_backend(Arc::new(SqliteAdmin::new(pool, tables)))
+    }
+}
+
 impl SqliteAdmin {
     pub(crate) fn new(pool: SqlitePool, tables: &Tables) -> Self {
-        let file = include_str!("sql/sqlite.sql");
+        let file = include_str!("sql/admin.sql");
         let r = |name: &str| tables.render_sqlite(named(file, name));
         let sql = Sql {
             purgeable: r("purgeable"),
@@ -67,7 +75,7 @@ impl SqliteAdmin {
             archive_batch: r("archive_batch"),
             archive: r("archive"),
             delete_archived: r("delete_archived"),
-            list_dead: super::listing::render_limits(&r("list_dead")),
+            list_dead: listing::render_limits(&r("list_dead")),
             payload: r("payload"),
             replay: r("replay"),
             hold_heads: r("hold_heads"),
@@ -178,10 +186,8 @@ impl AdminBackend for SqliteAdmin {
             rows.iter()
                 .map(|r| {
                     let text_or_empty = |name: &str| text(r, name).map(Option::unwrap_or_default);
-                    let (headers, truncated) = super::listing::read_headers(
-                        text(r, "headers")?,
-                        r.try_get("headers_size")?,
-                    );
+                    let (headers, truncated) =
+                        listing::read_headers(text(r, "headers")?, r.try_get("headers_size")?);
                     Ok(DeadLetter {
                         id: r.try_get("id")?,
                         event_id: text_or_empty("event_id")?,
@@ -242,7 +248,7 @@ impl AdminBackend for SqliteAdmin {
                 .fetch_all(&mut *tx)
                 .await?;
             tx.commit().await?;
-            Ok(super::Replayed {
+            Ok(Replayed {
                 replayed: replayed.len() as i64,
                 not_replayed,
             })

@@ -1,18 +1,18 @@
-//! Operator actions on a MySQL or MariaDB outbox (`sql/mysql.sql`). What PostgreSQL does in
+//! Operator actions on a MySQL or MariaDB outbox (`sql/admin.sql`). What PostgreSQL does in
 //! one statement is here a few in one transaction, each row it changes read first with a
 //! locking read (MySQL has no `RETURNING`).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use chrono::NaiveDateTime;
 use outbox::{sql::named, Tables};
 use sqlx::{MySqlConnection, MySqlPool, Row};
 
-use super::{
+use super::store::{bind_list, key_text, listed};
+use crate::admin::{
     backend::{Action, AdminBackend},
-    AuditEntry, DeadLetter, DeadLetterFilter, Replayed,
+    listing, Admin, AuditEntry, DeadLetter, DeadLetterFilter, Replayed,
 };
-use crate::store::{bind_list, key_text, listed};
 
 /// Operator actions on a MySQL outbox.
 #[derive(Clone, Debug)]
@@ -32,15 +32,35 @@ fn json_ids(ids: &[i64]) -> String {
     serde_json::to_string(ids).expect("integers serialise")
 }
 
+impl Admin {
+    /// Actions on the MySQL or MariaDB outbox at `tables` (migrated with
+    /// `outbox::mysql::MySqlOutbox::migrate`), on connections of their own set to the default
+    /// [`outbox::mysql::Session`].
+    pub fn mysql(pool: sqlx::MySqlPool, tables: &Tables) -> Self {
+        Self::mysql_with(pool, tables, outbox::mysql::Session::default())
+    }
+
+    /// [`Admin::mysql`] on connections set to `session`: opened with `pool`'s connect options
+    /// and size, READ COMMITTED whatever the server's default, so that a purge never locks
+    /// the gaps the application's inserts go into.
+    pub fn mysql_with(
+        pool: sqlx::MySqlPool,
+        tables: &Tables,
+        session: outbox::mysql::Session,
+    ) -> Self {
+        Self::from_backend(Arc::new(MySqlAdmin::new(session.pool(&pool), tables)))
+    }
+}
+
 impl MySqlAdmin {
     pub(crate) fn new(pool: MySqlPool, tables: &Tables) -> Self {
         Self {
             pool,
             tables: tables.clone(),
-            file: std::sync::Arc::new(super::listing::render_limits(
+            file: std::sync::Arc::new(listing::render_limits(
                 &tables
-                    .render_mysql(include_str!("sql/mysql.sql"))
-                    .replace("{now_ms}", crate::store::NOW_MS),
+                    .render_mysql(include_str!("sql/admin.sql"))
+                    .replace("{now_ms}", super::store::NOW_MS),
             )),
         }
     }
@@ -151,10 +171,8 @@ impl AdminBackend for MySqlAdmin {
                 .await?;
             rows.iter()
                 .map(|r| {
-                    let (headers, truncated) = super::listing::read_headers(
-                        r.try_get("headers")?,
-                        r.try_get("headers_size")?,
-                    );
+                    let (headers, truncated) =
+                        listing::read_headers(r.try_get("headers")?, r.try_get("headers_size")?);
                     let occurred_at: NaiveDateTime = r.try_get("occurred_at")?;
                     Ok(DeadLetter {
                         id: r.try_get("id")?,
@@ -196,7 +214,7 @@ impl AdminBackend for MySqlAdmin {
     ) -> Action<'a, Replayed> {
         Box::pin(async move {
             if ids.is_empty() {
-                return Ok(super::Replayed::default());
+                return Ok(Replayed::default());
             }
             let mut tx = self.pool.begin().await?;
             let result = async {
@@ -224,7 +242,7 @@ impl AdminBackend for MySqlAdmin {
                 )
                 .fetch_all(&mut *tx)
                 .await?;
-                Ok(super::Replayed {
+                Ok(Replayed {
                     replayed: n as i64,
                     not_replayed,
                 })

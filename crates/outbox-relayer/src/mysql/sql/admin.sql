@@ -1,6 +1,6 @@
--- The operator actions of `postgres.sql` on a MySQL or MariaDB outbox, with the same results.
+-- The operator actions of `postgres/sql/admin.sql` on a MySQL or MariaDB outbox, with the same results.
 -- Times in the holds table are unix milliseconds. `{ids}` stands for a list of `?`
--- placeholders (see store/sql/mysql.sql).
+-- placeholders (see sql/store.sql).
 -- name: purgeable
 -- ? the retention in microseconds
 SELECT count(*) FROM {events}
@@ -69,7 +69,7 @@ SELECT payload FROM {events} WHERE id = ?;
 -- name: dead_of
 -- The dead rows among {ids} to replay, locked: all but those before the dead event their
 -- aggregate is parked on, when the replay leaves that one dead (see `replay` in
--- postgres.sql: the park records one dead event per aggregate).
+-- postgres/sql/admin.sql: the park records one dead event per aggregate).
 SELECT e.id FROM {events} e
 WHERE e.id IN ({ids}) AND e.status = 'dead'
   AND NOT EXISTS (

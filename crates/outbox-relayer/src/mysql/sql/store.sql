@@ -1,4 +1,4 @@
--- The relay's statements on MySQL 8 / MariaDB 10.6+ (store/mysql.rs runs them). The same
+-- The relay's statements on MySQL 8 / MariaDB 10.6+ (store.rs runs them). The same
 -- semantics as PostgreSQL's (claim.sql, mark_published.sql, mark_failed.sql, leases.sql,
 -- waiting.sql), in statements MySQL can run: no RETURNING, so a transaction reads the rows it
 -- changes with a locking read first. `{ids}` and `{partitions}` stand for a list of `?`

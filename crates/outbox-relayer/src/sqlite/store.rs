@@ -11,8 +11,10 @@ use outbox::{sql::named, Tables};
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
-use super::{Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
-use crate::error::Error;
+use crate::{
+    error::Error,
+    store::{Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store},
+};
 
 #[derive(Debug)]
 struct Sql {
@@ -51,7 +53,7 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens the outbox at `tables` (migrated with `outbox::sqlite::SqliteOutbox::migrate`).
     pub async fn open(pool: SqlitePool, tables: &Tables) -> Result<Self, Error> {
-        let file = include_str!("sql/sqlite.sql");
+        let file = include_str!("sql/store.sql");
         let r = |name: &str| tables.render_sqlite(named(file, name));
         let sql = Sql {
             now_ms: r("now_ms"),
@@ -539,7 +541,7 @@ impl Store for SqliteStore {
             let waited: Option<i64> = row.try_get(1)?;
             Ok(Backlog {
                 pending: row.try_get(0)?,
-                oldest_age: waited.map(super::waited),
+                oldest_age: waited.map(crate::store::waited),
                 dead: row.try_get(2)?,
             })
         })
@@ -562,7 +564,7 @@ impl Store for SqliteStore {
                         epoch: r.try_get("epoch")?,
                         live: r.try_get("live")?,
                         pending: r.try_get("pending")?,
-                        oldest_age_seconds: waited.map(|w| super::waited(w).as_secs_f64()),
+                        oldest_age_seconds: waited.map(|w| crate::store::waited(w).as_secs_f64()),
                     })
                 })
                 .collect()

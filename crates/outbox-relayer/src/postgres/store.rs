@@ -8,10 +8,11 @@ use futures::future::BoxFuture;
 use outbox::{sql::named, Tables};
 use sqlx::{postgres::PgPoolOptions, PgPool, Row};
 
-use super::{
-    rows::Columns, Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store,
+use super::rows::Columns;
+use crate::{
+    error::Error,
+    store::{Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store},
 };
-use crate::error::Error;
 
 /// Statements, rendered for one outbox.
 #[derive(Debug)]

@@ -6,18 +6,18 @@ use outbox::{sql::named, Tables};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use sqlx::{PgPool, Row};
 
-use super::{
-    db::{
-        AggregateKey, CdcDb, HoldRow, SlotState, SpillHold, SpillRow, Spilled, StreamError,
-        StreamPosition, WalStream,
-    },
-    messages::relay_write_prefix,
-    ReplicationTarget,
-};
+use super::store::render_fenced;
 use crate::{
     complete::refused_for_its_data,
-    store::{render_fenced, ClaimedRow, Fence},
+    source::cdc::{
+        relay_write_prefix, AggregateKey, CdcDb, HoldRow, ReplicationTarget, SlotState, SpillHold,
+        SpillRow, Spilled, StreamError, StreamPosition, WalStream,
+    },
+    store::{ClaimedRow, Fence},
 };
+
+/// The CDC statements (named, rendered per outbox).
+const SQL: &str = include_str!("sql/cdc.sql");
 
 /// The CDC statements, rendered for one outbox.
 struct Sql {
@@ -39,7 +39,7 @@ struct Sql {
 
 impl Sql {
     fn new(tables: &Tables) -> Self {
-        let r = |name: &str| render_fenced(tables, named(super::SQL, name));
+        let r = |name: &str| render_fenced(tables, named(SQL, name));
         Self {
             fence_count: r("fence_count"),
             spill: r("spill"),

@@ -1,7 +1,7 @@
 //! MySQL 8 / MariaDB 10.6+ storage for the relay: partitions and leases with fencing epochs
 //! as on PostgreSQL, so any number of relays share an outbox. MySQL has no `RETURNING`: each
 //! write of event state runs in a transaction that first checks the lease under a share lock
-//! (`held` in `sql/mysql.sql`), then reads the rows it changes with a locking read. Times in the
+//! (`held` in `sql/store.sql`), then reads the rows it changes with a locking read. Times in the
 //! lease, relay and hold tables are unix milliseconds from the database's clock.
 
 use std::{collections::HashMap, time::Duration};
@@ -12,8 +12,10 @@ use outbox::{mysql::Session, sql::named, Tables};
 use sqlx::{mysql::MySqlArguments, query::Query, MySql, MySqlConnection, MySqlPool, Row};
 use uuid::Uuid;
 
-use super::{Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store};
-use crate::error::Error;
+use crate::{
+    error::Error,
+    store::{Backlog, Claimed, ClaimedRow, Failure, Fence, Marking, PartitionStatus, Store},
+};
 
 /// The database clock in unix milliseconds. Not `UNIX_TIMESTAMP()`, which MariaDB before 11.5
 /// answers with NULL after 2038-01-19 03:14:07 UTC.
@@ -27,7 +29,7 @@ pub const NOW_MS: &str = "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 0
 pub const DATETIME_OF_MS: &str =
     "TIMESTAMPADD(MICROSECOND, ? * 1000, TIMESTAMP'1970-01-01 00:00:00')";
 
-/// The claim's cost of a row in memory (see `sql/claim_columns.sql`), without loading it.
+/// The claim's cost of a row in memory (see `postgres/sql/claim_columns.sql`), without loading it.
 const ROW_BYTES: &str = "(CASE WHEN e.payload_bytes <= ? THEN e.payload_bytes ELSE 0 END \
      + LEAST(e.headers_bytes, 65536) + LENGTH(e.aggregate_type) + LENGTH(e.aggregate_id) \
      + LENGTH(e.event_type) + LENGTH(e.content_type) + COALESCE(LENGTH(e.destination), 0))";
@@ -107,7 +109,7 @@ where
 #[derive(Clone, Debug)]
 pub struct MySqlStore {
     pool: MySqlPool,
-    /// A pool of its own for the lease statements, as [`super::PgStore`]'s.
+    /// A pool of its own for the lease statements, as `PgStore`'s.
     lease_pool: MySqlPool,
     partitions: i32,
     sql: std::sync::Arc<Sql>,
@@ -131,7 +133,7 @@ impl MySqlStore {
         let lease_pool = session.pool_of(&pool, 2);
         let pool = session.pool(&pool);
         let file = tables
-            .render_mysql(include_str!("sql/mysql.sql"))
+            .render_mysql(include_str!("sql/store.sql"))
             .replace("{row_bytes}", ROW_BYTES)
             .replace("{now_ms}", NOW_MS)
             .replace("{datetime_of_ms}", DATETIME_OF_MS);
@@ -164,7 +166,7 @@ impl MySqlStore {
         &self.pool
     }
 
-    /// The claim's scan for `partitions` partitions (see `claim_scan` in `sql/mysql.sql`), for
+    /// The claim's scan for `partitions` partitions (see `claim_scan` in `sql/store.sql`), for
     /// `EXPLAIN` in tests: per partition (padded, see [`slots`]) its floor twice, the max
     /// payload, the partition, its floor and the limit; then the limit, the max payload, the
     /// partitions, now (ms) and the limit.
@@ -732,7 +734,7 @@ impl Store for MySqlStore {
             let waited: Option<i64> = row.try_get(1)?;
             Ok(Backlog {
                 pending: row.try_get(0)?,
-                oldest_age: waited.map(super::waited),
+                oldest_age: waited.map(crate::store::waited),
                 dead: row.try_get(2)?,
             })
         })
@@ -755,7 +757,7 @@ impl Store for MySqlStore {
                         epoch: r.try_get("epoch")?,
                         live: r.try_get::<i64, _>("live")? != 0,
                         pending: r.try_get("pending")?,
-                        oldest_age_seconds: waited.map(|w| super::waited(w).as_secs_f64()),
+                        oldest_age_seconds: waited.map(|w| crate::store::waited(w).as_secs_f64()),
                     })
                 })
                 .collect()

@@ -1,4 +1,4 @@
--- The operator actions of `postgres.sql` on a SQLite outbox, with the same results. Times in
+-- The operator actions of `postgres/sql/admin.sql` on a SQLite outbox, with the same results. Times in
 -- the holds table are unix milliseconds; `published_at` is the relay's RFC 3339 text.
 -- name: purgeable
 -- ?1 the age as a date modifier ('-3600.000 seconds')
@@ -78,7 +78,7 @@ SELECT CAST(payload AS BLOB) FROM {events} WHERE id = ?1;
 -- Dead events become pending again, attempts and permanent failures reset, their wait
 -- (the lag gauge's) counted from now, all but those
 -- before the dead event their aggregate is parked on, when the replay leaves that one dead
--- (see `replay` in postgres.sql: the park records one dead event per aggregate). ?1 ids (JSON)
+-- (see `replay` in postgres/sql/admin.sql: the park records one dead event per aggregate). ?1 ids (JSON)
 UPDATE {events}
 SET status = 'pending', attempts = 0, permanent_failures = 0, next_attempt_at = NULL,
     enqueued_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')

@@ -1,14 +1,14 @@
-//! Operator actions on a PostgreSQL outbox (`sql/postgres.sql`).
+//! Operator actions on a PostgreSQL outbox (`sql/admin.sql`).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use outbox::{sql::named, Tables};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::{
+use crate::admin::{
     backend::{Action, AdminBackend},
-    AuditEntry, DeadLetter, DeadLetterFilter, Replayed,
+    listing, Admin, AuditEntry, DeadLetter, DeadLetterFilter, Replayed,
 };
 
 /// Operator actions on a PostgreSQL outbox.
@@ -26,10 +26,17 @@ pub(crate) struct PgAdmin {
     audit: String,
 }
 
+impl Admin {
+    /// Actions on the PostgreSQL outbox at `tables`.
+    pub fn new(pool: sqlx::PgPool, tables: &Tables) -> Self {
+        Self::from_backend(Arc::new(PgAdmin::new(pool, tables)))
+    }
+}
+
 impl PgAdmin {
     /// Actions on the outbox at `tables`.
     pub(crate) fn new(pool: PgPool, tables: &Tables) -> Self {
-        let file = include_str!("sql/postgres.sql");
+        let file = include_str!("sql/admin.sql");
         let r = |name: &str| tables.render(named(file, name));
         Self {
             pool,
@@ -37,7 +44,7 @@ impl PgAdmin {
             purge: r("purge"),
             archive: r("archive"),
             purgeable: r("purgeable"),
-            list_dead: super::listing::render_limits(&r("list_dead")),
+            list_dead: listing::render_limits(&r("list_dead")),
             payload: r("payload"),
             replay: r("replay"),
             skip: r("skip"),
@@ -97,10 +104,8 @@ impl AdminBackend for PgAdmin {
                 .await?;
             rows.iter()
                 .map(|r| {
-                    let (headers, truncated) = super::listing::read_headers(
-                        r.try_get("headers")?,
-                        r.try_get("headers_size")?,
-                    );
+                    let (headers, truncated) =
+                        listing::read_headers(r.try_get("headers")?, r.try_get("headers_size")?);
                     Ok(DeadLetter {
                         id: r.try_get("id")?,
                         event_id: r.try_get::<Uuid, _>("event_id")?.to_string(),
@@ -149,7 +154,7 @@ impl AdminBackend for PgAdmin {
                 .bind(reason)
                 .fetch_one(&self.pool)
                 .await?;
-            Ok(super::Replayed {
+            Ok(Replayed {
                 replayed,
                 not_replayed,
             })
