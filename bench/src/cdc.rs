@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use outbox::{
     postgres::{cdc, PgOutbox, WriteMode},
-    Event,
+    Event, Outbox,
 };
 use sqlx::Row;
 use tokio::sync::oneshot;

@@ -10,7 +10,7 @@ use std::{
 use async_nats::jetstream::{self, stream};
 use outbox::{
     postgres::{MigrateOptions, PgOutbox},
-    Tables,
+    Outbox, Tables,
 };
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
+use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Outbox, Tables};
 use outbox_relayer::{
     admin::Admin,
     mysql::MySqlStore,

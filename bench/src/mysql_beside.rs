@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use outbox::{mysql::MySqlOutbox, Event, Tables};
+use outbox::{mysql::MySqlOutbox, Event, Outbox, Tables};
 use outbox_relayer::admin::Admin;
 use sqlx::{mysql::MySqlConnectOptions, ConnectOptions, Connection, MySqlPool};
 

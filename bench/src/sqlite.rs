@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use outbox::{sqlite::SqliteOutbox, Event, Tables};
+use outbox::{sqlite::SqliteOutbox, Event, Outbox, Tables};
 use outbox_relayer::{
     admin::Admin,
     sqlite::SqliteStore,
@@ -109,7 +109,9 @@ async fn open(path: &Path, tables: &Tables) -> Result<SqlitePool> {
         .max_connections(4)
         .connect_with(options)
         .await?;
-    SqliteOutbox::new(tables.clone()).migrate(&pool).await?;
+    SqliteOutbox::new(tables.clone())
+        .migrate(&pool, Default::default())
+        .await?;
     Ok(pool)
 }
 

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use outbox::{postgres::PgOutbox, Event};
+use outbox::{postgres::PgOutbox, Event, Outbox};
 use sqlx::{Connection, PgConnection};
 
 use crate::common::{payload, Result};

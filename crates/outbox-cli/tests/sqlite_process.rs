@@ -4,7 +4,7 @@ mod support;
 
 use std::{process::Stdio, time::Duration};
 
-use outbox::{sqlite::SqliteOutbox, Event, Tables};
+use outbox::{sqlite::SqliteOutbox, Event, Outbox, Tables};
 use outbox_testkit::{unique, wait_until, NatsReader, Report, NATS_URL};
 use sqlx::sqlite::SqlitePoolOptions;
 

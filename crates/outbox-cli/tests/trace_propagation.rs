@@ -23,7 +23,7 @@ use opentelemetry_sdk::{
 };
 use outbox::{
     postgres::{MigrateOptions, WriteMode},
-    Event,
+    Event, Outbox,
 };
 use outbox_consumer::{
     nats::{NatsConsumer, NatsSource},

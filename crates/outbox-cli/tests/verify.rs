@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use async_nats::{jetstream, HeaderMap};
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_testkit::{
     database_url, insert_sequences, unique, wait_until, NatsReader, RabbitReader, TestDb, NATS_URL,
     RABBITMQ_URL,

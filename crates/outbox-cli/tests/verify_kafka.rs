@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_testkit::{database_url, insert_sequences, unique, wait_until, TestDb};
 use rdkafka::{
     admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},

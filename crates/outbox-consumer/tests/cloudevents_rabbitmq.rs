@@ -13,7 +13,7 @@ use lapin::{
     types::FieldTable,
     Connection, ConnectionProperties, ExchangeKind,
 };
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_consumer::{
     rabbitmq::{RabbitMqConsumer, RabbitMqSource},
     ConsumerConfig, Envelope, Handler, HandlerError, Processor,

@@ -9,7 +9,7 @@ use std::{
 
 use async_nats::jetstream;
 use futures::future::BoxFuture;
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_consumer::{
     nats::{NatsConsumer, NatsSource},
     ConsumerConfig, Envelope, Handler, HandlerError, Processor, Upcasters,

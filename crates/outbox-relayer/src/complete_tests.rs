@@ -9,7 +9,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use outbox::{sqlite::SqliteOutbox, Event};
+use outbox::{sqlite::SqliteOutbox, Event, Outbox};
 use outbox_testkit::SqliteFile;
 
 use super::Completer;

@@ -18,7 +18,7 @@ use std::{
 use futures::future::BoxFuture;
 
 use common::cdc::{cdc_config, cdc_db, start, WAIT};
-use outbox::{postgres::WriteMode, Event};
+use outbox::{postgres::WriteMode, Event, Outbox};
 use outbox_relayer::{Message, PublishError, Publisher};
 use outbox_testkit::{unique, wait_until, NatsReader, Report, TestDb, NATS_URL};
 

@@ -5,6 +5,7 @@
 
 mod common;
 
+use outbox::Outbox;
 use std::time::Duration;
 
 use common::cdc::{cdc_config, outbox_on, start, write, WAIT};

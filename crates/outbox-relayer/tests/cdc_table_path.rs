@@ -14,7 +14,7 @@ use std::sync::{
 use futures::future::BoxFuture;
 
 use common::cdc::{cdc_config, cdc_db, slot_caught_up, start, write, WAIT};
-use outbox::{postgres::WriteMode, Event};
+use outbox::{postgres::WriteMode, Event, Outbox};
 use outbox_relayer::{admin::Admin, Message, PublishError, Publisher};
 use outbox_testkit::{unique, wait_until, NatsReader, Report, TestDb, NATS_URL};
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_relayer::{
     admin::Admin,
     postgres::PgStore,

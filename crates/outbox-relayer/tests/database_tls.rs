@@ -8,7 +8,7 @@ mod common;
 
 use std::{path::PathBuf, time::Duration};
 
-use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
+use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Outbox, Tables};
 use outbox_relayer::{Relay, RelayConfig};
 use outbox_testkit::{
     unique, wait_until, NatsReader, PrivateMariaDb, PrivatePostgres, ServerTls, NATS_URL,

@@ -13,7 +13,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_relayer::{postgres::PgStore, Message, PublishError, Publisher, Relay};
 use outbox_testkit::{unique, wait_until, TestDb};
 use sqlx::{postgres::PgPoolOptions, Executor};

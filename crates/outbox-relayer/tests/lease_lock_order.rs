@@ -5,7 +5,7 @@
 
 use std::{str::FromStr, time::Duration};
 
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_relayer::{
     postgres::PgStore,
     store::{Fence, Marking},

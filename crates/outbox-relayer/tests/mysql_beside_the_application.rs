@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use outbox::{
     mysql::{MySqlInbox, MySqlOutbox, Session},
-    Event, Seen,
+    Event, Inbox, Outbox, Seen,
 };
 use outbox_relayer::{
     admin::Admin,

@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use outbox::{sqlite::SqliteOutbox, Event, Tables};
+use outbox::{sqlite::SqliteOutbox, Event, Outbox, Tables};
 use outbox_relayer::{retry::RetryPolicy, Message, PublishError, Publisher, Relay, RelayConfig};
 use outbox_testkit::{wait_until, SqliteFile};
 

@@ -17,7 +17,7 @@ use common::cdc::{
 };
 use outbox::{
     postgres::{cdc, MigrateOptions, WriteMode},
-    Event,
+    Event, Outbox,
 };
 use outbox_relayer::{Message, PublishError, Publisher, RelayHandle};
 use outbox_testkit::{

@@ -10,7 +10,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_relayer::{
     fanout::{copy_message_id, FanOutCopy},
     routing::RouteRule,

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_testkit::{insert_sequences, unique, wait_until, NatsReader, Report, TestDb, NATS_URL};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -9,7 +9,7 @@ use std::{
 };
 
 use axum::{body::Bytes, extract::State, http::HeaderMap, http::StatusCode, routing::post, Router};
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_relayer::publishers::webhook::{sign, WebhookConfig, WebhookPublisher};
 use outbox_testkit::{unique, wait_until, TestDb};
 

@@ -1,7 +1,7 @@
 //! An operator's replay racing a relay that dead-letters an event of the same aggregate, on
 //! PostgreSQL: the park the relay commits while the replay runs stays.
 
-use outbox::Event;
+use outbox::{Event, Outbox};
 use outbox_relayer::admin::Admin;
 use outbox_testkit::{wait_until, TestDb};
 use sqlx::{

@@ -6,7 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Tables};
+use outbox::{postgres::PgOutbox, sqlite::SqliteOutbox, Event, Outbox, Tables};
 use outbox_relayer::{
     admin::{Admin, Replayed},
     mysql::MySqlStore,

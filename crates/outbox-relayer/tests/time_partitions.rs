@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{Days, Utc};
 use outbox::{
     postgres::{time_partitions, MigrateOptions, PgOutbox},
-    Event,
+    Event, Outbox,
 };
 use outbox_relayer::{Relay, RelayConfig};
 use outbox_testkit::{insert_sequences, unique, wait_until, NatsReader, TestDb, NATS_URL};

@@ -1,6 +1,6 @@
 use outbox::{
     postgres::{MigrateOptions, PgOutbox},
-    Event, Tables,
+    Event, Outbox, Tables,
 };
 use sqlx::{postgres::PgPoolOptions, PgPool};
 

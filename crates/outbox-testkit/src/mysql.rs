@@ -1,6 +1,6 @@
 //! A migrated MySQL / MariaDB outbox in a database of its own, dropped on drop.
 
-use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Tables};
+use outbox::{mysql::MySqlOutbox, postgres::MigrateOptions, Event, Outbox, Tables};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions},
     ConnectOptions, Connection, MySqlPool,

@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use outbox::{sqlite::SqliteOutbox, Event, Tables};
+use outbox::{sqlite::SqliteOutbox, Event, Outbox, Tables};
 use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions},
     Connection,
@@ -39,7 +39,7 @@ impl SqliteFile {
             .expect("open the SQLite file");
         let tables = Tables::default();
         SqliteOutbox::new(tables.clone())
-            .migrate(&pool)
+            .migrate(&pool, Default::default())
             .await
             .expect("migrate");
         Self {

@@ -87,6 +87,8 @@ pub enum SchemaError {
     },
     /// `partitions` must be between 1 and 4096.
     BadPartitionCount(i32),
+    /// The backend has no partitions to set (SQLite's one partition); the text says why.
+    Partitions(String),
     /// The outbox tables do not exist: run `outbox migrate` first.
     Missing,
     /// A time-partitioning setting that cannot be applied; the text says why.
@@ -125,6 +127,7 @@ impl fmt::Display for SchemaError {
             Self::BadPartitionCount(n) => {
                 write!(f, "partitions must be between 1 and 4096, got {n}")
             }
+            Self::Partitions(why) => write!(f, "partitions: {why}"),
             Self::Missing => write!(f, "outbox tables not found; run `outbox migrate` first"),
             Self::TimePartitioning(why) => write!(f, "time partitioning: {why}"),
             Self::Cdc(why) => write!(f, "change data capture: {why}"),

@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox::{postgres::PgOutbox, DomainEvent};
+//! use outbox::{postgres::PgOutbox, DomainEvent, Outbox};
 //!
 //! #[derive(serde::Serialize, serde::Deserialize)]
 //! struct OrderPlaced {
@@ -42,6 +42,8 @@
 //! The outbox table is a public contract: services in any language may `INSERT` into it directly
 //! (see the crate README, or docs/architecture.md in the repository: the write contract).
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod backend;
 pub mod backoff;
 pub mod compat;
 mod error;
@@ -70,6 +72,8 @@ pub mod wire;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use backend::{Connection, Inbox, Outbox};
 pub use error::{chain as error_chain, Error, SchemaError};
 pub use event::{Event, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use headers::Headers;

@@ -7,7 +7,7 @@
 
 use outbox::{
     postgres::{MigrateOptions, PgOutbox},
-    DomainEvent,
+    DomainEvent, Outbox,
 };
 
 /// The event: its Rust type names its aggregate type and event type once, for every writer.

@@ -16,6 +16,7 @@
 
 pub mod orders;
 
+use outbox::Outbox;
 use std::{future::Future, net::SocketAddr, time::Duration};
 
 use outbox::postgres::{MigrateOptions, PgOutbox};

@@ -2,7 +2,7 @@
 //! one transaction.
 
 use axum::{extract::State, http::StatusCode, routing::post, Json, Router};
-use outbox::{postgres::PgOutbox, DomainEvent, Tables};
+use outbox::{postgres::PgOutbox, DomainEvent, Outbox, Tables};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;

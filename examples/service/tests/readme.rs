@@ -6,7 +6,7 @@
 
 #[rustfmt::skip]
 mod readme {
-    use outbox::{postgres::PgOutbox, DomainEvent};
+    use outbox::{postgres::PgOutbox, DomainEvent, Outbox};
 
     #[derive(serde::Serialize, serde::Deserialize)]
     struct OrderPlaced { order_id: i64, sku: String, qty: i64 }

@@ -1,5 +1,6 @@
 //! `outbox migrate`.
 
+use outbox::Outbox;
 use std::process::ExitCode;
 
 use outbox::postgres::{cdc, MigrateOptions, PgOutbox};
@@ -54,18 +55,16 @@ pub async fn run(args: Args) -> CommandResult {
         return print(args).await;
     }
     let tables = args.db.tables()?;
+    let options = MigrateOptions {
+        partitions: args.partitions,
+        time_partition_days: args.time_partition_days,
+    };
     // The events table as the database names it: `"outbox"."events"` on PostgreSQL,
     // `outbox_events` on MySQL and SQLite (prefixed tables in the URL's database).
     let table = match connect_any(require_url(args.db.database_url.as_deref())?, 2).await? {
         Db::Postgres(pool) => {
             PgOutbox::new(tables.clone())
-                .migrate(
-                    &pool,
-                    MigrateOptions {
-                        partitions: args.partitions,
-                        time_partition_days: args.time_partition_days,
-                    },
-                )
+                .migrate(&pool, options)
                 .await?;
             if args.cdc || args.drop_cdc {
                 let names = cdc::CdcNames::resolve(
@@ -113,17 +112,8 @@ pub async fn run(args: Args) -> CommandResult {
             if args.cdc || args.drop_cdc {
                 return Err("--cdc: change data capture needs PostgreSQL".into());
             }
-            if args.time_partition_days.is_some() {
-                return Err("--time-partition-days: time partitioning needs PostgreSQL".into());
-            }
             outbox::mysql::MySqlOutbox::new(tables.clone())
-                .migrate(
-                    &pool,
-                    MigrateOptions {
-                        partitions: args.partitions,
-                        time_partition_days: None,
-                    },
-                )
+                .migrate(&pool, options)
                 .await?;
             tables.render_mysql("{events}")
         }
@@ -131,18 +121,8 @@ pub async fn run(args: Args) -> CommandResult {
             if args.cdc || args.drop_cdc {
                 return Err("--cdc: change data capture needs PostgreSQL".into());
             }
-            if args.partitions.is_some_and(|p| p != 1) {
-                return Err(
-                    "--partitions: a SQLite outbox has one partition (one relay at a \
-                            time); omit the flag"
-                        .into(),
-                );
-            }
-            if args.time_partition_days.is_some() {
-                return Err("--time-partition-days: time partitioning needs PostgreSQL".into());
-            }
             outbox::sqlite::SqliteOutbox::new(tables.clone())
-                .migrate(&pool)
+                .migrate(&pool, options)
                 .await?;
             tables.render_sqlite("{events}")
         }
@@ -181,17 +161,10 @@ async fn print(args: Args) -> CommandResult {
             }
         }
         Kind::Sqlite => {
-            if args.partitions.is_some_and(|p| p != 1) || args.time_partition_days.is_some() {
-                return Err(
-                    "--partitions and --time-partition-days do not apply to SQLite \
-                            (one partition, no time partitioning)"
-                        .into(),
-                );
-            }
             let outbox = outbox::sqlite::SqliteOutbox::new(tables);
             match (args.offline, sqlite_read_only(url).await?) {
-                (false, Some(pool)) => outbox.migration_script(Some(&pool)).await?,
-                _ => outbox.migration_script(None).await?,
+                (false, Some(pool)) => outbox.migration_script(Some(&pool), options).await?,
+                _ => outbox.migration_script(None, options).await?,
             }
         }
     };

@@ -6,7 +6,7 @@ use std::time::Duration;
 use outbox::{
     mysql::MySqlOutbox,
     postgres::{MigrateOptions, PgOutbox, WriteMode},
-    Event,
+    Event, Outbox,
 };
 use outbox_testkit::{PrivateMariaDb, PrivatePostgres};
 use sqlx::{mysql::MySqlPoolOptions, postgres::PgPoolOptions, MySql, MySqlPool, PgPool, Postgres};

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use outbox::{postgres::PgOutbox, Event, Tables};
+use outbox::{postgres::PgOutbox, Event, Outbox, Tables};
 use sqlx::{types::Json, PgConnection, Row};
 use uuid::Uuid;
 

@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::NaiveDateTime;
-use outbox::{sql::named, Tables};
+use outbox::{sql::named, Inbox, Tables};
 use sqlx::{MySqlConnection, MySqlPool, Row};
 
 use super::store::{bind_list, key_text, listed};

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use outbox::{sql::named, Tables};
+use outbox::{sql::named, Inbox, Tables};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 

@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use outbox::{sql::named, Tables};
+use outbox::{sql::named, Inbox, Tables};
 use sqlx::{sqlite::SqliteRow, Row, SqlitePool};
 
 use super::store::parse_time;

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 
 use outbox::{
     postgres::{cdc, MigrateOptions, WriteMode},
-    Event,
+    Event, Outbox,
 };
 use outbox_relayer::{Message, Mode, PublishError, Publisher, Relay, RelayConfig, RelayHandle};
 use outbox_testkit::{cdc_database_url, wait_until, TestDb};

@@ -4,7 +4,9 @@
 
 use sqlx::Executor;
 
-use crate::{Error, MigrateOptions, SchemaError, Tables, DEFAULT_PARTITIONS};
+use crate::{sql::named, Error, MigrateOptions, SchemaError, Tables, DEFAULT_PARTITIONS};
+
+const SQL: &str = include_str!("sql/migrate.sql");
 
 /// The migrations this build ships: (version, description, template).
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -95,28 +97,13 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 /// Takes the schema's migration lock until the end of the transaction: one lock per schema
 /// name, so that concurrent migrators (and CDC set-ups) queue, then find the work done.
 pub(super) async fn lock(tx: &mut sqlx::PgConnection, tables: &Tables) -> Result<(), Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))")
+    sqlx::query(named(SQL, "lock"))
         .bind(tables.schema().as_str())
         .execute(tx)
         .await
         .map_err(Error::Database)
         .map(drop)
 }
-
-/// The schema and the bookkeeping table every run starts with.
-const BOOTSTRAP: &str = "CREATE SCHEMA IF NOT EXISTS {schema};
-CREATE TABLE IF NOT EXISTS {schema}.migrations (
-    version     integer     PRIMARY KEY,
-    description text        NOT NULL,
-    checksum    text        NOT NULL,
-    applied_at  timestamptz NOT NULL DEFAULT now()
-);";
-
-/// The bookkeeping row of an applied migration, up to its values.
-const RECORD: &str = "INSERT INTO {schema}.migrations (version, description, checksum) VALUES";
-
-/// The settings an outbox was created with.
-const SETTINGS: &str = "SELECT partitions, time_partition_days FROM {schema}.meta";
 
 /// The partition count a run creates the outbox with, checked.
 fn partition_count(options: MigrateOptions) -> Result<i32, Error> {
@@ -143,15 +130,13 @@ pub(super) async fn run(
     let mut tx = pool.begin().await.map_err(Error::Database)?;
     lock(&mut tx, tables).await?;
     (&mut *tx)
-        .execute(sqlx::raw_sql(&tables.render(BOOTSTRAP)))
+        .execute(sqlx::raw_sql(&tables.render(named(SQL, "bootstrap"))))
         .await
         .map_err(Error::Database)?;
-    let applied: Vec<(i32, String)> = sqlx::query_as(
-        &tables.render("SELECT version, checksum FROM {schema}.migrations ORDER BY version"),
-    )
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(Error::Database)?;
+    let applied: Vec<(i32, String)> = sqlx::query_as(&tables.render(named(SQL, "applied")))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::Database)?;
 
     let creating = applied.is_empty();
     for (version, description, template) in crate::migration::due(&applied, MIGRATIONS)? {
@@ -160,21 +145,25 @@ pub(super) async fn run(
             .execute(sqlx::raw_sql(&render(tables, template, partitions)))
             .await
             .map_err(Error::Database)?;
-        sqlx::query(&tables.render(&format!("{RECORD} ($1, $2, $3)")))
-            .bind(version)
-            .bind(description)
-            .bind(&checksum)
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::Database)?;
+        sqlx::query(&format!(
+            "{} ($1, $2, $3)",
+            tables.render(named(SQL, "record"))
+        ))
+        .bind(version)
+        .bind(description)
+        .bind(&checksum)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::Database)?;
     }
     if let (true, Some(days)) = (creating, options.time_partition_days) {
         super::time_partitions::convert(&mut tx, tables, days).await?;
     }
-    let (existing, days): (i32, Option<i32>) = sqlx::query_as(&tables.render(SETTINGS))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
+    let (existing, days): (i32, Option<i32>) =
+        sqlx::query_as(&tables.render(named(SQL, "settings")))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(Error::Database)?;
     settings_match(existing, days, options)?;
     tx.commit().await.map_err(Error::Database)
 }
@@ -240,17 +229,17 @@ pub(super) async fn script(
     script.comment("One transaction, stopping at the first error: psql -v ON_ERROR_STOP=1 -f FILE");
     script.statement("BEGIN");
     script.comment("The lock `outbox migrate` takes: concurrent migrators queue.");
-    script.statement(&format!(
-        "SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || {}, 0))",
-        crate::migration_script::literal(tables.schema().as_str())
+    script.statement(&named(SQL, "lock").replace(
+        "$1",
+        &crate::migration_script::literal(tables.schema().as_str()),
     ));
-    script.statement(&tables.render(BOOTSTRAP));
+    script.statement(&tables.render(named(SQL, "bootstrap")));
     for (version, description, template) in due {
         script.migration(*version, description);
         script.statement(&render(tables, template, partitions));
         script.statement(&format!(
             "{} ({version}, {}, {})",
-            tables.render(RECORD),
+            tables.render(named(SQL, "record")),
             crate::migration_script::literal(description),
             crate::migration_script::literal(&crate::migration::checksum(template))
         ));
@@ -262,7 +251,7 @@ pub(super) async fn script(
 /// The migrations the database records (version, checksum); none when the outbox's schema or
 /// its bookkeeping table does not exist. Reads only.
 async fn applied(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<(i32, String)>, Error> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+    let exists: bool = sqlx::query_scalar(named(SQL, "has_bookkeeping"))
         .bind(tables.render("{schema}.migrations"))
         .fetch_one(pool)
         .await
@@ -270,12 +259,10 @@ async fn applied(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<(i32, Strin
     if !exists {
         return Ok(Vec::new());
     }
-    sqlx::query_as(
-        &tables.render("SELECT version, checksum FROM {schema}.migrations ORDER BY version"),
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(Error::Database)
+    sqlx::query_as(&tables.render(named(SQL, "applied")))
+        .fetch_all(pool)
+        .await
+        .map_err(Error::Database)
 }
 
 /// Checks the settings asked for against those an existing outbox was created with.
@@ -284,9 +271,10 @@ async fn check_settings(
     tables: &Tables,
     options: MigrateOptions,
 ) -> Result<(), Error> {
-    let (existing, days): (i32, Option<i32>) = sqlx::query_as(&tables.render(SETTINGS))
-        .fetch_one(pool)
-        .await
-        .map_err(Error::Database)?;
+    let (existing, days): (i32, Option<i32>) =
+        sqlx::query_as(&tables.render(named(SQL, "settings")))
+            .fetch_one(pool)
+            .await
+            .map_err(Error::Database)?;
     settings_match(existing, days, options)
 }

@@ -1,8 +1,10 @@
 //! Upgrading a SQLite outbox through the migration that rebuilds its events table.
 
+use crate::Outbox;
 use sqlx::{sqlite::SqliteConnectOptions, Connection, SqliteConnection};
 
-use super::{migrate_locked, migrate_with, SqliteOutbox, MIGRATIONS, REBUILDS_EVENTS};
+use super::{migrate_locked, migrate_with, MIGRATIONS, REBUILDS_EVENTS};
+use crate::sqlite::SqliteOutbox;
 use crate::Tables;
 
 #[tokio::test]
@@ -27,7 +29,7 @@ async fn a_printed_script_sets_the_users_triggers_and_views_aside_too() {
     before_the_rebuild(&mut conn, &tables).await;
     let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
     let script = SqliteOutbox::new(tables.clone())
-        .migration_script(Some(&pool))
+        .migration_script(Some(&pool), Default::default())
         .await
         .unwrap();
     pool.close().await;

@@ -10,7 +10,7 @@ use std::{
 
 use outbox::{
     postgres::{MigrateOptions, PgOutbox},
-    Tables,
+    Outbox, Tables,
 };
 use outbox_consumer::{saga::SagaHandler, ConsumerConfig, Handler, Processor};
 use outbox_relayer::{Relay, RelayHandle};

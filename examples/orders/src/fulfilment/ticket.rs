@@ -1,7 +1,7 @@
 //! The order as every service sees it, the events that carry it, and the mix of orders a run
 //! places (some with a declined card, some for an item that never comes back in stock).
 
-use outbox::{postgres::PgOutbox, Event};
+use outbox::{postgres::PgOutbox, Event, Outbox};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 

@@ -8,7 +8,7 @@ use outbox::{
     mysql::{MySqlInbox, MySqlOutbox},
     postgres::{MigrateOptions, PgInbox, PgOutbox},
     sqlite::{SqliteInbox, SqliteOutbox},
-    Seen, Tables,
+    Inbox, Outbox, Seen, Tables,
 };
 use outbox_relayer::{Publisher, Relay, RelayConfig};
 use sqlx::{
@@ -150,7 +150,7 @@ impl Storage {
             .await?;
         let tables = Tables::default();
         let outbox = SqliteOutbox::new(tables.clone());
-        outbox.migrate(&pool).await?;
+        outbox.migrate(&pool, Default::default()).await?;
         let db = Db::Sqlite {
             pool,
             inbox: SqliteInbox::new(&tables),
