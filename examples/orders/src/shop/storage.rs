@@ -6,16 +6,15 @@ use std::{path::PathBuf, str::FromStr, sync::Arc, time::Duration};
 
 use outbox::{
     mysql::{MySqlInbox, MySqlOutbox},
-    postgres::{MigrateOptions, PgInbox, PgOutbox},
+    postgres::{PgInbox, PgOutbox},
     sqlite::{SqliteInbox, SqliteOutbox},
-    Inbox, Outbox, Seen, Tables,
+    Inbox, MigrateOptions, Outbox, Seen, Tables,
 };
 use outbox_relayer::{Publisher, Relay, RelayConfig};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
-    Connection, Database, Executor, IntoArguments, MySql, MySqlPool, PgPool, Pool, Postgres,
-    Sqlite, SqlitePool,
+    Connection, Database, Executor, IntoArguments, MySqlPool, PgPool, Pool, SqlitePool,
 };
 use uuid::Uuid;
 
@@ -206,31 +205,11 @@ impl Storage {
     /// The order service: the `n`-th order and its `OrderCreated` event commit together.
     pub async fn place_order(&self, n: i64) -> Result<Uuid, BoxError> {
         let order = Order::nth(n);
-        let event = order.created();
-        let sql = &self.sql;
-        Ok(match &self.db {
-            Db::Postgres { pool, outbox, .. } => {
-                let mut tx = pool.begin().await?;
-                insert_order::<Postgres>(&mut tx, sql, &order).await?;
-                let id = outbox.publish(&mut tx, order.id, &event).await?;
-                tx.commit().await?;
-                id
-            }
-            Db::MySql { pool, outbox, .. } => {
-                let mut tx = pool.begin().await?;
-                insert_order::<MySql>(&mut tx, sql, &order).await?;
-                let id = outbox.publish(&mut tx, order.id, &event).await?;
-                tx.commit().await?;
-                id
-            }
-            Db::Sqlite { pool, outbox, .. } => {
-                let mut tx = pool.begin().await?;
-                insert_order::<Sqlite>(&mut tx, sql, &order).await?;
-                let id = outbox.publish(&mut tx, order.id, &event).await?;
-                tx.commit().await?;
-                id
-            }
-        })
+        match &self.db {
+            Db::Postgres { pool, outbox, .. } => place(pool, outbox, &self.sql, &order).await,
+            Db::MySql { pool, outbox, .. } => place(pool, outbox, &self.sql, &order).await,
+            Db::Sqlite { pool, outbox, .. } => place(pool, outbox, &self.sql, &order).await,
+        }
     }
 
     /// Applies `order` for `consumer` once: the inbox row and the effect commit together; a
@@ -242,35 +221,17 @@ impl Storage {
         order: &OrderCreated,
     ) -> Result<Seen, BoxError> {
         let sql = &self.sql;
-        Ok(match &self.db {
+        match &self.db {
             Db::Postgres { pool, inbox, .. } => {
-                let mut tx = pool.begin().await?;
-                let seen = inbox.record(&mut tx, consumer, event_id).await?;
-                if seen == Seen::New {
-                    apply::<Postgres>(&mut tx, sql, consumer, event_id, order).await?;
-                }
-                tx.commit().await?;
-                seen
+                consume(pool, inbox, sql, consumer, event_id, order).await
             }
             Db::MySql { pool, inbox, .. } => {
-                let mut tx = pool.begin().await?;
-                let seen = inbox.record(&mut tx, consumer, event_id).await?;
-                if seen == Seen::New {
-                    apply::<MySql>(&mut tx, sql, consumer, event_id, order).await?;
-                }
-                tx.commit().await?;
-                seen
+                consume(pool, inbox, sql, consumer, event_id, order).await
             }
             Db::Sqlite { pool, inbox, .. } => {
-                let mut tx = pool.begin().await?;
-                let seen = inbox.record(&mut tx, consumer, event_id).await?;
-                if seen == Seen::New {
-                    apply::<Sqlite>(&mut tx, sql, consumer, event_id, order).await?;
-                }
-                tx.commit().await?;
-                seen
+                consume(pool, inbox, sql, consumer, event_id, order).await
             }
-        })
+        }
     }
 
     /// The single number `sql` (one of [`Statements`]' counts) selects.
@@ -321,6 +282,52 @@ impl Storage {
             }
         }
     }
+}
+
+/// The order and its event in one transaction, on any database: written against the
+/// [`Outbox`] trait.
+async fn place<O: Outbox>(
+    pool: &Pool<O::Database>,
+    outbox: &O,
+    sql: &Statements,
+    order: &Order,
+) -> Result<Uuid, BoxError>
+where
+    for<'e> &'e mut <O::Database as Database>::Connection: Executor<'e, Database = O::Database>,
+    for<'q> <O::Database as Database>::Arguments<'q>: IntoArguments<'q, O::Database>,
+    for<'q> i64: sqlx::Encode<'q, O::Database> + sqlx::Type<O::Database>,
+    for<'q> String: sqlx::Encode<'q, O::Database> + sqlx::Type<O::Database>,
+{
+    let mut tx = pool.begin().await?;
+    insert_order::<O::Database>(&mut tx, sql, order).await?;
+    let id = outbox.publish(&mut tx, order.id, &order.created()).await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// The inbox row and the effect in one transaction, on any database: written against the
+/// [`Inbox`] trait.
+async fn consume<I: Inbox>(
+    pool: &Pool<I::Database>,
+    inbox: &I,
+    sql: &Statements,
+    consumer: &str,
+    event_id: Uuid,
+    order: &OrderCreated,
+) -> Result<Seen, BoxError>
+where
+    for<'e> &'e mut <I::Database as Database>::Connection: Executor<'e, Database = I::Database>,
+    for<'q> <I::Database as Database>::Arguments<'q>: IntoArguments<'q, I::Database>,
+    for<'q> i64: sqlx::Encode<'q, I::Database> + sqlx::Type<I::Database>,
+    for<'q> String: sqlx::Encode<'q, I::Database> + sqlx::Type<I::Database>,
+{
+    let mut tx = pool.begin().await?;
+    let seen = inbox.record(&mut tx, consumer, event_id).await?;
+    if seen == Seen::New {
+        apply::<I::Database>(&mut tx, sql, consumer, event_id, order).await?;
+    }
+    tx.commit().await?;
+    Ok(seen)
 }
 
 /// Creates the shop's tables and stocks its products.
