@@ -61,7 +61,8 @@ pub trait Outbox: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<String, Error>> + Send;
 
     /// Writes many events, in the given order, inside the caller's transaction, and returns
-    /// their ids. All are validated first; nothing is written if one is invalid.
+    /// their ids. All or nothing: all are validated first, and when the database refuses one
+    /// (a duplicate aggregate version) none of the batch is written.
     fn enqueue_batch(
         &self,
         conn: &mut Connection<Self>,
@@ -106,8 +107,7 @@ pub trait Inbox: Clone + Send + Sync + 'static {
     /// caller's transaction: [`Seen::New`] the first time, [`Seen::Duplicate`] after. For ids
     /// of producers that are not UUIDs (a CloudEvents `id`); a UUID is recorded as
     /// [`record`](Self::record) does, in its lowercase hyphenated form, so pass that form.
-    /// The consumer must not be empty; the id and type must be 1 to 255 characters, without
-    /// NUL. Concurrent deliveries of the same event wait on each other: exactly one sees
+    /// The consumer, the id and the type must be 1 to 255 characters, without NUL. Concurrent deliveries of the same event wait on each other: exactly one sees
     /// `New`.
     fn record_message(
         &self,

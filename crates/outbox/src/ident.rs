@@ -66,9 +66,19 @@ impl Default for Tables {
 impl Tables {
     /// Validates both names.
     pub fn new(schema: &str, events: &str) -> Result<Self, Error> {
+        let events = Ident::new("table", events)?;
+        if OWN_TABLES.contains(&events.as_str()) {
+            return Err(Error::InvalidIdentifier {
+                what: "table",
+                value: events.as_str().to_owned(),
+                reason: "it is the name of one of the outbox's own tables (inbox, leases, \
+                         relays, holds, meta, audit, migrations, cdc_slots, consumer_held, \
+                         consumer_versions, sagas, saga_steps)",
+            });
+        }
         Ok(Self {
             schema: Ident::new("schema", schema)?,
-            events: Ident::new("table", events)?,
+            events,
         })
     }
 
@@ -96,6 +106,23 @@ impl Tables {
             .replace("{events}", &self.events.to_string())
     }
 }
+
+/// The tables an outbox keeps beside its events table, in its schema (PostgreSQL) or under
+/// its prefix (MySQL, SQLite): the events table may not take one of these names.
+const OWN_TABLES: [&str; 12] = [
+    "inbox",
+    "leases",
+    "relays",
+    "holds",
+    "meta",
+    "audit",
+    "migrations",
+    "cdc_slots",
+    "consumer_held",
+    "consumer_versions",
+    "sagas",
+    "saga_steps",
+];
 
 impl Tables {
     /// Renders a SQLite template: SQLite has no schemas, so each table is named
@@ -157,6 +184,15 @@ mod tests {
             let err = Ident::new("schema", bad).unwrap_err().to_string();
             assert!(err.contains("schema"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_events_table_may_not_take_the_name_of_another_outbox_table() {
+        for own in OWN_TABLES {
+            let err = Tables::new("s_inbox", own).unwrap_err().to_string();
+            assert!(err.contains("one of the outbox's own tables"), "{err}");
+        }
+        assert!(Tables::new("inbox", "events").is_ok(), "the schema may");
     }
 
     #[test]

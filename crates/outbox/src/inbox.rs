@@ -16,15 +16,27 @@ impl Seen {
     }
 }
 
-/// Rejects an empty consumer name (it is half of the inbox key).
+/// Rejects a consumer name (half of the inbox key) that is empty, longer than
+/// [`MAX_MESSAGE_ID_CHARS`] or holds a NUL: MySQL's key column would cut a longer one, and two
+/// consumers whose names share their first 255 characters would share one inbox.
 pub(crate) fn check_consumer(consumer: &str) -> Result<(), crate::Error> {
     if consumer.trim().is_empty() {
         return Err(crate::Error::invalid("consumer", "must not be empty"));
     }
+    if consumer.chars().count() > MAX_MESSAGE_ID_CHARS {
+        return Err(crate::Error::invalid(
+            "consumer",
+            "must be at most 255 characters",
+        ));
+    }
+    if consumer.contains('\0') {
+        return Err(crate::Error::invalid("consumer", "must not contain NUL"));
+    }
     Ok(())
 }
 
-/// The longest message id or event type an inbox records, in characters (MySQL's key column).
+/// The longest consumer name, message id or event type an inbox records, in characters
+/// (MySQL's key columns).
 pub const MAX_MESSAGE_ID_CHARS: usize = 255;
 
 /// Rejects a message id that is empty, longer than [`MAX_MESSAGE_ID_CHARS`] or holds a NUL

@@ -12,6 +12,21 @@ pub fn named<'a>(file: &'a str, name: &str) -> &'a str {
     rest[..end].trim().trim_end_matches(';')
 }
 
+/// The savepoint a batch of several events is written under where one statement per event
+/// is (MySQL, SQLite): rolled back when a statement fails half-way, so that none of the batch
+/// stays in the caller's transaction (those databases roll back only the failed statement).
+/// Outside a transaction, SQLite's savepoint is one; MySQL's does nothing (each statement
+/// commits).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) mod savepoint {
+    /// Opens it.
+    pub(crate) const OPEN: &str = "SAVEPOINT outbox_batch";
+    /// Rolls the batch back (the savepoint stays, to be released).
+    pub(crate) const ROLL_BACK: &str = "ROLLBACK TO SAVEPOINT outbox_batch";
+    /// Ends it, keeping what was written since it opened.
+    pub(crate) const RELEASE: &str = "RELEASE SAVEPOINT outbox_batch";
+}
+
 #[cfg(test)]
 mod tests {
     use super::named;

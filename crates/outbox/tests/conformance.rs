@@ -438,6 +438,85 @@ async fn the_inbox_takes_any_text_id_and_records_the_event_type<F: Fixture>() {
     assert_eq!(rows, expected);
 }
 
+/// A batch the database refuses half-way (a version already taken) writes none of its events,
+/// even when the caller commits anyway, and the error names the event whose version is taken.
+async fn a_batch_refused_by_the_database_writes_nothing<F: Fixture>() {
+    let db = F::new().await;
+    let outbox = db.outbox(1 << 20);
+    let mut tx = db.pool().begin().await.unwrap();
+    outbox
+        .enqueue(
+            &mut tx,
+            &Event::new("acct", "1", "Opened").aggregate_version(1),
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = db.pool().begin().await.unwrap();
+    let err = outbox
+        .enqueue_batch(
+            &mut tx,
+            &[
+                Event::new("acct", "2", "Opened").aggregate_version(1),
+                Event::new("acct", "1", "Credited").aggregate_version(7),
+                Event::new("acct", "1", "Debited").aggregate_version(1),
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "aggregate acct/1 already has an event with version 1"
+    );
+    // PostgreSQL has aborted the transaction; MySQL and SQLite commit what it holds.
+    let _ = tx.commit().await;
+    assert_eq!(db.event_ids().await.len(), 1, "none of the refused batch");
+    let mut tx = db.pool().begin().await.unwrap();
+    outbox
+        .enqueue_batch(
+            &mut tx,
+            &[
+                Event::new("acct", "2", "Opened").aggregate_version(1),
+                Event::new("acct", "1", "Credited").aggregate_version(2),
+            ],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.event_ids().await.len(), 3, "a good batch after it");
+}
+
+/// A consumer name no key column keeps as given is refused: two consumers whose names share
+/// their first 255 characters must not share an inbox.
+async fn the_inbox_refuses_consumer_names_it_cannot_keep<F: Fixture>() {
+    let db = F::new().await;
+    let inbox = db.outbox(1 << 20).inbox();
+    let id = uuid::Uuid::now_v7();
+    let mut tx = db.pool().begin().await.unwrap();
+    let stem = "orders-projection-".repeat(15);
+    for suffix in ["billing", "shipping"] {
+        let err = inbox
+            .record(&mut tx, &format!("{stem}{suffix}"), id)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "invalid event: consumer must be at most 255 characters"
+        );
+    }
+    let err = inbox
+        .record(&mut tx, "bill\0ing", id)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "invalid event: consumer must not contain NUL");
+    let longest = "é".repeat(255);
+    assert!(inbox.record(&mut tx, &longest, id).await.unwrap().is_new());
+    tx.commit().await.unwrap();
+    assert_eq!(db.inbox_rows().await, [(longest, id.to_string(), None)]);
+}
+
 /// The same tests, run against each backend.
 macro_rules! conformance {
     ($($backend:ident: $fixture:ty),* $(,)?) => {$(
@@ -462,6 +541,14 @@ macro_rules! conformance {
             async fn the_inbox_sees_each_event_once_per_consumer_and_purges_by_age() {
                 super::the_inbox_sees_each_event_once_per_consumer_and_purges_by_age::<$fixture>()
                     .await
+            }
+            #[tokio::test]
+            async fn a_batch_refused_by_the_database_writes_nothing() {
+                super::a_batch_refused_by_the_database_writes_nothing::<$fixture>().await
+            }
+            #[tokio::test]
+            async fn the_inbox_refuses_consumer_names_it_cannot_keep() {
+                super::the_inbox_refuses_consumer_names_it_cannot_keep::<$fixture>().await
             }
             #[tokio::test]
             async fn the_inbox_takes_any_text_id_and_records_the_event_type() {

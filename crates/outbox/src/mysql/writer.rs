@@ -1,12 +1,13 @@
 //! The MySQL and MariaDB writer: one insert per event, into the caller's transaction.
 
-use sqlx::{MySqlConnection, MySqlPool};
+use sqlx::{Executor, MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
 use super::{error_number, migrate, MySqlInbox};
 use crate::{
-    event::validate_all, sql::named, Error, Event, MigrateOptions, Outbox, SchemaError, Tables,
-    DEFAULT_MAX_PAYLOAD_BYTES,
+    event::validate_all,
+    sql::{named, savepoint},
+    Error, Event, MigrateOptions, Outbox, SchemaError, Tables, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 
 const SQL: &str = include_str!("sql/writer.sql");
@@ -78,13 +79,46 @@ impl Outbox for MySqlOutbox {
         migrate::script(pool, &self.tables, options).await
     }
 
-    /// Writes the events one statement each, in order.
+    /// Writes the events one statement each, in order, inside a savepoint when there are
+    /// several: a duplicate version refused half-way leaves none of them.
     async fn enqueue_batch(
         &self,
         conn: &mut MySqlConnection,
         events: &[Event],
     ) -> Result<Vec<Uuid>, Error> {
         validate_all(events, self.max_payload_bytes)?;
+        if events.len() == 1 {
+            return self.insert(conn, events).await;
+        }
+        conn.execute(savepoint::OPEN)
+            .await
+            .map_err(Error::Database)?;
+        match self.insert(&mut *conn, events).await {
+            Ok(ids) => {
+                conn.execute(savepoint::RELEASE)
+                    .await
+                    .map_err(Error::Database)?;
+                Ok(ids)
+            }
+            Err(error) => {
+                // The batch's error is the one to report; a savepoint that cannot be rolled
+                // back (MySQL outside a transaction has none) leaves the connection as it is.
+                if conn.execute(savepoint::ROLL_BACK).await.is_ok() {
+                    let _ = conn.execute(savepoint::RELEASE).await;
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+impl MySqlOutbox {
+    /// Inserts the events one statement each, in order.
+    async fn insert(
+        &self,
+        conn: &mut MySqlConnection,
+        events: &[Event],
+    ) -> Result<Vec<Uuid>, Error> {
         let mut ids = Vec::with_capacity(events.len());
         for e in events {
             sqlx::query(&self.insert_sql)

@@ -112,9 +112,7 @@ impl PgOutbox {
             .map(str::to_owned);
         let version_key = format!("{}_aggregate_version_key", self.tables.events().as_str());
         if constraint.as_deref() == Some(version_key.as_str()) {
-            // Name the conflicting event when there is one candidate; otherwise the first
-            // versioned one (PostgreSQL's detail message carries the exact key).
-            if let Some(e) = events.iter().find(|e| e.aggregate_version.is_some()) {
+            if let Some(e) = conflicting(&error, events) {
                 return Error::DuplicateAggregateVersion {
                     aggregate_type: e.aggregate_type.clone(),
                     aggregate_id: e.aggregate_id.clone(),
@@ -200,6 +198,22 @@ impl Outbox for PgOutbox {
             }
         }
     }
+}
+
+/// The event of the batch whose key the database reports taken: PostgreSQL's detail reads
+/// `Key (aggregate_type, aggregate_id, aggregate_version)=(acct, 1, 3) already exists.` (the
+/// partition trigger of migration 0018 writes the same). `None` when no event's key is in it.
+fn conflicting<'e>(error: &sqlx::Error, events: &'e [Event]) -> Option<&'e Event> {
+    let detail = error
+        .as_database_error()?
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?
+        .detail()?;
+    events.iter().find(|e| {
+        e.aggregate_version.is_some_and(|version| {
+            let key = format!("=({}, {}, {version})", e.aggregate_type, e.aggregate_id);
+            detail.contains(&key)
+        })
+    })
 }
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
