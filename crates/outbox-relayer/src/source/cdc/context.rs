@@ -37,6 +37,7 @@ pub(crate) struct Context {
 }
 
 /// Why a streaming session ended.
+#[derive(Debug)]
 pub(super) enum End {
     /// Shutdown requested.
     Stop,

@@ -51,6 +51,7 @@
 //! Write modes: use one per outbox. A table-less event and a table row of the same aggregate
 //! would be ordered by commit in the stream but by id in the table path.
 
+mod assembler;
 mod connect;
 pub(crate) mod context;
 mod db;

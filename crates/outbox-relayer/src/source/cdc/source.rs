@@ -7,18 +7,17 @@ use std::{
     time::Duration,
 };
 
-use chrono::{DateTime, Utc};
-use pgwire_replication::{Lsn, ReplicationEvent};
+use pgwire_replication::Lsn;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    assembler::{Assembler, Step},
     context::{retry, ChunkWork, Context, End, Held, Key, Streamed},
     db::{SlotState, WalStream},
     inflight::InFlight,
     marks::Marks,
-    messages::{heartbeat_prefix, pg_time, relay_write_prefix, table_less_row},
-    pgoutput::Change,
+    messages::heartbeat_prefix,
     resumes::Resumptions,
 };
 use crate::{
@@ -27,44 +26,6 @@ use crate::{
     retry::{jittered, Backoff},
     store::{ClaimedRow, Fence},
 };
-
-/// A transaction being received.
-#[derive(Default)]
-struct Txn {
-    events: Vec<Streamed>,
-    /// What its chunks, published before the commit arrived, left for the commit (when the
-    /// deletes of a zero-growth transaction are known).
-    chunk: ChunkWork,
-    deleted: std::collections::HashSet<i64>,
-    relay_write: bool,
-    commit_time: Option<DateTime<Utc>>,
-    /// What `events` cost in memory (payloads and columns).
-    bytes: usize,
-    /// Its id.
-    xid: u32,
-    /// Its commit's position.
-    commit_lsn: u64,
-}
-
-impl Txn {
-    /// The stream position of its change at `lsn`.
-    fn position(&self, lsn: Lsn) -> super::StreamPosition {
-        super::StreamPosition {
-            commit_lsn: self.commit_lsn,
-            change_lsn: lsn.0,
-        }
-    }
-
-    fn push(&mut self, event: Streamed) {
-        self.bytes += event.row.row_bytes.max(0) as usize;
-        self.events.push(event);
-    }
-}
-
-/// A transaction is published whole after its commit (its deletes are then known) up to
-/// `cdc.max_transaction_events` events and this many bytes of them, in chunks beyond (memory
-/// stays bounded); the byte bound is also that of a batch of whole transactions.
-const CHUNK_BYTES: usize = 64 << 20;
 
 /// The shortest silence of the replication stream taken for a dead connection (three
 /// heartbeat intervals otherwise).
@@ -212,7 +173,6 @@ pub(super) struct Session {
     pub(super) ctx: Arc<Context>,
     pub(super) fences: Vec<Fence>,
     pub(super) held: HashMap<Key, Held>,
-    pub(super) seq: u64,
     pub(super) circuit: Backoff,
     pub(super) holds_loaded_at: Option<Instant>,
     /// Marks being written, in stream order, with the positions they confirm.
@@ -239,7 +199,6 @@ impl Session {
             ctx,
             fences,
             held: HashMap::new(),
-            seq: 0,
             circuit: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             holds_loaded_at: None,
             marks,
@@ -318,21 +277,13 @@ impl Session {
         end
     }
 
+    /// Streams until the session ends: receives the stream's messages into whole
+    /// transactions (the [`Assembler`]), publishes them in batches (a very large transaction
+    /// in chunks before its commit), marks and confirms what settled, and does the upkeep of
+    /// held aggregates between batches.
     async fn stream(&mut self, client: &mut dyn WalStream, shutdown: &CancellationToken) -> End {
-        let max_batch = self.ctx.config.max_batch_size as usize;
         let heartbeat_prefix = heartbeat_prefix(&self.ctx.tables);
-        let relay_prefix = relay_write_prefix(&self.ctx.tables);
-        let event_prefix = outbox::wal::prefix(&self.ctx.tables);
-        let mut decoder = super::Decoder::new(
-            self.ctx.tables.schema().as_str(),
-            self.ctx.tables.events().as_str(),
-        );
-        let mut txn: Option<Txn> = None;
-        let mut batch: Vec<Streamed> = Vec::new();
-        // What `batch` costs in memory.
-        let mut batch_bytes = 0usize;
-        // End LSN of the last transaction in `batch` (confirmed once the batch is settled).
-        let mut batch_end: Option<Lsn> = None;
+        let mut stream = Assembler::new(&self.ctx.tables, self.ctx.config.max_batch_size as usize);
         let mut last_activity = Instant::now();
         // How long the stream has been waited on without a message since the last one: the
         // server sends keepalives, and the relay's heartbeats come back through it, so a
@@ -342,8 +293,6 @@ impl Session {
         let mut silent = Duration::ZERO;
         let silence_limit = (self.ctx.config.cdc.heartbeat_interval * 3).max(SILENCE_FLOOR);
         let mut started = false;
-        // The table-path work a chunked transaction left for its commit.
-        let mut commit_spills: Vec<(Streamed, Option<PublishError>)> = Vec::new();
         loop {
             self.ctx.health.loop_turned();
             if !self.lease_ok() {
@@ -351,7 +300,7 @@ impl Session {
             }
             // Publish what has arrived when the stream has nothing more at once (or a
             // transaction is too large to hold).
-            let received = if (batch.is_empty() && batch_end.is_none()) || txn.is_some() {
+            let received = if !stream.gathered() || stream.in_transaction() {
                 let idle = self.next_wake(last_activity);
                 let waiting = Instant::now();
                 let received = tokio::select! {
@@ -387,11 +336,13 @@ impl Session {
                 let linger = self.ctx.config.cdc.batch_linger;
                 tokio::time::timeout(linger, client.recv()).await.ok()
             };
+            // The table-path work a chunked transaction left for its commit.
+            let mut commit_spills = Vec::new();
             let flush_now = match received {
                 None => true,
                 Some(Err(e)) => return End::failed("receiving the stream", e),
                 Some(Ok(None)) => return End::failed_because("the server ended the stream"),
-                Some(Ok(Some(event))) => {
+                Some(Ok(Some(message))) => {
                     if !started {
                         started = true;
                         self.ctx.metrics.cdc_streaming.set(1);
@@ -399,172 +350,47 @@ impl Session {
                     }
                     last_activity = Instant::now();
                     silent = Duration::ZERO;
-                    match event {
-                        ReplicationEvent::Begin {
-                            commit_time_micros,
-                            xid,
-                            final_lsn,
-                        } => {
-                            txn = Some(Txn {
-                                commit_time: pg_time(commit_time_micros),
-                                xid,
-                                commit_lsn: final_lsn.0,
-                                ..Default::default()
-                            });
-                            false
-                        }
-                        ReplicationEvent::XLogData {
-                            data, wal_start, ..
-                        } => {
-                            let Some(t) = txn.as_mut() else { continue };
-                            match decoder.decode(&data) {
-                                Ok(Change::Inserted(Ok(row))) => {
-                                    self.seq += 1;
-                                    let (xid, position) = (t.xid, t.position(wal_start));
-                                    t.push(Streamed {
-                                        seq: self.seq,
-                                        row: *row,
-                                        in_table: true,
-                                        xid,
-                                        position,
-                                    });
-                                }
-                                Ok(Change::Inserted(Err(bad))) => {
-                                    if let Err(end) = self.unreadable_row(bad).await {
-                                        return end;
-                                    }
-                                }
-                                Ok(Change::Deleted(id)) => {
-                                    t.deleted.insert(id);
-                                }
-                                Ok(Change::Other) => {}
-                                Err(e) => return End::failed("decoding pgoutput", e),
+                    match stream.receive(message) {
+                        Step::Received => false,
+                        Step::Ignored => continue,
+                        Step::Unreadable(bad) => {
+                            if let Err(end) = self.unreadable_row(bad).await {
+                                return end;
                             }
                             false
                         }
-                        ReplicationEvent::Message {
-                            transactional,
-                            lsn,
-                            prefix,
-                            content,
-                        } => {
-                            if prefix == event_prefix && transactional {
-                                if let Some(t) = txn.as_mut() {
-                                    self.seq += 1;
-                                    let row = table_less_row(&content, t.commit_time, lsn);
-                                    let (xid, position) = (t.xid, t.position(lsn));
-                                    t.push(Streamed {
-                                        seq: self.seq,
-                                        row,
-                                        in_table: false,
-                                        xid,
-                                        position,
-                                    });
-                                }
-                            } else if prefix == relay_prefix {
-                                if let Some(t) = txn.as_mut() {
-                                    t.relay_write = true;
-                                }
-                            } else if prefix == heartbeat_prefix
-                                && !transactional
-                                && txn.is_none()
-                                && batch.is_empty()
-                                && batch_end.is_none()
-                                && self.settled()
-                            {
+                        Step::Idle(lsn) => {
+                            if self.settled() {
                                 self.apply(client, lsn);
                             }
                             false
                         }
-                        ReplicationEvent::Commit { end_lsn, .. } => {
-                            if let Some(mut t) = txn.take() {
-                                // The relay's own writes (rows it spilled) are not events.
-                                if !t.relay_write {
-                                    let mut chunk = std::mem::take(&mut t.chunk);
-                                    chunk.published.retain(|(id, _)| !t.deleted.contains(id));
-                                    self.marks.add(chunk.published);
-                                    let events = t
-                                        .events
-                                        .iter_mut()
-                                        .chain(chunk.spills.iter_mut().map(|(e, _)| e));
-                                    for e in events {
-                                        if e.in_table && t.deleted.contains(&e.row.id) {
-                                            e.in_table = false;
-                                        }
-                                    }
-                                    commit_spills = chunk.spills;
-                                    if !t.events.is_empty() {
-                                        self.ctx.unconfirmed.streamed(t.commit_time);
-                                    }
-                                    batch_bytes += t.bytes;
-                                    batch.append(&mut t.events);
-                                }
+                        Step::Committed(committed) => {
+                            self.marks.add(committed.published);
+                            commit_spills = committed.spills;
+                            if let Some(at) = committed.streamed {
+                                self.ctx.unconfirmed.streamed(at);
                             }
-                            batch_end = Some(end_lsn);
-                            batch.len() >= max_batch || batch_bytes >= CHUNK_BYTES
+                            committed.batch_full
                         }
-                        ReplicationEvent::KeepAlive { wal_end, .. } => {
-                            if txn.is_none()
-                                && batch.is_empty()
-                                && batch_end.is_none()
-                                && self.settled()
-                            {
-                                self.apply(client, wal_end);
-                            }
-                            false
-                        }
-                        ReplicationEvent::StoppedAt { .. } => {
-                            return End::failed_because("the stream stopped")
-                        }
+                        Step::Failed(end) => return end,
                     }
                 }
             };
             // A chunked transaction's table path, now that its deletes are known: before
             // anything of it after its last chunk.
             if !commit_spills.is_empty() {
-                if let Err(end) = self
-                    .spill_at_commit(std::mem::take(&mut commit_spills))
-                    .await
-                {
+                if let Err(end) = self.spill_at_commit(commit_spills).await {
                     return end;
                 }
             }
             // A very large transaction: publish its events so far (it is confirmed, and its
             // rows marked, after its commit).
-            if let Some(t) = txn.as_mut() {
-                if (t.events.len() >= self.ctx.config.cdc.max_transaction_events
-                    || t.bytes >= CHUNK_BYTES)
-                    && !t.relay_write
-                {
-                    let chunk = std::mem::take(&mut t.events);
-                    t.bytes = 0;
-                    // The whole transactions gathered before this one go out first (G4),
-                    // and only this chunk's rows are deferred: earlier batches settle first.
-                    let flushed = self
-                        .flush(&mut batch, &mut batch_bytes, &mut batch_end, shutdown)
-                        .await;
-                    if let Err(end) = flushed {
-                        return end;
-                    }
-                    if let Err(end) = self.finish_all(shutdown).await {
-                        return end;
-                    }
-                    self.chunk = Some(std::mem::take(&mut t.chunk));
-                    let mut processed = self.publish(chunk, None, shutdown).await;
-                    if processed.is_ok() {
-                        processed = self.finish_all(shutdown).await;
-                    }
-                    t.chunk = self.chunk.take().unwrap_or_default();
-                    if let Err(end) = processed {
-                        return end;
-                    }
-                }
+            if let Err(end) = self.publish_chunk(&mut stream, shutdown).await {
+                return end;
             }
-            if flush_now && txn.is_none() {
-                let flushed = self
-                    .flush(&mut batch, &mut batch_bytes, &mut batch_end, shutdown)
-                    .await;
-                if let Err(end) = flushed {
+            if flush_now && !stream.in_transaction() {
+                if let Err(end) = self.flush(&mut stream, shutdown).await {
                     return end;
                 }
             }
@@ -593,19 +419,40 @@ impl Session {
         }
     }
 
-    /// Publishes the whole transactions gathered in `batch`, confirmed at `batch_end` once
-    /// settled (at once when the batch holds no event).
-    async fn flush(
+    /// Publishes the events of the open transaction so far when it grew past the chunk
+    /// bounds: the whole transactions gathered before it go out first (G4), and only this
+    /// chunk's rows are deferred to its commit; earlier batches settle first.
+    async fn publish_chunk(
         &mut self,
-        batch: &mut Vec<Streamed>,
-        batch_bytes: &mut usize,
-        batch_end: &mut Option<Lsn>,
+        stream: &mut Assembler,
         shutdown: &CancellationToken,
     ) -> Result<(), End> {
-        let end = batch_end.take();
-        if !batch.is_empty() {
-            let events = std::mem::take(batch);
-            *batch_bytes = 0;
+        let Some(chunk) = stream.take_chunk(self.ctx.config.cdc.max_transaction_events) else {
+            return Ok(());
+        };
+        self.flush(stream, shutdown).await?;
+        self.finish_all(shutdown).await?;
+        let work = stream
+            .chunk_work()
+            .expect("a chunk is of an open transaction");
+        self.chunk = Some(std::mem::take(work));
+        let mut processed = self.publish(chunk, None, shutdown).await;
+        if processed.is_ok() {
+            processed = self.finish_all(shutdown).await;
+        }
+        *stream.chunk_work().expect("still open") = self.chunk.take().unwrap_or_default();
+        processed
+    }
+
+    /// Publishes the whole transactions the stream gathered, confirmed at the end of the last
+    /// once settled (at once when they hold no event).
+    async fn flush(
+        &mut self,
+        stream: &mut Assembler,
+        shutdown: &CancellationToken,
+    ) -> Result<(), End> {
+        let (events, end) = stream.take_batch();
+        if !events.is_empty() {
             self.publish(events, end, shutdown).await?;
         } else if let Some(lsn) = end {
             self.confirm_after(lsn);
