@@ -8,7 +8,10 @@ use std::{fmt::Display, future::Future, time::Duration};
 use sqlx::{Database, Pool};
 use uuid::Uuid;
 
-use crate::{DomainEvent, Error, Event, MigrateOptions, Seen, Tables};
+use crate::{
+    error::Error, event::Event, ident::Tables, inbox::Seen, migration::MigrateOptions,
+    typed::DomainEvent,
+};
 
 /// The connection of a backend's database: what `&mut tx` of an open sqlx transaction derefs
 /// to, and what every write below takes, so that it happens inside the caller's transaction.

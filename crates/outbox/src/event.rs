@@ -1,7 +1,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::{headers::Headers, Error};
+use crate::{error::Error, headers::Headers};
 
 /// Content type used when the payload is set with [`Event::json`] or left unset.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/json";
@@ -202,7 +202,7 @@ impl Event {
 }
 
 /// Validates a batch; in a batch of several, the field is named with the event's index.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn validate_all(events: &[Event], max_payload_bytes: usize) -> Result<(), Error> {
     for (i, event) in events.iter().enumerate() {
         event.validate(max_payload_bytes).map_err(|e| match e {

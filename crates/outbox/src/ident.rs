@@ -1,6 +1,6 @@
 use std::fmt;
 
-use crate::Error;
+use crate::error::Error;
 
 /// A validated SQL identifier: lowercase ASCII letters, digits and `_`, starting with a letter or
 /// `_`, at most 63 bytes. Only identifiers of this form are ever placed into SQL text, and always

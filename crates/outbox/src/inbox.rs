@@ -19,18 +19,24 @@ impl Seen {
 /// Rejects a consumer name (half of the inbox key) that is empty, longer than
 /// [`MAX_MESSAGE_ID_CHARS`] or holds a NUL: MySQL's key column would cut a longer one, and two
 /// consumers whose names share their first 255 characters would share one inbox.
-pub(crate) fn check_consumer(consumer: &str) -> Result<(), crate::Error> {
+pub(crate) fn check_consumer(consumer: &str) -> Result<(), crate::error::Error> {
     if consumer.trim().is_empty() {
-        return Err(crate::Error::invalid("consumer", "must not be empty"));
+        return Err(crate::error::Error::invalid(
+            "consumer",
+            "must not be empty",
+        ));
     }
     if consumer.chars().count() > MAX_MESSAGE_ID_CHARS {
-        return Err(crate::Error::invalid(
+        return Err(crate::error::Error::invalid(
             "consumer",
             "must be at most 255 characters",
         ));
     }
     if consumer.contains('\0') {
-        return Err(crate::Error::invalid("consumer", "must not contain NUL"));
+        return Err(crate::error::Error::invalid(
+            "consumer",
+            "must not contain NUL",
+        ));
     }
     Ok(())
 }
@@ -42,7 +48,10 @@ pub const MAX_MESSAGE_ID_CHARS: usize = 255;
 /// Rejects a message id that is empty, longer than [`MAX_MESSAGE_ID_CHARS`] or holds a NUL
 /// (no database column keeps it as given), and an event type that is empty or too long: what
 /// every inbox checks before it records a message.
-pub fn check_message(message_id: &str, event_type: Option<&str>) -> Result<(), crate::Error> {
+pub fn check_message(
+    message_id: &str,
+    event_type: Option<&str>,
+) -> Result<(), crate::error::Error> {
     let bad = |text: &str| {
         if text.is_empty() {
             Some("must not be empty")
@@ -55,10 +64,10 @@ pub fn check_message(message_id: &str, event_type: Option<&str>) -> Result<(), c
         }
     };
     if let Some(why) = bad(message_id) {
-        return Err(crate::Error::invalid("message_id", why));
+        return Err(crate::error::Error::invalid("message_id", why));
     }
     if let Some(why) = event_type.and_then(bad) {
-        return Err(crate::Error::invalid("event_type", why));
+        return Err(crate::error::Error::invalid("event_type", why));
     }
     Ok(())
 }
@@ -74,10 +83,13 @@ pub(crate) fn seen(rows_affected: u64) -> Seen {
 
 /// Runs one purge statement per batch until a batch deletes fewer rows than `batch`.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) async fn purge_in_batches<F, Fut>(batch: i64, mut delete: F) -> Result<u64, crate::Error>
+pub(crate) async fn purge_in_batches<F, Fut>(
+    batch: i64,
+    mut delete: F,
+) -> Result<u64, crate::error::Error>
 where
     F: FnMut(i64) -> Fut,
-    Fut: std::future::Future<Output = Result<u64, crate::Error>>,
+    Fut: std::future::Future<Output = Result<u64, crate::error::Error>>,
 {
     let batch = batch.max(1);
     let mut total = 0;

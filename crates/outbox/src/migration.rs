@@ -1,7 +1,7 @@
 //! What every backend's migrator shares: which migrations are due, and the checks that an
 //! applied migration is the one this build ships.
 
-use crate::{Error, SchemaError};
+use crate::error::{Error, SchemaError};
 
 /// Settings fixed when the outbox is created.
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,5 +1,5 @@
 //! Helpers for SQL kept in `.sql` files: a file holds named statements, each after a
-//! `-- name: …` line, rendered with [`crate::Tables::render`] before use.
+//! `-- name: …` line, rendered with [`crate::ident::Tables::render`] before use.
 
 /// The statement that follows `-- name: {name}` in a file of named statements, without its
 /// trailing `;`. Panics when there is none: the files are compiled in, so a missing name is a

@@ -2,7 +2,7 @@
 
 use std::fmt::Display;
 
-use crate::{Error, Event};
+use crate::{error::Error, event::Event};
 
 /// A Rust type that is one event type of one aggregate type, serialised as its JSON payload.
 ///
@@ -82,7 +82,7 @@ mod tests {
         assert_eq!(event.kind(), "AccountRenamed");
         assert_eq!(event.schema_version, 3);
         assert_eq!(event.payload_bytes(), br#"{"to":"ada"}"#);
-        assert_eq!(event.content_type, crate::DEFAULT_CONTENT_TYPE);
+        assert_eq!(event.content_type, crate::event::DEFAULT_CONTENT_TYPE);
         assert_eq!(event.version(), None);
     }
 
@@ -90,7 +90,7 @@ mod tests {
     fn a_typed_event_is_validated_like_any_other() {
         let event = Event::of("", &Renamed { to: "ada".into() }).unwrap();
         let error = event
-            .validate(crate::DEFAULT_MAX_PAYLOAD_BYTES)
+            .validate(crate::event::DEFAULT_MAX_PAYLOAD_BYTES)
             .unwrap_err();
         assert!(error.to_string().contains("aggregate_id"), "{error}");
     }

@@ -26,7 +26,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{Event, Tables, DEFAULT_CONTENT_TYPE};
+use crate::{
+    event::{Event, DEFAULT_CONTENT_TYPE},
+    ident::Tables,
+};
 
 /// Version of the content format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;

@@ -3,7 +3,12 @@
 use sqlx::{Connection, Executor, MySqlConnection, MySqlPool};
 
 use super::error_number;
-use crate::{sql::named, Error, MigrateOptions, SchemaError, Tables};
+use crate::{
+    error::{Error, SchemaError},
+    ident::Tables,
+    migration::MigrateOptions,
+    sql::named,
+};
 
 const SQL: &str = include_str!("sql/migrate.sql");
 
@@ -36,7 +41,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 const EARLIER_CHECKSUMS: &[(i32, &str)] = &[(2, "2891bd0cd67c407f")];
 
 /// Partition count of a new MySQL outbox when none is given (as PostgreSQL's).
-pub const DEFAULT_PARTITIONS: i32 = crate::DEFAULT_PARTITIONS;
+pub const DEFAULT_PARTITIONS: i32 = crate::migration::DEFAULT_PARTITIONS;
 
 /// Creates or upgrades the tables. Concurrent migrators queue on a named lock
 /// (`GET_LOCK`), then find the work done. MySQL commits DDL statement by statement, so

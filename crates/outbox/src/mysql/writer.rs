@@ -5,9 +5,12 @@ use uuid::Uuid;
 
 use super::{error_number, migrate, MySqlInbox};
 use crate::{
-    event::validate_all,
+    backend::Outbox,
+    error::{Error, SchemaError},
+    event::{validate_all, Event, DEFAULT_MAX_PAYLOAD_BYTES},
+    ident::Tables,
+    migration::MigrateOptions,
     sql::{named, savepoint},
-    Error, Event, MigrateOptions, Outbox, SchemaError, Tables, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 
 const SQL: &str = include_str!("sql/writer.sql");

@@ -7,7 +7,10 @@
 
 use sqlx::{Executor, PgPool};
 
-use crate::{Error, Ident, SchemaError, Tables};
+use crate::{
+    error::{Error, SchemaError},
+    ident::{Ident, Tables},
+};
 
 /// The publication and slot of one CDC relay group.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! The PostgreSQL inbox (see [`crate::Inbox`] for the contract):
+//! The PostgreSQL inbox (see [`crate::backend::Inbox`] for the contract):
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool, event_id: uuid::Uuid) -> Result<(), outbox::Error> {
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::{sql::named, Error, Inbox, Seen, Tables};
+use crate::{backend::Inbox, error::Error, ident::Tables, inbox::Seen, sql::named};
 
 const SQL: &str = include_str!("sql/inbox.sql");
 

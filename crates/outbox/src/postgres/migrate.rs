@@ -4,7 +4,12 @@
 
 use sqlx::Executor;
 
-use crate::{sql::named, Error, MigrateOptions, SchemaError, Tables, DEFAULT_PARTITIONS};
+use crate::{
+    error::{Error, SchemaError},
+    ident::Tables,
+    migration::{MigrateOptions, DEFAULT_PARTITIONS},
+    sql::named,
+};
 
 const SQL: &str = include_str!("sql/migrate.sql");
 

@@ -8,8 +8,8 @@ mod release;
 pub mod time_partitions;
 mod writer;
 
-pub use crate::Seen;
-pub use crate::{MigrateOptions, DEFAULT_PARTITIONS};
+pub use crate::inbox::Seen;
+pub use crate::migration::{MigrateOptions, DEFAULT_PARTITIONS};
 pub use inbox::PgInbox;
 pub use migrate::MIGRATIONS;
 pub use release::outside_transaction;

@@ -12,7 +12,10 @@
 use chrono::{DateTime, Days, NaiveDate, Utc};
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 
-use crate::{Error, SchemaError, Tables};
+use crate::{
+    error::{Error, SchemaError},
+    ident::Tables,
+};
 
 /// How far ahead partitions are created when nothing else is said.
 pub const DEFAULT_PREMAKE_DAYS: u64 = 7;

@@ -4,7 +4,14 @@
 use sqlx::{types::Json, PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::{sql::named, Error, Event, MigrateOptions, Outbox, Tables, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::{
+    backend::Outbox,
+    error::Error,
+    event::{Event, DEFAULT_MAX_PAYLOAD_BYTES},
+    ident::Tables,
+    migration::MigrateOptions,
+    sql::named,
+};
 
 use super::PgInbox;
 
@@ -122,7 +129,7 @@ impl PgOutbox {
         }
         if let Some(db) = error.as_database_error() {
             if db.code().as_deref() == Some("42P01") {
-                return Error::Schema(crate::SchemaError::Missing);
+                return Error::Schema(crate::error::SchemaError::Missing);
             }
         }
         Error::Database(error)
@@ -229,7 +236,7 @@ struct Columns {
     destination: Vec<Option<String>>,
     payload: Vec<Vec<u8>>,
     content_type: Vec<String>,
-    headers: Vec<Json<crate::Headers>>,
+    headers: Vec<Json<crate::headers::Headers>>,
     occurred_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
 }
 

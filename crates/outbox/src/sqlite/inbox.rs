@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sqlx::{SqliteConnection, SqlitePool};
 
-use crate::{sql::named, Error, Inbox, Seen, Tables};
+use crate::{backend::Inbox, error::Error, ident::Tables, inbox::Seen, sql::named};
 
 const SQL: &str = include_str!("sql/inbox.sql");
 

@@ -2,7 +2,12 @@
 
 use sqlx::{Executor, SqliteConnection, SqlitePool};
 
-use crate::{sql::named, Error, MigrateOptions, SchemaError, Tables};
+use crate::{
+    error::{Error, SchemaError},
+    ident::Tables,
+    migration::MigrateOptions,
+    sql::named,
+};
 
 const SQL: &str = include_str!("sql/migrate.sql");
 

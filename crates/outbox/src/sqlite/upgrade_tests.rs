@@ -1,11 +1,11 @@
 //! Upgrading a SQLite outbox through the migration that rebuilds its events table.
 
-use crate::Outbox;
+use crate::backend::Outbox;
 use sqlx::{sqlite::SqliteConnectOptions, Connection, SqliteConnection};
 
 use super::{migrate_locked, migrate_with, MIGRATIONS, REBUILDS_EVENTS};
+use crate::ident::Tables;
 use crate::sqlite::SqliteOutbox;
-use crate::Tables;
 
 #[tokio::test]
 async fn the_rebuild_keeps_rows_ids_and_the_users_triggers_and_views() {

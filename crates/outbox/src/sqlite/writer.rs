@@ -156,7 +156,7 @@ fn map_insert_error(error: sqlx::Error, event: &Event) -> Error {
         };
     }
     if message.contains("no such table") {
-        return Error::Schema(crate::SchemaError::Missing);
+        return Error::Schema(crate::error::SchemaError::Missing);
     }
     Error::Database(error)
 }
