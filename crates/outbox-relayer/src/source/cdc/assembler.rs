@@ -30,6 +30,8 @@ struct Txn {
     deleted: std::collections::HashSet<i64>,
     /// It is the relay's own write (rows it spilled into the table): not events.
     relay_write: bool,
+    /// Events of it were handed out in chunks before its commit.
+    chunked: bool,
     commit_time: Option<DateTime<Utc>>,
     /// What `events` cost in memory (payloads and columns).
     bytes: usize,
@@ -79,7 +81,8 @@ pub(super) struct Committed {
     pub(super) published: Vec<(i64, u32)>,
     /// Events of its chunks for the table path, now that its deletes are known.
     pub(super) spills: Vec<(Streamed, Option<PublishError>)>,
-    /// When it committed, if it held events (the unconfirmed-age gauge starts from it).
+    /// When it committed, if it held events, in chunks or at its commit (the unconfirmed-age
+    /// gauge starts from it).
     pub(super) streamed: Option<Option<DateTime<Utc>>>,
     /// The batch is full (in events or bytes): publish it now.
     pub(super) batch_full: bool,
@@ -147,6 +150,7 @@ impl Assembler {
         let t = self.txn.as_mut()?;
         if (t.events.len() >= max_transaction_events || t.bytes >= CHUNK_BYTES) && !t.relay_write {
             t.bytes = 0;
+            t.chunked = true;
             return Some(std::mem::take(&mut t.events));
         }
         None
@@ -266,7 +270,8 @@ impl Assembler {
                 }
                 committed.published = chunk.published;
                 committed.spills = chunk.spills;
-                if !t.events.is_empty() {
+                // Its chunks' events too wait for this commit to be confirmed.
+                if !t.events.is_empty() || t.chunked {
                     committed.streamed = Some(t.commit_time);
                 }
                 self.batch_bytes += t.bytes;

@@ -353,3 +353,68 @@ fn rows_of_other_tables_unreadable_rows_and_broken_messages_are_told_apart() {
         Step::Failed(_)
     ));
 }
+
+#[test]
+fn the_relays_own_writes_are_never_handed_out_in_chunks() {
+    let mut stream = assembler();
+    open(&mut stream, 17, 1400);
+    received(
+        &mut stream,
+        vec![message(
+            100,
+            true,
+            relay_write_prefix(&tables()),
+            Vec::new(),
+        )],
+    );
+    for id in 1..=4 {
+        received(&mut stream, vec![insert(100 + id as u64, id, "a")]);
+    }
+    assert!(stream.take_chunk(4).is_none());
+}
+
+#[test]
+fn a_chunk_spill_whose_row_its_transaction_deleted_is_not_in_the_table() {
+    let mut stream = assembler();
+    open(&mut stream, 18, 1500);
+    for id in 1..=2 {
+        received(&mut stream, vec![insert(100 + id as u64, id, "a")]);
+    }
+    let chunk = stream.take_chunk(2).unwrap();
+    let work = stream.chunk_work().unwrap();
+    for e in chunk {
+        work.spills.push((e, None));
+    }
+    received(&mut stream, vec![delete(110, 2)]);
+    let done = committed(stream.receive(commit(1500)));
+    let in_table: Vec<(i64, bool)> = done
+        .spills
+        .iter()
+        .map(|(e, _)| (e.row.id, e.in_table))
+        .collect();
+    assert_eq!(in_table, [(1, true), (2, false)]);
+}
+
+#[test]
+fn events_are_numbered_across_transactions() {
+    let mut stream = assembler();
+    open(&mut stream, 19, 1600);
+    received(&mut stream, vec![insert(100, 1, "a"), insert(101, 2, "b")]);
+    committed(stream.receive(commit(1600)));
+    open(&mut stream, 20, 1700);
+    received(&mut stream, vec![insert(1610, 3, "a")]);
+    committed(stream.receive(commit(1700)));
+    let (events, _) = stream.take_batch();
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+}
+
+#[test]
+fn a_transaction_published_all_in_chunks_is_unconfirmed_from_its_commit() {
+    let mut stream = assembler();
+    open(&mut stream, 21, 1800);
+    received(&mut stream, vec![insert(100, 1, "a"), insert(101, 2, "a")]);
+    stream.take_chunk(2).unwrap();
+    let done = committed(stream.receive(commit(1800)));
+    assert_eq!(done.streamed, Some(super::pg_time(0)));
+}

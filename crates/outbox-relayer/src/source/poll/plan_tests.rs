@@ -278,3 +278,21 @@ fn a_failed_claim_pauses_the_claims_for_a_growing_delay() {
         "a claim that worked resets it"
     );
 }
+
+#[test]
+fn every_batch_slot_taken_stops_claims_until_one_is_done() {
+    let t0 = Instant::now();
+    let mut plan = ClaimPlan::new(&config(), t0);
+    let claim = plan.next_claim(PARTITIONS.to_vec(), t0).unwrap();
+    plan.claimed(claim, &rows(0, 1..5), false, t0).unwrap();
+    let claim = plan.next_claim(PARTITIONS.to_vec(), t0).unwrap();
+    plan.claimed(claim, &rows(1, 5..13), false, t0).unwrap();
+    assert!(!plan.ready(t0, 2), "two batches in flight, two slots");
+    assert_eq!(
+        plan.wait(t0, 2),
+        Duration::from_millis(100),
+        "a fallback only"
+    );
+    plan.batch_done(&[0], 4, &tally(4, 0), t0);
+    assert!(plan.ready(t0, 1));
+}
