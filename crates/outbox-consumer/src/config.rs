@@ -91,6 +91,12 @@ impl ConsumerConfig {
         Ok(())
     }
 
+    /// Whether a message that failed `attempts` times (as its held row counts them) has had
+    /// all of them. Compared as counts, whatever their width: `u32::MAX` means never.
+    pub(crate) fn attempts_spent(&self, attempts: i32) -> bool {
+        i64::from(attempts) >= i64::from(self.max_attempts)
+    }
+
     /// Delay before the next attempt after `attempts` failed ones, with equal jitter.
     pub fn backoff(&self, attempts: u32) -> Duration {
         let full = outbox::backoff::Backoff::step(self.initial_backoff, self.max_backoff, attempts);
@@ -128,5 +134,22 @@ mod tests {
             "{d:?}"
         );
         assert!(c.backoff(40) <= c.max_backoff);
+    }
+
+    #[test]
+    fn attempts_are_spent_at_the_limit_and_never_past_u32() {
+        let five = ConsumerConfig::new("x");
+        assert!(!five.attempts_spent(4));
+        assert!(five.attempts_spent(5));
+        assert!(five.attempts_spent(6));
+        // A limit past i32::MAX (u32::MAX: retry for ever) is never reached by a held row's
+        // count, which is an i32.
+        let never = ConsumerConfig {
+            max_attempts: u32::MAX,
+            ..ConsumerConfig::new("x")
+        };
+        assert!(!never.attempts_spent(1));
+        assert!(!never.attempts_spent(i32::MAX));
+        assert!(!never.attempts_spent(-1));
     }
 }

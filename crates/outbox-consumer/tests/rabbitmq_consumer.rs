@@ -434,6 +434,19 @@ async fn a_consumer_killed_mid_batch_leaves_every_event_applied_once_in_order() 
         Ledger::count(&db).await == messages.len() as i64 - 5
     })
     .await;
+    // Killed once slow's first event has failed five times, however long the others took:
+    // a runner that retries without limit (`u32::MAX`) keeps retrying it, never gives it up.
+    let attempts = db
+        .tables
+        .render("SELECT max(attempts) FROM {schema}.consumer_held WHERE version = 1");
+    wait_until("slow's first event failed five times", WAIT, || async {
+        let most: Option<i32> = sqlx::query_scalar(&attempts)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        most.unwrap_or(0) >= 5
+    })
+    .await;
     task.abort();
     let _ = task.await;
 
@@ -441,7 +454,7 @@ async fn a_consumer_killed_mid_batch_leaves_every_event_applied_once_in_order() 
     let metrics = second.metrics().clone();
     let consumer = RabbitMqConsumer::connect(
         RabbitMqSource::new(RABBITMQ_URL, &fx.queue),
-        fx.config(5),
+        fx.config(u32::MAX),
         second,
     )
     .await

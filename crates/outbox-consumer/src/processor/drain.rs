@@ -182,7 +182,7 @@ impl Processor {
                 // for its settle time only until it starts, which it just did.
                 if held.later && held.attempts > 0 {
                     Choice::Nothing
-                } else if held.attempts >= config.max_attempts as i32 {
+                } else if config.attempts_spent(held.attempts) {
                     let error = self.last_error(&held);
                     Choice::Dead(held, error)
                 } else if held.tries - held.attempts >= UNFINISHED_TRIES {

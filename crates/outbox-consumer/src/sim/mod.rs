@@ -308,20 +308,22 @@ async fn run_seed(seed: u64, scenario: Scenario) -> Counts {
     };
     let operator = async {
         let mut rng = StdRng::seed_from_u64(seed ^ 4);
+        // Every replay counts, before the calm as during it: a poison event replayed before
+        // the calm may be cured on its next try and never come back as a dead letter.
+        let mut replays = 0;
         relay.await;
         // Faults go on a while after the last publication, the operator replaying dead
         // letters now and then.
         for _ in 0..rng.random_range(5..=20) {
             tokio::time::sleep(Duration::from_millis(20)).await;
             if rng.random_bool(0.3) {
-                replay(&model, &letters, &fates, &mut 0);
+                replay(&model, &letters, &fates, &world, &mut replays);
             }
         }
         phase.calm.store(true, Ordering::SeqCst);
         world.ledger.calm.store(true, Ordering::SeqCst);
         // Calm: every dead letter that can apply is replayed until none is left and the
         // consumer has nothing it would do on its own.
-        let mut replays = 0;
         let mut quiet = 0;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         while quiet < 5 {
@@ -337,7 +339,7 @@ async fn run_seed(seed: u64, scenario: Scenario) -> Counts {
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let replayed = replay(&model, &letters, &fates, &mut replays);
+            let replayed = replay(&model, &letters, &fates, &world, &mut replays);
             quiet = if replayed == 0 && model.settled() && !world.busy().await {
                 quiet + 1
             } else {
@@ -442,11 +444,22 @@ async fn run_seed(seed: u64, scenario: Scenario) -> Counts {
 }
 
 /// Publishes the dead letters back (those below a first-seen start excepted: they can never
-/// apply in order, and are recorded as such). Returns how many.
-fn replay(model: &Model, letters: &Shared, fates: &Mutex<Fates>, replays: &mut u64) -> u64 {
+/// apply in order, and are recorded as such). Returns how many. A consumer that retries
+/// without limit gives no poison event up.
+fn replay(
+    model: &Model,
+    letters: &Shared,
+    fates: &Mutex<Fates>,
+    world: &World,
+    replays: &mut u64,
+) -> u64 {
     let taken: Vec<(String, Message)> = std::mem::take(&mut *letters.0 .0.lock().expect("letters"));
     let mut n = 0;
     for (reason, message) in taken {
+        assert!(
+            world.config.max_attempts != u32::MAX || !reason.contains("poison"),
+            "a consumer without an attempt limit gave a failing event up: {reason}"
+        );
         if reason.contains("arrived after the gate started") {
             let event = message.decode().expect("decodes");
             fates

@@ -180,7 +180,9 @@ impl World {
             Gate::None => processor,
         };
         let config = ConsumerConfig {
-            max_attempts: 3,
+            // Now and then without limit: a poison event is then retried until it is cured,
+            // never given up (the oracle checks that none is).
+            max_attempts: if rng.random_bool(0.25) { u32::MAX } else { 3 },
             initial_backoff: Duration::from_millis(2),
             max_backoff: Duration::from_millis(20),
             concurrency: rng.random_range(1..=6),

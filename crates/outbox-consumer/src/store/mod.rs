@@ -318,7 +318,7 @@ impl Store<'_> {
             .bind(message.payload.as_ref())
             .bind(message.key.as_deref())
             .bind(hold.due_in.map(|d| d.as_secs_f64()))
-            .bind(hold.attempts as i32)
+            .bind(i32::try_from(hold.attempts).unwrap_or(i32::MAX))
             .bind(hold.last_error)
             .bind(hold.reason)
             .fetch_optional(&mut *conn)
