@@ -68,15 +68,14 @@ impl NatsConsumer {
         processor: Processor,
     ) -> Result<Self, Error> {
         config.validate()?;
-        let broker = |e: &dyn std::fmt::Display| Error::broker("nats", e.to_string());
         let client = async_nats::connect(&source.url)
             .await
-            .map_err(|e| broker(&e))?;
+            .map_err(|e| Error::broker("nats", e))?;
         let js = jetstream::new(client);
         let stream = js
             .get_stream(&source.stream)
             .await
-            .map_err(|e| broker(&e))?;
+            .map_err(|e| Error::broker("nats", e))?;
         let dead_subject = format!("dead.{}.{}", source.stream, config.name);
         js.get_or_create_stream(stream::Config {
             name: format!("{}_DEAD_{}", source.stream, config.name),
@@ -84,7 +83,7 @@ impl NatsConsumer {
             ..Default::default()
         })
         .await
-        .map_err(|e| broker(&e))?;
+        .map_err(|e| Error::broker("nats", e))?;
         let consumer = stream
             .get_or_create_consumer(
                 &config.name,
@@ -98,8 +97,11 @@ impl NatsConsumer {
                 },
             )
             .await
-            .map_err(|e| broker(&e))?;
-        let messages = consumer.messages().await.map_err(|e| broker(&e))?;
+            .map_err(|e| Error::broker("nats", e))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| Error::broker("nats", e))?;
         Ok(Self {
             messages,
             worker: Worker {

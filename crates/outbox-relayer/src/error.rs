@@ -6,6 +6,15 @@ pub enum Error {
     /// The configuration is invalid; the message names the field.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A setting could not be read: `field` names it, the source says why.
+    #[error("invalid configuration: {field}")]
+    Setting {
+        /// The setting, as the configuration file names it (`redis.url`).
+        field: String,
+        /// Why it could not be read.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The database refused or could not be reached.
     #[error("database error")]
     Database(#[from] sqlx::Error),

@@ -203,33 +203,35 @@ fn read_all(
     selection: &Selection,
 ) -> Result<Vec<Stored>, Error> {
     let broker =
-        |e: &dyn std::fmt::Display| Error::broker(format!("kafka: reading {topic}"), e.to_string());
+        |e: rdkafka::error::KafkaError| Error::broker(format!("kafka: reading {topic}"), e);
     let mut ends = Vec::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in partitions {
         let (low, high) = consumer
             .fetch_watermarks(topic, partition, TIMEOUT)
-            .map_err(|e| broker(&e))?;
+            .map_err(broker)?;
         if high > low {
             ends.push((partition, high));
             assignment
                 .add_partition_offset(topic, partition, Offset::Offset(low))
-                .map_err(|e| broker(&e))?;
+                .map_err(broker)?;
         }
     }
-    consumer.assign(&assignment).map_err(|e| broker(&e))?;
+    consumer.assign(&assignment).map_err(broker)?;
     let mut letters = Vec::new();
     let mut replayed = HashSet::new();
     let mut left: Vec<(i32, i64)> = ends;
     let deadline = std::time::Instant::now() + TIMEOUT;
     while !left.is_empty() {
         if std::time::Instant::now() > deadline {
-            return Err(broker(&"timed out before reaching the end of the topic"));
+            return Err(Error::broker_message(format!(
+                "kafka: reading {topic}: timed out before reaching the end of the topic"
+            )));
         }
         let Some(message) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
-        let message = message.map_err(|e| broker(&e))?;
+        let message = message.map_err(broker)?;
         let (partition, offset) = (message.partition(), message.offset());
         left.retain(|(p, end)| *p != partition || offset + 1 < *end);
         let headers = record::raw_headers(&message);

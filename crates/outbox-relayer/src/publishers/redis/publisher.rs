@@ -49,8 +49,10 @@ impl RedisPublisher {
     /// Prepares the client; the server may be down (the first publish connects).
     pub fn connect(config: RedisConfig) -> Result<Self, Error> {
         config.validate().map_err(Error::Config)?;
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| Error::Config(format!("redis.url: {e}")))?;
+        let client = redis::Client::open(config.url.as_str()).map_err(|e| Error::Setting {
+            field: "redis.url".into(),
+            source: Box::new(e),
+        })?;
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))

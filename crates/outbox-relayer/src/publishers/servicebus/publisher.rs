@@ -486,7 +486,7 @@ fn tls_connector() -> Result<TlsConnector, Error> {
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| Error::Config(format!("servicebus: TLS setup: {e}")))?
+    .map_err(|e| Error::broker("servicebus: TLS setup", e))?
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(TlsConnector::from(Arc::new(config)))

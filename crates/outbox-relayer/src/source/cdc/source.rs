@@ -133,7 +133,7 @@ async fn names(ctx: &Context) -> Result<outbox::postgres::cdc::CdcNames, Error> 
         &recorded,
         None,
     )
-    .map_err(|e| Error::Config(e.to_string()))
+    .map_err(Error::Outbox)
 }
 
 /// The error to stop with when `slot` belongs to another database of the cluster: a slot of
