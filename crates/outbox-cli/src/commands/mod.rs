@@ -54,6 +54,17 @@ pub enum Db {
     Sqlite(sqlx::SqlitePool),
 }
 
+impl Db {
+    /// The database as `outbox doctor` examines it.
+    pub fn examined(&self) -> &dyn outbox_relayer::doctor::database::Examine {
+        match self {
+            Db::Postgres(pool) => pool,
+            Db::MySql(pool) => pool,
+            Db::Sqlite(pool) => pool,
+        }
+    }
+}
+
 /// The database a URL names, by its scheme.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {

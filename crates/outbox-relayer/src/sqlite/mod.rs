@@ -1,7 +1,9 @@
-//! The relay on SQLite, the embedded default: its store and its operator actions, with their
-//! SQL in `sql/store.sql` and `sql/admin.sql`. One relay publishes at a time.
+//! The relay on SQLite, the embedded default: its store, its operator actions and the doctor's
+//! reads, with their SQL in `sql/store.sql`, `sql/admin.sql` and `sql/doctor.sql`. One relay
+//! publishes at a time.
 
 mod admin;
+mod doctor;
 mod store;
 
 pub use store::SqliteStore;

@@ -3,13 +3,12 @@
 //! fails, 2 on bad input (no database URL, an unreadable config file).
 
 mod cdc;
-mod database;
 
 use std::process::ExitCode;
 
-use outbox_relayer::doctor::{Check, Level};
+use outbox_relayer::doctor::{database, Check, Level};
 
-use super::{require_url, CommandResult};
+use super::{connect_any, database_address, require_url, CommandResult, Db};
 use crate::config;
 
 /// Options of `outbox doctor`: the relay's own settings (`--mode cdc` adds the logical
@@ -31,18 +30,26 @@ pub async fn run(args: Args) -> CommandResult {
     let tables = outbox::Tables::new(&cfg.relay.schema, &cfg.relay.table)?;
 
     let mut checks = config_checks(&cfg);
-    let found = database::check(&database_url, &tables).await;
+    let address = database_address(&database_url);
+    let db = connect_any(&database_url, 2).await;
+    let found = match &db {
+        Ok(db) => database::examine(db.examined(), &address, &tables).await,
+        Err(error) => database::Found {
+            checks: vec![database::unreachable(error, &address)],
+            ..Default::default()
+        },
+    };
     checks.extend(found.checks);
     if cfg.relay.mode == outbox_relayer::Mode::Cdc {
-        match &found.postgres {
-            Some(pool) => checks.extend(cdc::check(pool, &tables, &cfg.relay).await),
-            None if found.reachable => checks.push(Check::fail(
+        match &db {
+            Ok(Db::Postgres(pool)) => checks.extend(cdc::check(pool, &tables, &cfg.relay).await),
+            Ok(_) => checks.push(Check::fail(
                 "cdc",
                 "database",
                 "change data capture needs PostgreSQL",
                 "use --mode poll with this database",
             )),
-            None => {}
+            Err(_) => {}
         }
     }
     let destinations: Vec<String> = {

@@ -1,6 +1,8 @@
 //! What `outbox doctor` reports: one finding per check, each problem with the exact fix.
-//! The checks themselves live next to what they check (the broker probes in
-//! [`crate::publishers::probe`], the database checks in the `outbox` command).
+//! The checks live next to what they check: the broker probes in [`crate::publishers::probe`],
+//! the database checks in [`database`] (each backend answering them from its own folder).
+
+pub mod database;
 
 use std::time::Duration;
 
