@@ -501,6 +501,7 @@ async fn kafka_settings_librdkafka_refuses_are_named_with_its_reason() {
         "--config",
         config.to_str().unwrap(),
     ]);
+    let _ = std::fs::remove_file(&config);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     let settings = line(&text, "✗ broker settings");

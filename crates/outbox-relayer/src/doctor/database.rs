@@ -164,6 +164,7 @@ fn unreachable_fix(error: &str, address: &str) -> String {
     } else if lower.contains("password")
         || lower.contains("authentication")
         || lower.contains("access denied")
+        || (lower.contains("role") && lower.contains("does not exist"))
     {
         "correct the user and password in the URL (and the server's pg_hba.conf or grants)".into()
     } else if lower.contains("does not exist") || lower.contains("unknown database") {

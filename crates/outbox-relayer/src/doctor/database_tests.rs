@@ -130,6 +130,8 @@ fn an_unreachable_database_gets_the_fix_its_error_points_to() {
     assert!(fix("password authentication failed for user \"x\"").contains("user and password"));
     assert!(fix("Access denied for user 'x'@'localhost'").contains("user and password"));
     assert!(fix("database \"nope\" does not exist").contains("create the database"));
+    // PostgreSQL's unknown user: the user is wrong, not the database.
+    assert!(fix("role \"nobody\" does not exist").contains("user and password"));
     assert!(fix("error with TLS handshake").contains("TLS settings"));
     assert!(fix("failed to lookup address information").contains("db:5432 does not resolve"));
     assert!(fix("something else").contains("the server at db:5432 is up"));
