@@ -355,6 +355,37 @@ impl DeadLetters for RabbitMqDeadLetters {
     }
 }
 
+/// A header's value as text: strings as they are; integers, booleans and floats in decimal;
+/// a timestamp (seconds since the epoch) in RFC 3339. AMQP producers, CloudEvents' AMQP
+/// binding among them, send numeric attributes (`cloudEvents:aggregateversion`) as integers:
+/// dropping them would lose the version the gate orders by. Tables, arrays, bytes, decimals
+/// and void have no text form and are left out.
+fn header_text(value: &AMQPValue) -> Option<String> {
+    Some(match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.to_string(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::ShortShortInt(n) => n.to_string(),
+        AMQPValue::ShortShortUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::ShortUInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::Float(n) => n.to_string(),
+        AMQPValue::Double(n) => n.to_string(),
+        AMQPValue::Timestamp(seconds) => {
+            chrono::DateTime::from_timestamp(i64::try_from(*seconds).ok()?, 0)?
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        }
+        AMQPValue::DecimalValue(_)
+        | AMQPValue::FieldArray(_)
+        | AMQPValue::FieldTable(_)
+        | AMQPValue::ByteArray(_)
+        | AMQPValue::Void => return None,
+    })
+}
+
 /// The message's headers, plus its `content-type` property (where AMQP carries a CloudEvent's
 /// `datacontenttype`, and the structured mode's media type) unless a header has that name.
 pub(crate) fn headers_of(delivery: &LapinDelivery) -> BTreeMap<String, String> {
@@ -365,14 +396,7 @@ pub(crate) fn headers_of(delivery: &LapinDelivery) -> BTreeMap<String, String> {
         .map(|t| {
             t.inner()
                 .iter()
-                .filter_map(|(k, v)| match v {
-                    AMQPValue::LongString(s) => Some((
-                        k.to_string(),
-                        String::from_utf8_lossy(s.as_bytes()).into_owned(),
-                    )),
-                    AMQPValue::ShortString(s) => Some((k.to_string(), s.to_string())),
-                    _ => None,
-                })
+                .filter_map(|(k, v)| Some((k.to_string(), header_text(v)?)))
                 .collect()
         })
         .unwrap_or_default();
@@ -395,4 +419,43 @@ pub async fn run(
         .await?
         .run(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{ByteArray, LongString};
+
+    use super::*;
+
+    #[test]
+    fn numeric_headers_are_read_as_text() {
+        assert_eq!(header_text(&AMQPValue::LongInt(2)).as_deref(), Some("2"));
+        assert_eq!(
+            header_text(&AMQPValue::LongLongInt(-9_000_000_000)).as_deref(),
+            Some("-9000000000")
+        );
+        assert_eq!(
+            header_text(&AMQPValue::ShortShortUInt(7)).as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            header_text(&AMQPValue::Boolean(true)).as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            header_text(&AMQPValue::LongString(LongString::from("o-1"))).as_deref(),
+            Some("o-1")
+        );
+        assert_eq!(
+            header_text(&AMQPValue::Timestamp(1_796_126_400)).as_deref(),
+            Some("2026-12-01T12:00:00Z")
+        );
+        // No text form: left out, as before.
+        assert_eq!(
+            header_text(&AMQPValue::ByteArray(ByteArray::from(vec![1u8]))),
+            None
+        );
+        assert_eq!(header_text(&AMQPValue::Void), None);
+        assert_eq!(header_text(&AMQPValue::Timestamp(u64::MAX)), None);
+    }
 }

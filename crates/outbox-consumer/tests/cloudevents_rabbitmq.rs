@@ -169,3 +169,98 @@ async fn both_cloudevents_modes_round_trip_through_rabbitmq() {
         let _ = channel.exchange_delete(&exchange, Default::default()).await;
     }
 }
+
+/// A CloudEvents producer on AMQP that sends its numeric attributes as AMQP integers (as the
+/// binding allows): the versions still reach the gate, which applies version 1 before
+/// version 2 though 2 arrived first, and the schema version reaches the event.
+#[tokio::test]
+async fn integer_cloudevents_attributes_over_amqp_keep_their_order() {
+    use lapin::{
+        options::{BasicPublishOptions, ConfirmSelectOptions},
+        types::{AMQPValue, LongString},
+        BasicProperties,
+    };
+    use outbox_consumer::VersionGate;
+
+    let db = TestDb::new(1).await;
+    let queue = unique("ceint");
+    let conn = Connection::connect(RABBITMQ_URL, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    channel
+        .queue_declare(
+            &queue,
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for version in [2_i32, 1] {
+        let mut headers = FieldTable::default();
+        let text = |s: &str| AMQPValue::LongString(LongString::from(s.to_owned()));
+        headers.insert("cloudEvents:specversion".into(), text("1.0"));
+        headers.insert(
+            "cloudEvents:id".into(),
+            text(&uuid::Uuid::now_v7().to_string()),
+        );
+        headers.insert("cloudEvents:source".into(), text("/elsewhere"));
+        headers.insert("cloudEvents:type".into(), text("OrderPlaced"));
+        headers.insert("cloudEvents:subject".into(), text("o-1"));
+        headers.insert("cloudEvents:aggregatetype".into(), text("order"));
+        headers.insert(
+            "cloudEvents:aggregateversion".into(),
+            AMQPValue::LongInt(version),
+        );
+        headers.insert("cloudEvents:schemaversion".into(), AMQPValue::LongInt(2));
+        channel
+            .basic_publish(
+                "",
+                &queue,
+                BasicPublishOptions::default(),
+                br#"{"total":1}"#,
+                BasicProperties::default()
+                    .with_headers(headers)
+                    .with_content_type("application/json".into()),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let handler = Arc::new(Recorder::default());
+    let processor = Processor::new(db.pool.clone(), &db.tables, "reader", handler.clone())
+        .with_version_gate(VersionGate::starting_at(1));
+    let consumer = RabbitMqConsumer::connect(
+        RabbitMqSource::new(RABBITMQ_URL, &queue),
+        ConsumerConfig::new("reader"),
+        processor,
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("both versions handled", WAIT, || async {
+        handler.0.lock().unwrap().len() == 2
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let seen: Vec<(Option<i64>, i32)> = handler
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| (e.aggregate_version, e.schema_version))
+        .collect();
+    assert_eq!(seen, vec![(Some(1), 2), (Some(2), 2)]);
+    for name in [format!("{queue}.dead"), queue] {
+        let _ = channel
+            .queue_delete(&name, QueueDeleteOptions::default())
+            .await;
+    }
+}
