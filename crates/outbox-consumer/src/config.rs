@@ -2,6 +2,9 @@ use std::time::Duration;
 
 use rand::Rng;
 
+/// The longest `max_backoff`: ten years.
+const MAX_BACKOFF: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
 /// How a consumer retries, holds and names itself. The name is its key in the inbox: two
 /// consumers with different names both apply every event; two instances with one name share
 /// the work.
@@ -15,7 +18,7 @@ pub struct ConsumerConfig {
     pub max_attempts: u32,
     /// Delay before the second attempt (default 500ms); doubles per attempt, with jitter.
     pub initial_backoff: Duration,
-    /// Longest delay between attempts (default 30s).
+    /// Longest delay between attempts (default 30s, at most 10 years).
     pub max_backoff: Duration,
     /// Aggregates handled at once (default 16). Each aggregate's messages still run one after
     /// another, in the order received.
@@ -79,6 +82,12 @@ impl ConsumerConfig {
         if self.initial_backoff.is_zero() || self.max_backoff < self.initial_backoff {
             return invalid("initial_backoff/max_backoff: need 0 < initial_backoff <= max_backoff");
         }
+        // The next attempt's time is stored in PostgreSQL, whose timestamps end in the year
+        // 294276: a backoff past that could not be recorded, and the event would be retried
+        // at every sweep instead.
+        if self.max_backoff > MAX_BACKOFF {
+            return invalid("max_backoff: must be at most 10 years");
+        }
         if self.sweep_interval.is_zero() {
             return invalid("sweep_interval: must be more than 0");
         }
@@ -134,6 +143,20 @@ mod tests {
             "{d:?}"
         );
         assert!(c.backoff(40) <= c.max_backoff);
+        let err = ConsumerConfig {
+            initial_backoff: Duration::from_secs(20_000_000_000_000),
+            max_backoff: Duration::from_secs(20_000_000_000_000),
+            ..ConsumerConfig::new("x")
+        }
+        .validate()
+        .unwrap_err();
+        assert!(err.to_string().contains("max_backoff"), "{err}");
+        assert!(ConsumerConfig {
+            max_backoff: MAX_BACKOFF,
+            ..ConsumerConfig::new("x")
+        }
+        .validate()
+        .is_ok());
     }
 
     #[test]
