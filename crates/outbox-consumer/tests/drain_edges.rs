@@ -639,6 +639,45 @@ async fn seeding_from_held_refuses_a_lowest_version_of_i64_min_by_name() {
     assert_eq!(seeds().await, 1);
 }
 
+/// `consumer-versions seed --from-held --aggregate-id z --limit 2` seeds `z` though two other
+/// held aggregates sort before it: the limit counts the aggregates that match, not those
+/// read before the id is looked at.
+#[tokio::test]
+async fn seeding_from_held_one_aggregate_is_not_cut_by_the_limit() {
+    let db = TestDb::new(1).await;
+    let handler = Arc::new(Scripted::install(&db).await);
+    let processor = Processor::new(db.pool.clone(), &db.tables, NAME, handler)
+        .with_version_gate(VersionGate::from_first_seen());
+    for aggregate in ["a", "b", "z"] {
+        assert_eq!(
+            processor
+                .apply(&event(aggregate, Some(5)).to_message())
+                .await
+                .unwrap(),
+            Outcome::Held,
+            "{aggregate}: settling"
+        );
+    }
+    let tools = ConsumerVersions::new(db.pool.clone(), &db.tables, NAME);
+    let z = Filter {
+        aggregate_id: Some("z".into()),
+        limit: 2,
+        ..Default::default()
+    };
+    assert_eq!(
+        tools
+            .seed(&z, &Seed::LowestHeld, false, "ops", "joined late")
+            .await
+            .unwrap(),
+        vec![Change {
+            aggregate_type: "order".into(),
+            aggregate_id: "z".into(),
+            from: None,
+            to: 4,
+        }]
+    );
+}
+
 /// An operator seeds a new aggregate (`consumer-versions seed --version 4`) while a runner's
 /// first hold of it (version 5) is not committed yet: the seed waits for that hold and makes
 /// version 5 due, so the sweep applies it and version 6 follows at once.

@@ -238,14 +238,10 @@ impl ConsumerVersions {
                     .bind(&self.consumer)
                     .bind(filter.aggregate_type.as_deref())
                     .bind(filter.limit)
+                    .bind(filter.aggregate_id.as_deref())
                     .fetch_all(&self.pool)
                     .await?;
                 rows.iter()
-                    .filter(|row| {
-                        filter.aggregate_id.is_none()
-                            || row.try_get::<String, _>("aggregate_id").ok().as_ref()
-                                == filter.aggregate_id.as_ref()
-                    })
                     // Where each starts is read again under its lock (below).
                     .map(|row| {
                         Ok((
