@@ -323,8 +323,8 @@ async fn a_runner_stopped_mid_batch_leaves_every_event_applied_once_in_order() {
         Arc::new(Ledger::on(&db)),
     );
     let metrics = second.metrics().clone();
-    // Without limit, as the first: `slow` v1's failed attempts are counted in the database and
-    // would give it up here, however many the first runner made before it stopped.
+    // Without limit, as the first: `slow` v1's failed attempts are counted in the database, so
+    // a limit of five here would give it up whenever the first runner had made five.
     let (stop, task) = fx.run(second, u32::MAX).await;
     wait_until("every event applied", WAIT, || async {
         Ledger::count(&db).await == messages.len() as i64
