@@ -21,6 +21,8 @@ use outbox_consumer::{
     ConsumerConfig, Count, DeadLetters, Envelope, Message, Outcome, Processor, VersionGate,
 };
 use outbox_testkit::{wait_until, TestDb};
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -299,6 +301,70 @@ async fn a_held_try_whose_commit_fails_is_a_failed_attempt_with_its_error() {
     assert_eq!(metrics.count(NAME, Count::Handled), 1);
     assert_eq!(metrics.count(NAME, Count::DeadLettered), 1);
     assert_eq!(held_rows(&db).await, 0);
+}
+
+/// A drain on a pool of one connection that comes back late once a try is counted (a pool
+/// that deliveries keep busy): the held events are applied in the sweep that counted their
+/// tries, and no try is left counted. A drain that waited for the pool again after counting a
+/// try would time out there, leave the try counted with nothing run, and after ten such sweeps
+/// dead-letter the event as a crash, even without an attempt limit.
+#[tokio::test]
+async fn a_drain_waits_for_no_second_connection_once_its_try_is_counted() {
+    let db = TestDb::new(1).await;
+    let handler = Arc::new(Scripted::install(&db).await);
+    let unfinished = db
+        .tables
+        .render("SELECT count(*) FROM {schema}.consumer_held WHERE tries > attempts");
+    // A released connection comes back at once, unless a try is counted and not finished:
+    // then only when the test opens the pool.
+    let open = CancellationToken::new();
+    let hook = open.clone();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(500))
+        .after_release(move |conn, _| {
+            let unfinished = unfinished.clone();
+            let open = hook.clone();
+            Box::pin(async move {
+                let tries: i64 = sqlx::query_scalar(&unfinished)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap_or(0);
+                if tries > 0 {
+                    open.cancelled().await;
+                }
+                Ok(true)
+            })
+        })
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let processor = Processor::new(pool.clone(), &db.tables, NAME, handler.clone())
+        .with_version_gate(VersionGate::starting_at(1));
+    let dead = Letters::default();
+    let config = ConsumerConfig {
+        max_attempts: u32::MAX,
+        ..config()
+    };
+    hold_2_then_1(&processor).await;
+    processor.apply_due(&config, &dead).await.unwrap();
+    let after_one_sweep = applied(&db, "x").await;
+    let tries: Vec<(i32, i32)> = sqlx::query_as(
+        &db.tables
+            .render("SELECT tries, attempts FROM {schema}.consumer_held ORDER BY id"),
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    open.cancel();
+    assert_eq!(
+        (after_one_sweep, tries),
+        (Some(vec![1, 2]), vec![]),
+        "applied in one sweep, no try left counted"
+    );
+    assert_eq!((handler.calls("x", 1), handler.calls("x", 2)), (1, 1));
+    assert!(dead.stored().is_empty(), "{:?}", dead.stored());
+    pool.close().await;
 }
 
 /// With a first-seen gate, version 1 (held behind version 2, which is settling) fails for good

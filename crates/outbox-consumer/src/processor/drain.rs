@@ -10,11 +10,16 @@
 //! the next one due. A failure is counted on the row and tried again after the backoff; after
 //! `max_attempts` failures the event is dead-lettered (its aggregate, when the gate orders it,
 //! then waits for its replay, as with any gap).
+//!
+//! A drain runs on one connection, taken from the pool before its first transaction and kept
+//! until it ends: once a try is counted, nothing the drain still has to do waits for the pool,
+//! so a busy pool (every connection taken by deliveries) cannot leave a try counted that never
+//! ran, nor a failure unrecorded. A pool of one connection drains too.
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 
 use super::Processor;
 use crate::{
@@ -129,22 +134,34 @@ impl Processor {
         aggregate: &Aggregate,
         retry: &Retry<'_>,
     ) -> Result<(), HandlerError> {
+        let mut conn = self.pool.acquire().await?;
+        let conn = &mut *conn;
         loop {
-            let choice = self.chosen(Some(aggregate), None, retry.config).await?;
+            let choice = self
+                .chosen(conn, Some(aggregate), None, retry.config)
+                .await?;
             let again = match choice {
                 Choice::Nothing => false,
                 Choice::Again => true,
                 Choice::Dead(held, reason) => {
                     let attempts = held.attempts as u32;
-                    self.bury(Some(aggregate), &held, &reason, attempts, true, retry)
+                    self.bury(conn, Some(aggregate), &held, &reason, attempts, true, retry)
                         .await?
                 }
                 Choice::BelowStart(held, reason) => {
                     let attempts = held.attempts as u32;
-                    self.bury(Some(aggregate), &held, &reason, attempts, false, retry)
-                        .await?
+                    self.bury(
+                        conn,
+                        Some(aggregate),
+                        &held,
+                        &reason,
+                        attempts,
+                        false,
+                        retry,
+                    )
+                    .await?
                 }
-                Choice::Try(held) => self.try_held(Some(aggregate), held, retry).await?,
+                Choice::Try(held) => self.try_held(conn, Some(aggregate), held, retry).await?,
             };
             if !again {
                 return Ok(());
@@ -155,26 +172,29 @@ impl Processor {
     /// Applies held event `id`, which has no aggregate, if it is due and no other runner has
     /// it.
     pub(crate) async fn drain_lone(&self, id: i64, retry: &Retry<'_>) -> Result<(), HandlerError> {
-        match self.chosen(None, Some(id), retry.config).await? {
+        let mut conn = self.pool.acquire().await?;
+        let conn = &mut *conn;
+        match self.chosen(conn, None, Some(id), retry.config).await? {
             Choice::Nothing | Choice::Again => Ok(()),
             Choice::Dead(held, reason) | Choice::BelowStart(held, reason) => {
                 let attempts = held.attempts as u32;
-                self.bury(None, &held, &reason, attempts, false, retry)
+                self.bury(conn, None, &held, &reason, attempts, false, retry)
                     .await
                     .map(drop)
             }
-            Choice::Try(held) => self.try_held(None, held, retry).await.map(drop),
+            Choice::Try(held) => self.try_held(conn, None, held, retry).await.map(drop),
         }
     }
 
     /// The first transaction: the event to try next, its try counted.
     async fn chosen(
         &self,
+        conn: &mut PgConnection,
         aggregate: Option<&Aggregate>,
         lone: Option<i64>,
         config: &ConsumerConfig,
     ) -> Result<Choice, HandlerError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = conn.begin().await?;
         let result = self.choose(&mut tx, aggregate, lone).await;
         let choice = match result {
             Ok(Some((held, Decision::Apply))) => {
@@ -282,13 +302,14 @@ impl Processor {
     /// the drain goes on with the aggregate.
     async fn try_held(
         &self,
+        conn: &mut PgConnection,
         aggregate: Option<&Aggregate>,
         held: Held,
         retry: &Retry<'_>,
     ) -> Result<bool, HandlerError> {
         let started = std::time::Instant::now();
         let store = self.store();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = conn.begin().await?;
         let result = async {
             match self.choose(&mut tx, aggregate, Some(held.id)).await? {
                 Some((now, Decision::Apply))
@@ -330,16 +351,19 @@ impl Processor {
                 }
                 // A deferred constraint, a serialisation failure or a lost connection at
                 // COMMIT: the try failed like any other (an outage is not counted).
-                Err(e) => self.failed_held(aggregate, &held, e.into(), retry).await,
+                Err(e) => {
+                    self.failed_held(conn, aggregate, &held, e.into(), retry)
+                        .await
+                }
             },
             Ok(None) => {
                 tx.rollback().await?;
-                self.store().untry(&self.pool, held.id, None).await?;
+                self.store().untry(conn, held.id, None).await?;
                 Ok(true)
             }
             Err(e) => {
                 let _ = tx.rollback().await;
-                self.failed_held(aggregate, &held, e, retry).await
+                self.failed_held(conn, aggregate, &held, e, retry).await
             }
         }
     }
@@ -348,6 +372,7 @@ impl Processor {
     /// the event's own failure is counted and tried again later, or dead-lettered.
     async fn failed_held(
         &self,
+        conn: &mut PgConnection,
         aggregate: Option<&Aggregate>,
         held: &Held,
         error: HandlerError,
@@ -358,10 +383,7 @@ impl Processor {
             // Not the event's failure, nor a crash: the try does not count, and the event is
             // put off while the outage lasts (when the database is the one down, this fails
             // too, and the try stays counted: a rare miscount, see UNFINISHED_TRIES).
-            let _ = self
-                .store()
-                .untry(&self.pool, held.id, Some(OUTAGE_DELAY))
-                .await;
+            let _ = self.store().untry(conn, held.id, Some(OUTAGE_DELAY)).await;
             return Err(error);
         }
         if error.is_permanent() {
@@ -369,6 +391,7 @@ impl Processor {
             let keep_start = !error.is_below_start();
             return self
                 .bury(
+                    conn,
                     aggregate,
                     held,
                     error.message(),
@@ -387,13 +410,30 @@ impl Processor {
             error.message()
         );
         tracing::warn!(consumer = self.name(), %error, attempts, "held event failed");
-        let attempts = self
+        let attempts = match self
             .store()
-            .failed(&self.pool, held.id, error.message(), backoff, &reason)
-            .await?;
+            .failed(conn, held.id, error.message(), backoff, &reason)
+            .await
+        {
+            Ok(attempts) => attempts,
+            Err(e) => {
+                // The failure is not recorded: neither is the try (when the database is the
+                // one down, this fails too, as above).
+                let _ = self.store().untry(conn, held.id, Some(OUTAGE_DELAY)).await;
+                return Err(e);
+            }
+        };
         if attempts >= retry.config.max_attempts {
             return self
-                .bury(aggregate, held, error.message(), attempts, true, retry)
+                .bury(
+                    conn,
+                    aggregate,
+                    held,
+                    error.message(),
+                    attempts,
+                    true,
+                    retry,
+                )
                 .await;
         }
         Ok(false)
@@ -408,8 +448,10 @@ impl Processor {
     /// aggregate's start), an aggregate the gate has not started starts no later than it.
     /// Returns whether the drain goes on: an aggregate the gate orders waits for the replay;
     /// one it does not goes on with its next event.
+    #[allow(clippy::too_many_arguments)]
     async fn bury(
         &self,
+        conn: &mut PgConnection,
         aggregate: Option<&Aggregate>,
         held: &Held,
         reason: &str,
@@ -418,7 +460,7 @@ impl Processor {
         retry: &Retry<'_>,
     ) -> Result<bool, HandlerError> {
         let attempts = attempts.max(1);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = conn.begin().await?;
         let marked = async {
             let start = held.version.filter(|_| keep_start && self.gate.is_some());
             let marked = self
@@ -453,13 +495,21 @@ impl Processor {
             attempts,
             "dead-lettering held event"
         );
-        self.store_dead_letter(held, reason, attempts, retry).await;
+        self.store_dead_letter(conn, held, reason, attempts, retry)
+            .await;
         Ok(true)
     }
 
     /// Stores the dead letter of given-up event `held` and deletes its row; when the broker
     /// does not take it, the row stays for a later sweep (after a backoff).
-    async fn store_dead_letter(&self, held: &Held, reason: &str, attempts: u32, retry: &Retry<'_>) {
+    async fn store_dead_letter(
+        &self,
+        conn: &mut PgConnection,
+        held: &Held,
+        reason: &str,
+        attempts: u32,
+        retry: &Retry<'_>,
+    ) {
         match retry
             .dead
             .dead_letter(&held.message, reason, attempts, &[])
@@ -467,7 +517,7 @@ impl Processor {
         {
             Ok(()) => {
                 self.counts.add(Count::DeadLettered);
-                if let Err(e) = self.store().buried(&self.pool, held.id).await {
+                if let Err(e) = self.store().buried(conn, held.id).await {
                     // Stored again by a later sweep: a duplicate dead letter, nothing lost.
                     tracing::warn!(consumer = self.name(), error = %e,
                         "dead letter stored, its row not deleted yet");
@@ -479,7 +529,7 @@ impl Processor {
                 let error = format!("storing its dead letter failed: {e}");
                 let _ = self
                     .store()
-                    .later(&self.pool, held.id, retry.config.backoff(attempts), &error)
+                    .later(conn, held.id, retry.config.backoff(attempts), &error)
                     .await;
             }
         }
@@ -488,11 +538,13 @@ impl Processor {
     /// Stores the dead letter of given-up event `id`, whose runner did not (it stopped, or
     /// the broker refused), unless another sweep claimed it first.
     pub(crate) async fn send_dead(&self, id: i64, retry: &Retry<'_>) -> Result<(), HandlerError> {
-        let Some(held) = self.store().claim_dead(&self.pool, id, BURY_GRACE).await? else {
+        let mut conn = self.pool.acquire().await?;
+        let conn = &mut *conn;
+        let Some(held) = self.store().claim_dead(conn, id, BURY_GRACE).await? else {
             return Ok(());
         };
         let reason = held.last_error.clone().unwrap_or_default();
-        self.store_dead_letter(&held, &reason, held.attempts.max(1) as u32, retry)
+        self.store_dead_letter(conn, &held, &reason, held.attempts.max(1) as u32, retry)
             .await;
         Ok(())
     }

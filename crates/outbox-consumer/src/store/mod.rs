@@ -399,14 +399,14 @@ impl Store<'_> {
     /// is put off `outage`).
     pub(crate) async fn untry(
         &self,
-        pool: &sqlx::PgPool,
+        conn: &mut PgConnection,
         id: i64,
         outage: Option<Duration>,
     ) -> Result<(), HandlerError> {
         sqlx::query(&self.sql.untry)
             .bind(id)
             .bind(outage.map(|d| d.as_secs_f64()))
-            .execute(pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
@@ -498,8 +498,15 @@ impl Store<'_> {
     }
 
     /// A given-up event's dead letter is stored: its row goes.
-    pub(crate) async fn buried(&self, pool: &sqlx::PgPool, id: i64) -> Result<(), HandlerError> {
-        sqlx::query(&self.sql.buried).bind(id).execute(pool).await?;
+    pub(crate) async fn buried(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.buried)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 
@@ -507,7 +514,7 @@ impl Store<'_> {
     /// sweep takes it meanwhile): the event, and its reason in `last_error`.
     pub(crate) async fn claim_dead(
         &self,
-        pool: &sqlx::PgPool,
+        conn: &mut PgConnection,
         id: i64,
         grace: Duration,
     ) -> Result<Option<Held>, HandlerError> {
@@ -515,7 +522,7 @@ impl Store<'_> {
             .bind(self.consumer)
             .bind(id)
             .bind(grace.as_secs_f64())
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
         Ok(row.map(|row| Held::of(&row)).transpose()?)
     }
@@ -537,7 +544,7 @@ impl Store<'_> {
     /// Returns its failed attempts.
     pub(crate) async fn failed(
         &self,
-        pool: &sqlx::PgPool,
+        conn: &mut PgConnection,
         id: i64,
         error: &str,
         backoff: Duration,
@@ -548,7 +555,7 @@ impl Store<'_> {
             .bind(error)
             .bind(backoff.as_secs_f64())
             .bind(reason)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
         Ok(attempts.unwrap_or(0).max(0) as u32)
     }
@@ -557,7 +564,7 @@ impl Store<'_> {
     /// failed.
     pub(crate) async fn later(
         &self,
-        pool: &sqlx::PgPool,
+        conn: &mut PgConnection,
         id: i64,
         delay: Duration,
         error: &str,
@@ -566,7 +573,7 @@ impl Store<'_> {
             .bind(id)
             .bind(delay.as_secs_f64())
             .bind(error)
-            .execute(pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
