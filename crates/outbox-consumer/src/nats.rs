@@ -52,6 +52,31 @@ pub struct NatsConsumer {
     worker: Worker<NatsDeadLetters>,
 }
 
+/// Refuses a durable consumer, created before the runner bound to it, whose settings lose
+/// messages the runner has not applied: a delivery limit (`max_deliver`: JetStream stops
+/// redelivering a message after it, so one released at a shutdown or in hand at a crash that
+/// often is never seen again) or an ack policy other than explicit (messages count as
+/// acknowledged before they are applied).
+fn bound_safely(name: &str, existing: &jetstream::consumer::Config) -> Result<(), Error> {
+    let fix = "delete it (nats consumer rm) and let the runner create it, or edit it";
+    if existing.max_deliver > 0 {
+        return Err(Error::broker_message(format!(
+            "nats: durable consumer {name} has max_deliver {}: JetStream would stop \
+             delivering a message after that many deliveries, unapplied; {fix} to \
+             max_deliver -1",
+            existing.max_deliver
+        )));
+    }
+    if existing.ack_policy != jetstream::consumer::AckPolicy::Explicit {
+        return Err(Error::broker_message(format!(
+            "nats: durable consumer {name} has ack policy {:?}: messages would count as \
+             acknowledged before they are applied; {fix} to ack policy explicit",
+            existing.ack_policy
+        )));
+    }
+    Ok(())
+}
+
 /// The dead-letter subject of a consumer, on its own stream.
 pub(crate) struct NatsDeadLetters {
     js: jetstream::Context,
@@ -98,6 +123,7 @@ impl NatsConsumer {
             )
             .await
             .map_err(|e| Error::broker("nats", e))?;
+        bound_safely(&config.name, &consumer.cached_info().config)?;
         let messages = consumer
             .messages()
             .await

@@ -34,9 +34,8 @@ pub enum QueueType {
     /// returns them to the queue) never drops one.
     #[default]
     Classic,
-    /// A quorum queue (replicated), declared without a delivery limit where the broker allows
-    /// it (`x-delivery-limit` -1, RabbitMQ 4.0 and later), so that listing its dead letters
-    /// never drops one.
+    /// A quorum queue (replicated), declared with a delivery limit no listing of its dead
+    /// letters reaches (`x-delivery-limit` 2,147,483,647), so that listing never drops one.
     Quorum,
 }
 
@@ -196,19 +195,56 @@ impl RabbitMqConsumer {
 
 /// Declares the dead-letter queue, durable, of type `kind`. A queue declared before with
 /// other arguments is reported with what to do (RabbitMQ refuses a redeclaration that
-/// differs, and closes the channel: the declaration has one of its own).
+/// differs, and closes the channel: each declaration has one of its own).
+///
+/// A quorum queue is declared with a delivery limit no listing reaches (`i32::MAX`): listing
+/// dead letters returns them to the queue, which counts a delivery, and a queue with a limit
+/// drops a letter past it (RabbitMQ 4.0 and later set 20 when none is given). The unlimited
+/// value -1 means "unlimited" only from 4.0 on: a 3.x broker takes it, and drops a letter at its
+/// first return. A queue declared before with -1 (on 4.0, where it is right) or with none (on
+/// 3.x, where that is unlimited) is taken as it is.
 async fn declare_dead_queue(
     connection: &Connection,
     queue: &str,
     kind: QueueType,
 ) -> Result<(), Error> {
+    let limits: &[Option<i32>] = match kind {
+        QueueType::Classic => &[None],
+        QueueType::Quorum => &[Some(i32::MAX), Some(-1), None],
+    };
+    let mut declared = declare_queue(connection, queue, kind, limits[0]).await?;
+    for limit in &limits[1..] {
+        if declared.is_ok() {
+            break;
+        }
+        declared = declare_queue(connection, queue, kind, *limit).await?;
+    }
+    declared.map_err(|e| {
+        Error::broker(
+            format!(
+                "rabbitmq: cannot declare the dead-letter queue {queue} as a durable {kind} queue \
+                 (delete it, or set dead_letter_queue_type to the type it has)"
+            ),
+            e,
+        )
+    })
+}
+
+/// Declares `queue`, durable, of type `kind` with delivery limit `limit`, on a channel of its
+/// own; the inner error is the broker's refusal.
+async fn declare_queue(
+    connection: &Connection,
+    queue: &str,
+    kind: QueueType,
+    limit: Option<i32>,
+) -> Result<Result<(), lapin::Error>, Error> {
     let channel = connection
         .create_channel()
         .await
         .map_err(|e| Error::broker("rabbitmq", e))?;
     let mut arguments = kind.arguments();
-    if kind == QueueType::Quorum {
-        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(-1));
+    if let Some(limit) = limit {
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(limit));
     }
     let declared = channel
         .queue_declare(
@@ -220,38 +256,10 @@ async fn declare_dead_queue(
             arguments,
         )
         .await;
-    let declared = match declared {
-        // Brokers before RabbitMQ 4.0 have no unlimited delivery limit: a quorum queue there
-        // has none unless one is set.
-        Err(_) if kind == QueueType::Quorum => {
-            let channel = connection
-                .create_channel()
-                .await
-                .map_err(|e| Error::broker("rabbitmq", e))?;
-            channel
-                .queue_declare(
-                    queue,
-                    QueueDeclareOptions {
-                        durable: true,
-                        ..Default::default()
-                    },
-                    kind.arguments(),
-                )
-                .await
-                .map(drop)
-        }
-        other => other.map(drop),
-    };
-    let _ = channel.close(200, "declared").await;
-    declared.map_err(|e| {
-        Error::broker(
-            format!(
-                "rabbitmq: cannot declare the dead-letter queue {queue} as a durable {kind} queue \
-                 (delete it, or set dead_letter_queue_type to the type it has)"
-            ),
-            e,
-        )
-    })
+    if declared.is_ok() {
+        let _ = channel.close(200, "declared").await;
+    }
+    Ok(declared.map(drop))
 }
 
 /// A RabbitMQ delivery, with its text form.

@@ -13,6 +13,7 @@ use lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties,
 };
 use outbox_consumer::{
+    dead_letters::{rabbitmq::RabbitMqDeadLetters, Selection},
     rabbitmq::{QueueType, RabbitMqConsumer, RabbitMqSource},
     ConsumerConfig, Count, Processor, VersionGate,
 };
@@ -256,8 +257,9 @@ async fn ready_in(channel: &Channel, queue: &str) -> u32 {
 }
 
 /// The dead-letter queue is declared with the type asked for, not the virtual host's default: a
-/// quorum one takes the dead letter (and refuses to be declared classic), and a runner asking
-/// for another type than the queue has is told so by name instead of using it.
+/// quorum one takes the dead letter, keeps it however often it is listed (and refuses to be
+/// declared classic), and a runner asking for another type than the queue has is told so by
+/// name instead of using it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dead_letter_queue_has_the_type_asked_for() {
     let db = TestDb::new(2).await;
@@ -284,6 +286,22 @@ async fn the_dead_letter_queue_has_the_type_asked_for() {
     .await;
     stop.cancel();
     task.await.unwrap().unwrap();
+    // Listing returns each letter to the queue, a delivery each time: on a quorum queue with a
+    // delivery limit it reaches (or -1, which RabbitMQ before 4.0 takes as 0), the letter goes.
+    let letters = RabbitMqDeadLetters::open(RABBITMQ_URL, &fx.queue)
+        .await
+        .unwrap();
+    for listing in 1..=25 {
+        let listed = letters
+            .list(&Selection {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1, "listing {listing}: {listed:?}");
+    }
+    drop(letters);
 
     let mut classic = FieldTable::default();
     classic.insert(

@@ -641,3 +641,44 @@ async fn a_cloudevent_with_a_text_id_is_applied_once() {
     );
     fx.cleanup().await;
 }
+
+/// A durable consumer created beforehand with a delivery limit (JetStream stops redelivering a
+/// message after it: one released at shutdowns that often would never come back) or without
+/// explicit acks is refused by name, before any message is taken from it.
+#[tokio::test]
+async fn a_durable_that_would_lose_unapplied_messages_is_refused() {
+    let db = TestDb::new(1).await;
+    let fx = Fixture::new().await;
+    let stream = fx.js.get_stream(&fx.stream).await.unwrap();
+    let limited = pull::Config {
+        durable_name: Some("limited".into()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        max_deliver: 3,
+        ..Default::default()
+    };
+    let unacked = pull::Config {
+        durable_name: Some("unacked".into()),
+        ack_policy: jetstream::consumer::AckPolicy::None,
+        ..Default::default()
+    };
+    let handler = Arc::new(ReserveStock::install(&db).await);
+    for (config, setting) in [(limited, "max_deliver 3"), (unacked, "ack policy None")] {
+        let name = config.durable_name.clone().unwrap();
+        stream.create_consumer(config).await.unwrap();
+        let processor = common::processor(&db, &name, handler.clone());
+        let refused = NatsConsumer::connect(fx.source(), fx.config(&name, 3), processor)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("durable {name} with {setting} accepted"));
+        let text = refused.to_string();
+        assert!(
+            text.contains(&format!("durable consumer {name}")) && text.contains(setting),
+            "{text}"
+        );
+        let _ = fx
+            .js
+            .delete_stream(format!("{}_DEAD_{name}", fx.stream))
+            .await;
+    }
+    fx.cleanup().await;
+}
