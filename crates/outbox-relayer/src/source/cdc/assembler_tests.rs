@@ -302,6 +302,42 @@ fn a_large_transaction_is_handed_out_in_chunks_before_its_commit() {
     assert!(stream.chunk_work().is_none());
 }
 
+/// A table-less event of 24 MiB of payload, at `lsn`.
+fn large_event(lsn: u64) -> ReplicationEvent {
+    let event = Event::new("order", "big", "Scanned").payload(vec![b'x'; 24 << 20], "text/plain");
+    message(
+        lsn,
+        true,
+        outbox::wal::prefix(&tables()),
+        WalEvent::encode(&event),
+    )
+}
+
+#[test]
+fn a_transaction_and_a_batch_are_bounded_at_64_mib_whatever_their_event_count() {
+    let mut stream = assembler();
+    open(&mut stream, 21, 2000);
+    received(&mut stream, vec![large_event(100), large_event(110)]);
+    assert!(
+        stream.take_chunk(100).is_none(),
+        "48 MiB is under the bound"
+    );
+    received(&mut stream, vec![large_event(120)]);
+    let chunk = stream.take_chunk(100).expect("72 MiB is over the bound");
+    assert_eq!(chunk.len(), 3);
+    committed(stream.receive(commit(2000)));
+    stream.take_batch();
+    open(&mut stream, 22, 2100);
+    received(&mut stream, vec![large_event(2010), large_event(2020)]);
+    assert!(!committed(stream.receive(commit(2100))).batch_full);
+    open(&mut stream, 23, 2200);
+    received(&mut stream, vec![large_event(2110)]);
+    assert!(
+        committed(stream.receive(commit(2200))).batch_full,
+        "three events of 24 MiB fill a batch of 100"
+    );
+}
+
 #[test]
 fn a_batch_is_full_at_its_event_bound() {
     let mut stream = Assembler::new(&tables(), 2);
