@@ -510,3 +510,25 @@ async fn kafka_settings_librdkafka_refuses_are_named_with_its_reason() {
         "the cause librdkafka gives is on the line: {text}"
     );
 }
+
+/// A SQLite URL whose file does not exist: `doctor` and `status` say so by the file's name and
+/// leave no file behind (they read an outbox; only `migrate` and the relay create one).
+#[test]
+fn a_missing_sqlite_file_is_named_and_not_created() {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("missing")));
+    let url = format!("sqlite://{}", path.display());
+    let out = run(&["doctor", "--database-url", &url]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let reachable = line(&text, "✗ database reachable");
+    assert!(
+        reachable.contains(&path.display().to_string()) && reachable.contains("does not exist"),
+        "{text}"
+    );
+    assert!(text.contains("outbox migrate"), "{text}");
+    let status = run(&["status", "--database-url", &url]);
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert_ne!(status.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    assert!(!path.exists(), "{} was created", path.display());
+}

@@ -216,6 +216,25 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
     connect(url, max_connections).await.map(Db::Postgres)
 }
 
+/// Like [`connect_any`], for a command that reads or changes an outbox and so creates no
+/// database: a SQLite file that does not exist is an error naming it.
+pub async fn connect_existing(url: &str, max_connections: u32) -> Result<Db, String> {
+    if kind(url)? == Kind::Sqlite {
+        use std::str::FromStr;
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(|e| format!("invalid SQLite URL: {e}"))?;
+        let file = options.get_filename();
+        // An in-memory database has no file.
+        if !url.contains(":memory:") && !url.contains("mode=memory") && !file.exists() {
+            return Err(format!(
+                "the SQLite database file {} does not exist",
+                file.display()
+            ));
+        }
+    }
+    connect_any(url, max_connections).await
+}
+
 /// An outbox an operator command works on, PostgreSQL, MySQL or SQLite.
 pub struct Outbox {
     /// The database.
@@ -232,7 +251,7 @@ pub struct Outbox {
 pub async fn open_outbox(args: &DatabaseArgs) -> Result<Outbox, Box<dyn std::error::Error>> {
     use outbox_relayer::{admin::Admin, store};
     let tables = args.tables()?;
-    let db = connect_any(require_url(args.database_url.as_deref())?, 2).await?;
+    let db = connect_existing(require_url(args.database_url.as_deref())?, 2).await?;
     let (admin, store): (Admin, std::sync::Arc<dyn store::Store>) = match &db {
         Db::Postgres(pool) => (
             Admin::new(pool.clone(), &tables),

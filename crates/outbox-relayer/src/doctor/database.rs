@@ -167,6 +167,9 @@ fn unreachable_fix(error: &str, address: &str) -> String {
         || (lower.contains("role") && lower.contains("does not exist"))
     {
         "correct the user and password in the URL (and the server's pg_hba.conf or grants)".into()
+    } else if lower.contains("sqlite database file") {
+        "correct the file's path in the URL, or create the outbox there with `outbox migrate`"
+            .into()
     } else if lower.contains("does not exist") || lower.contains("unknown database") {
         "create the database, or correct its name in the URL".into()
     } else if lower.contains("tls") || lower.contains("ssl") || lower.contains("certificate") {

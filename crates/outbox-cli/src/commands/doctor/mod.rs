@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use outbox_relayer::doctor::{database, Check, Level};
 
-use super::{connect_any, database_address, require_url, CommandResult, Db};
+use super::{connect_existing, database_address, require_url, CommandResult, Db};
 use crate::config;
 
 /// Options of `outbox doctor`: the relay's own settings (`--mode cdc` adds the logical
@@ -31,7 +31,7 @@ pub async fn run(args: Args) -> CommandResult {
 
     let mut checks = config_checks(&cfg);
     let address = database_address(&database_url);
-    let db = connect_any(&database_url, 2).await;
+    let db = connect_existing(&database_url, 2).await;
     let found = match &db {
         Ok(db) => database::examine(db.examined(), &address, &tables).await,
         Err(error) => database::Found {
