@@ -57,6 +57,7 @@ pub mod source;
 pub mod sqlite;
 pub mod store;
 pub mod telemetry;
+pub mod verify;
 pub mod wire;
 
 #[cfg(feature = "postgres")]

@@ -55,6 +55,15 @@ pub enum Db {
 }
 
 impl Db {
+    /// The database as `outbox verify` audits it.
+    pub fn audited(&self) -> &dyn outbox_relayer::verify::Audited {
+        match self {
+            Db::Postgres(pool) => pool,
+            Db::MySql(pool) => pool,
+            Db::Sqlite(pool) => pool,
+        }
+    }
+
     /// The database as `outbox doctor` examines it.
     pub fn examined(&self) -> &dyn outbox_relayer::doctor::database::Examine {
         match self {

@@ -2,8 +2,6 @@
 //! problem with the exact fix. Exit 0 when nothing fails (warnings allowed), 1 when a check
 //! fails, 2 on bad input (no database URL, an unreadable config file).
 
-mod cdc;
-
 use std::process::ExitCode;
 
 use outbox_relayer::doctor::{database, Check, Level};
@@ -42,7 +40,8 @@ pub async fn run(args: Args) -> CommandResult {
     checks.extend(found.checks);
     if cfg.relay.mode == outbox_relayer::Mode::Cdc {
         match &db {
-            Ok(Db::Postgres(pool)) => checks.extend(cdc::check(pool, &tables, &cfg.relay).await),
+            Ok(Db::Postgres(pool)) => checks
+                .extend(outbox_relayer::postgres::cdc_checks(pool, &tables, &cfg.relay.cdc).await),
             Ok(_) => checks.push(Check::fail(
                 "cdc",
                 "database",

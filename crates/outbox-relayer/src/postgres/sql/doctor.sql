@@ -26,3 +26,12 @@ SELECT DISTINCT aggregate_type, event_type, schema_version, destination
 FROM (SELECT aggregate_type, event_type, schema_version, destination
       FROM {schema}.{events} ORDER BY id DESC LIMIT 1000) recent
 LIMIT 50;
+-- name: cdc_settings
+-- `wal_level`, `max_slot_wal_keep_size`, and whether this user may stream changes.
+SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
+       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user);
+-- name: current_user
+SELECT current_user::text;
+-- name: publication_exists
+-- $1 publication
+SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1);

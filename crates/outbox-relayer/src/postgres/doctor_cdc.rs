@@ -1,22 +1,23 @@
-//! The change-data-capture checks of `outbox doctor` (`--mode cdc`, PostgreSQL):
-//! `wal_level`, the REPLICATION attribute, the publication and the slot, the slot's lag and
-//! retained WAL, and `max_slot_wal_keep_size`.
+//! The change-data-capture checks of `outbox doctor` (`--mode cdc`): `wal_level`, the
+//! REPLICATION attribute, the publication and the slot, the slot's lag and retained WAL, and
+//! `max_slot_wal_keep_size`.
 
-use outbox::Tables;
-use outbox_relayer::{config::RelayConfig, doctor::Check};
+use outbox::{sql::named, Tables};
 use sqlx::PgPool;
+
+use crate::{config::CdcConfig, doctor::Check};
 
 const AREA: &str = "cdc";
 
-/// Runs the CDC checks.
-pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<Check> {
+fn sql(name: &str) -> &'static str {
+    named(include_str!("sql/doctor.sql"), name)
+}
+
+/// The checks of a CDC relay with settings `cdc` on the outbox `tables` of `pool`.
+pub async fn cdc_checks(pool: &PgPool, tables: &Tables, cdc: &CdcConfig) -> Vec<Check> {
     let mut checks = Vec::new();
-    let settings: Result<(String, String, bool), sqlx::Error> = sqlx::query_as(
-        "SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
-                (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)",
-    )
-    .fetch_one(pool)
-    .await;
+    let settings: Result<(String, String, bool), sqlx::Error> =
+        sqlx::query_as(sql("cdc_settings")).fetch_one(pool).await;
     let (wal_level, keep_size, replication) = match settings {
         Ok(settings) => settings,
         Err(error) => {
@@ -39,7 +40,7 @@ pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<C
             "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
         )
     });
-    let user: String = sqlx::query_scalar("SELECT current_user::text")
+    let user: String = sqlx::query_scalar(sql("current_user"))
         .fetch_one(pool)
         .await
         .unwrap_or_else(|_| "<relay user>".into());
@@ -67,7 +68,7 @@ pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<C
             format!(
                 "set max_slot_wal_keep_size above cdc.max_retained_wal_bytes ({} bytes), and \
                  alert on outbox_cdc_retained_wal_alarm",
-                relay.cdc.max_retained_wal_bytes
+                cdc.max_retained_wal_bytes
             ),
         )
     } else {
@@ -76,8 +77,8 @@ pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<C
     let names = match outbox::postgres::cdc::CdcNames::resolve(
         pool,
         tables,
-        relay.cdc.slot.as_deref(),
-        relay.cdc.publication.as_deref(),
+        cdc.slot.as_deref(),
+        cdc.publication.as_deref(),
     )
     .await
     {
@@ -93,12 +94,11 @@ pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<C
         }
     };
     let (slot, publication) = (names.slot.as_str(), names.publication.as_str());
-    let published: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
-            .bind(publication)
-            .fetch_one(pool)
-            .await
-            .unwrap_or(false);
+    let published: bool = sqlx::query_scalar(sql("publication_exists"))
+        .bind(publication)
+        .fetch_one(pool)
+        .await
+        .unwrap_or(false);
     let setup = format!(
         "outbox migrate --cdc --database-url … --schema {} --table {}",
         tables.schema().as_str(),
@@ -149,7 +149,7 @@ pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<C
         status.wal_status.as_deref().unwrap_or("-"),
     );
     let retained = status.retained_bytes.unwrap_or(0).max(0) as u64;
-    checks.push(if retained > relay.cdc.max_retained_wal_bytes {
+    checks.push(if retained > cdc.max_retained_wal_bytes {
         Check::fail(
             AREA,
             format!("slot {slot}"),
@@ -157,7 +157,7 @@ pub async fn check(pool: &PgPool, tables: &Tables, relay: &RelayConfig) -> Vec<C
             "start a CDC relay (or drop the slot with `outbox migrate --drop-cdc` if CDC is \
              abandoned): the slot retains WAL past cdc.max_retained_wal_bytes",
         )
-    } else if status.active_pid.is_none() && retained > relay.cdc.max_retained_wal_bytes / 2 {
+    } else if status.active_pid.is_none() && retained > cdc.max_retained_wal_bytes / 2 {
         Check::warn(
             AREA,
             format!("slot {slot}"),
