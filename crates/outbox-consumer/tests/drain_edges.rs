@@ -9,7 +9,10 @@ mod common;
 use std::{
     collections::BTreeMap,
     future::Future,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc, Mutex,
+    },
     time::Duration,
 };
 
@@ -18,10 +21,11 @@ use common::{held_rows, Ledger, Scripted, Step};
 use futures::future::BoxFuture;
 use outbox_consumer::{
     versions::{self, Change, ConsumerVersions, Filter, Seed},
-    ConsumerConfig, Count, DeadLetters, Envelope, Message, Outcome, Processor, VersionGate,
+    ConsumerConfig, Count, DeadLetters, Envelope, Handler, HandlerError, Message, Outcome,
+    Processor, VersionGate,
 };
 use outbox_testkit::{wait_until, TestDb};
-use sqlx::postgres::PgPoolOptions;
+use sqlx::{postgres::PgPoolOptions, PgConnection};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -364,6 +368,134 @@ async fn a_drain_waits_for_no_second_connection_once_its_try_is_counted() {
     );
     assert_eq!((handler.calls("x", 1), handler.calls("x", 2)), (1, 1));
     assert!(dead.stored().is_empty(), "{:?}", dead.stored());
+    pool.close().await;
+}
+
+/// Kills its own backend (an idle-session killer, a pooler restart, a reset connection) on its
+/// first `kills` calls, then does nothing.
+struct Killer {
+    calls: AtomicU32,
+    kills: u32,
+}
+
+impl Handler for Killer {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        _event: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if self.calls.fetch_add(1, Ordering::SeqCst) < self.kills {
+                sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A held event whose try loses its connection eleven times (the database up, one backend
+/// killed each time) spends no attempt and counts no crash: each try is taken back on another
+/// connection, and the event is applied, before the version held behind it, once the
+/// connection holds.
+#[tokio::test]
+async fn a_try_whose_connection_dies_is_taken_back_not_counted_as_a_crash() {
+    let db = TestDb::new(1).await;
+    let handler = Arc::new(Killer {
+        calls: AtomicU32::new(0),
+        kills: 11,
+    });
+    let processor = Processor::new(db.pool.clone(), &db.tables, NAME, handler.clone())
+        .with_version_gate(VersionGate::starting_at(1));
+    let dead = Letters::default();
+    let config = ConsumerConfig {
+        max_attempts: u32::MAX,
+        ..config()
+    };
+    hold_2_then_1(&processor).await;
+    wait_until("both applied (or one dead-lettered)", WAIT, || async {
+        processor.apply_due(&config, &dead).await.unwrap();
+        // An outage puts the event off a second: due again at once here.
+        db.exec("UPDATE {schema}.consumer_held SET next_attempt_at = now()")
+            .await;
+        held_rows(&db).await == 0 || !dead.stored().is_empty()
+    })
+    .await;
+    assert!(
+        dead.stored().is_empty(),
+        "dead-lettered: {:?}",
+        dead.stored()
+    );
+    assert_eq!(
+        handler.calls.load(Ordering::SeqCst),
+        13,
+        "11 killed, then v1, v2"
+    );
+}
+
+/// A dead-letter destination that confirms only when the test lets it (a broker under a
+/// memory alarm), and says when a store has begun.
+#[derive(Default)]
+struct Stalled {
+    begun: AtomicU32,
+    release: CancellationToken,
+    stored: AtomicU32,
+}
+
+impl DeadLetters for Stalled {
+    fn dead_letter<'a>(
+        &'a self,
+        _message: &'a Message,
+        _reason: &'a str,
+        _attempts: u32,
+        _origin: &'a [(&'static str, String)],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.begun.fetch_add(1, Ordering::SeqCst);
+            tokio::select! {
+                () = self.release.cancelled() => {}
+                () = tokio::time::sleep(WAIT) => return Err("never released".into()),
+            }
+            self.stored.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
+/// While a drain waits for its dead-letter destination to confirm, it holds no connection:
+/// on a pool of one, a delivery of another aggregate is applied meanwhile.
+#[tokio::test]
+async fn a_dead_letter_slow_to_confirm_holds_no_connection_from_other_aggregates() {
+    let db = TestDb::new(1).await;
+    let handler = Arc::new(
+        Scripted::install(&db)
+            .await
+            .script("x", 1, &[Step::Permanent]),
+    );
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let processor = Processor::new(pool.clone(), &db.tables, NAME, handler)
+        .with_version_gate(VersionGate::starting_at(1));
+    hold_2_then_1(&processor).await;
+    let dead = Arc::new(Stalled::default());
+    let sweep = {
+        let (processor, dead) = (processor.clone(), dead.clone());
+        tokio::spawn(async move { processor.apply_due(&config(), &*dead).await })
+    };
+    wait_until("the dead letter's store begun", WAIT, || async {
+        dead.begun.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let other = processor.apply(&event("y", Some(1)).to_message()).await;
+    dead.release.cancel();
+    sweep.await.unwrap().unwrap();
+    assert_eq!(other.ok(), Some(Outcome::Applied), "y delivered meanwhile");
+    assert_eq!(dead.stored.load(Ordering::SeqCst), 1);
     pool.close().await;
 }
 

@@ -14,7 +14,10 @@
 //! A drain runs on one connection, taken from the pool before its first transaction and kept
 //! until it ends: once a try is counted, nothing the drain still has to do waits for the pool,
 //! so a busy pool (every connection taken by deliveries) cannot leave a try counted that never
-//! ran, nor a failure unrecorded. A pool of one connection drains too.
+//! ran, nor a failure unrecorded. A pool of one connection drains too. When that connection
+//! itself dies during a try, the try is taken back on another. The dead letters of the events
+//! a drain gave up are stored after it has given its connection back: a dead-letter
+//! destination slow to confirm holds no connection that deliveries need.
 
 use std::time::Duration;
 
@@ -65,6 +68,20 @@ pub trait DeadLetters: Sync {
 pub(crate) struct Retry<'a> {
     pub(crate) config: &'a ConsumerConfig,
     pub(crate) dead: &'a dyn DeadLetters,
+}
+
+/// One drain's connection, and the events it gave up: their dead letters are stored once the
+/// connection is back in the pool.
+struct Session<'c> {
+    conn: &'c mut PgConnection,
+    given_up: Vec<GivenUp>,
+}
+
+/// An event given up (no longer held, its row dead), its dead letter not stored yet.
+struct GivenUp {
+    held: Held,
+    reason: String,
+    attempts: u32,
 }
 
 /// What the first transaction chose.
@@ -134,56 +151,68 @@ impl Processor {
         aggregate: &Aggregate,
         retry: &Retry<'_>,
     ) -> Result<(), HandlerError> {
-        let mut conn = self.pool.acquire().await?;
-        let conn = &mut *conn;
-        loop {
-            let choice = self
-                .chosen(conn, Some(aggregate), None, retry.config)
-                .await?;
-            let again = match choice {
-                Choice::Nothing => false,
-                Choice::Again => true,
-                Choice::Dead(held, reason) => {
-                    let attempts = held.attempts as u32;
-                    self.bury(conn, Some(aggregate), &held, &reason, attempts, true, retry)
-                        .await?
+        let mut pooled = self.pool.acquire().await?;
+        let mut s = Session {
+            conn: &mut pooled,
+            given_up: Vec::new(),
+        };
+        let drained = async {
+            loop {
+                let choice = self
+                    .chosen(s.conn, Some(aggregate), None, retry.config)
+                    .await?;
+                let again = match choice {
+                    Choice::Nothing => false,
+                    Choice::Again => true,
+                    Choice::Dead(held, reason) => {
+                        let attempts = held.attempts as u32;
+                        self.bury(&mut s, Some(aggregate), &held, &reason, attempts, true)
+                            .await?
+                    }
+                    Choice::BelowStart(held, reason) => {
+                        let attempts = held.attempts as u32;
+                        self.bury(&mut s, Some(aggregate), &held, &reason, attempts, false)
+                            .await?
+                    }
+                    Choice::Try(held) => {
+                        self.try_held(&mut s, Some(aggregate), held, retry).await?
+                    }
+                };
+                if !again {
+                    return Ok(());
                 }
-                Choice::BelowStart(held, reason) => {
-                    let attempts = held.attempts as u32;
-                    self.bury(
-                        conn,
-                        Some(aggregate),
-                        &held,
-                        &reason,
-                        attempts,
-                        false,
-                        retry,
-                    )
-                    .await?
-                }
-                Choice::Try(held) => self.try_held(conn, Some(aggregate), held, retry).await?,
-            };
-            if !again {
-                return Ok(());
             }
         }
+        .await;
+        let given_up = s.given_up;
+        drop(pooled);
+        self.store_dead_letters(given_up, retry).await;
+        drained
     }
 
     /// Applies held event `id`, which has no aggregate, if it is due and no other runner has
     /// it.
     pub(crate) async fn drain_lone(&self, id: i64, retry: &Retry<'_>) -> Result<(), HandlerError> {
-        let mut conn = self.pool.acquire().await?;
-        let conn = &mut *conn;
-        match self.chosen(conn, None, Some(id), retry.config).await? {
-            Choice::Nothing | Choice::Again => Ok(()),
-            Choice::Dead(held, reason) | Choice::BelowStart(held, reason) => {
+        let mut pooled = self.pool.acquire().await?;
+        let mut s = Session {
+            conn: &mut pooled,
+            given_up: Vec::new(),
+        };
+        let drained = match self.chosen(s.conn, None, Some(id), retry.config).await {
+            Err(e) => Err(e),
+            Ok(Choice::Nothing | Choice::Again) => Ok(()),
+            Ok(Choice::Dead(held, reason) | Choice::BelowStart(held, reason)) => {
                 let attempts = held.attempts as u32;
-                self.bury(conn, None, &held, &reason, attempts, false, retry)
+                self.bury(&mut s, None, &held, &reason, attempts, false)
                     .await
                     .map(drop)
             }
-            Choice::Try(held) => self.try_held(conn, None, held, retry).await.map(drop),
-        }
+            Ok(Choice::Try(held)) => self.try_held(&mut s, None, held, retry).await.map(drop),
+        };
+        let given_up = s.given_up;
+        drop(pooled);
+        self.store_dead_letters(given_up, retry).await;
+        drained
     }
 
     /// The first transaction: the event to try next, its try counted.
@@ -302,14 +331,14 @@ impl Processor {
     /// the drain goes on with the aggregate.
     async fn try_held(
         &self,
-        conn: &mut PgConnection,
+        s: &mut Session<'_>,
         aggregate: Option<&Aggregate>,
         held: Held,
         retry: &Retry<'_>,
     ) -> Result<bool, HandlerError> {
         let started = std::time::Instant::now();
         let store = self.store();
-        let mut tx = conn.begin().await?;
+        let mut tx = s.conn.begin().await?;
         let result = async {
             match self.choose(&mut tx, aggregate, Some(held.id)).await? {
                 Some((now, Decision::Apply))
@@ -351,19 +380,16 @@ impl Processor {
                 }
                 // A deferred constraint, a serialisation failure or a lost connection at
                 // COMMIT: the try failed like any other (an outage is not counted).
-                Err(e) => {
-                    self.failed_held(conn, aggregate, &held, e.into(), retry)
-                        .await
-                }
+                Err(e) => self.failed_held(s, aggregate, &held, e.into(), retry).await,
             },
             Ok(None) => {
                 tx.rollback().await?;
-                self.store().untry(conn, held.id, None).await?;
+                self.untry(s.conn, held.id, None).await?;
                 Ok(true)
             }
             Err(e) => {
                 let _ = tx.rollback().await;
-                self.failed_held(conn, aggregate, &held, e, retry).await
+                self.failed_held(s, aggregate, &held, e, retry).await
             }
         }
     }
@@ -372,7 +398,7 @@ impl Processor {
     /// the event's own failure is counted and tried again later, or dead-lettered.
     async fn failed_held(
         &self,
-        conn: &mut PgConnection,
+        s: &mut Session<'_>,
         aggregate: Option<&Aggregate>,
         held: &Held,
         error: HandlerError,
@@ -383,22 +409,14 @@ impl Processor {
             // Not the event's failure, nor a crash: the try does not count, and the event is
             // put off while the outage lasts (when the database is the one down, this fails
             // too, and the try stays counted: a rare miscount, see UNFINISHED_TRIES).
-            let _ = self.store().untry(conn, held.id, Some(OUTAGE_DELAY)).await;
+            let _ = self.untry(s.conn, held.id, Some(OUTAGE_DELAY)).await;
             return Err(error);
         }
         if error.is_permanent() {
             let attempts = held.attempts as u32 + 1;
             let keep_start = !error.is_below_start();
             return self
-                .bury(
-                    conn,
-                    aggregate,
-                    held,
-                    error.message(),
-                    attempts,
-                    keep_start,
-                    retry,
-                )
+                .bury(s, aggregate, held, error.message(), attempts, keep_start)
                 .await;
         }
         let attempts = held.attempts as u32 + 1;
@@ -410,57 +428,59 @@ impl Processor {
             error.message()
         );
         tracing::warn!(consumer = self.name(), %error, attempts, "held event failed");
-        let attempts = match self
+        let recorded = match self
             .store()
-            .failed(conn, held.id, error.message(), backoff, &reason)
+            .failed(s.conn, held.id, error.message(), backoff, &reason)
             .await
         {
+            Ok(attempts) => Ok(attempts),
+            // The drain's connection may be the one that died: once more on another.
+            Err(_) => match self.pool.acquire().await {
+                Ok(mut conn) => {
+                    self.store()
+                        .failed(&mut conn, held.id, error.message(), backoff, &reason)
+                        .await
+                }
+                Err(e) => Err(e.into()),
+            },
+        };
+        let attempts = match recorded {
             Ok(attempts) => attempts,
             Err(e) => {
                 // The failure is not recorded: neither is the try (when the database is the
                 // one down, this fails too, as above).
-                let _ = self.store().untry(conn, held.id, Some(OUTAGE_DELAY)).await;
+                let _ = self.untry(s.conn, held.id, Some(OUTAGE_DELAY)).await;
                 return Err(e);
             }
         };
         if attempts >= retry.config.max_attempts {
             return self
-                .bury(
-                    conn,
-                    aggregate,
-                    held,
-                    error.message(),
-                    attempts,
-                    true,
-                    retry,
-                )
+                .bury(s, aggregate, held, error.message(), attempts, true)
                 .await;
         }
         Ok(false)
     }
 
-    /// Gives `held` up for `reason`, after `attempts` failed attempts, and dead-letters it.
-    /// Given up first, in its own transaction (no longer held, its inbox row gone), so that a
-    /// replay of its dead letter that comes back at once is applied, never taken for a
-    /// duplicate; then the dead letter is stored and the row deleted. When the dead letter
-    /// cannot be stored (or the runner stops first), the row stays, dead, and a sweep stores
-    /// it later. With `keep_start` (the event's own failure, not its place below its
+    /// Gives `held` up for `reason`, after `attempts` failed attempts, for its dead letter to be
+    /// stored at the end of the drain (`s.given_up`). Given up first, in its own transaction
+    /// (no longer held, its inbox row gone), so that a replay of its dead letter that comes
+    /// back at once is applied, never taken for a duplicate; then the dead letter is stored
+    /// and the row deleted. When the dead letter cannot be stored (or the runner stops first),
+    /// the row stays, dead, and a sweep stores it later. With `keep_start` (the event's own failure, not its place below its
     /// aggregate's start), an aggregate the gate has not started starts no later than it.
     /// Returns whether the drain goes on: an aggregate the gate orders waits for the replay;
     /// one it does not goes on with its next event.
-    #[allow(clippy::too_many_arguments)]
     async fn bury(
         &self,
-        conn: &mut PgConnection,
+        s: &mut Session<'_>,
         aggregate: Option<&Aggregate>,
         held: &Held,
         reason: &str,
         attempts: u32,
         keep_start: bool,
-        retry: &Retry<'_>,
     ) -> Result<bool, HandlerError> {
         let attempts = attempts.max(1);
-        let mut tx = conn.begin().await?;
+        let mut tx = s.conn.begin().await?;
         let marked = async {
             let start = held.version.filter(|_| keep_start && self.gate.is_some());
             let marked = self
@@ -495,21 +515,41 @@ impl Processor {
             attempts,
             "dead-lettering held event"
         );
-        self.store_dead_letter(conn, held, reason, attempts, retry)
-            .await;
+        s.given_up.push(GivenUp {
+            held: held.clone(),
+            reason: reason.to_owned(),
+            attempts,
+        });
         Ok(true)
+    }
+
+    /// Takes back a try of held event `id` counted as started, on the
+    /// drain's connection, or once more on another when that fails: the drain's connection
+    /// may be the one that died.
+    async fn untry(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        outage: Option<Duration>,
+    ) -> Result<(), HandlerError> {
+        if self.store().untry(conn, id, outage).await.is_ok() {
+            return Ok(());
+        }
+        let mut conn = self.pool.acquire().await?;
+        self.store().untry(&mut conn, id, outage).await
+    }
+
+    /// Stores the dead letters of the events a drain gave up, its connection given back.
+    async fn store_dead_letters(&self, given_up: Vec<GivenUp>, retry: &Retry<'_>) {
+        for g in given_up {
+            self.store_dead_letter(&g.held, &g.reason, g.attempts, retry)
+                .await;
+        }
     }
 
     /// Stores the dead letter of given-up event `held` and deletes its row; when the broker
     /// does not take it, the row stays for a later sweep (after a backoff).
-    async fn store_dead_letter(
-        &self,
-        conn: &mut PgConnection,
-        held: &Held,
-        reason: &str,
-        attempts: u32,
-        retry: &Retry<'_>,
-    ) {
+    async fn store_dead_letter(&self, held: &Held, reason: &str, attempts: u32, retry: &Retry<'_>) {
         match retry
             .dead
             .dead_letter(&held.message, reason, attempts, &[])
@@ -517,7 +557,7 @@ impl Processor {
         {
             Ok(()) => {
                 self.counts.add(Count::DeadLettered);
-                if let Err(e) = self.store().buried(conn, held.id).await {
+                if let Err(e) = self.store().buried(&self.pool, held.id).await {
                     // Stored again by a later sweep: a duplicate dead letter, nothing lost.
                     tracing::warn!(consumer = self.name(), error = %e,
                         "dead letter stored, its row not deleted yet");
@@ -529,7 +569,7 @@ impl Processor {
                 let error = format!("storing its dead letter failed: {e}");
                 let _ = self
                     .store()
-                    .later(conn, held.id, retry.config.backoff(attempts), &error)
+                    .later(&self.pool, held.id, retry.config.backoff(attempts), &error)
                     .await;
             }
         }
@@ -538,13 +578,11 @@ impl Processor {
     /// Stores the dead letter of given-up event `id`, whose runner did not (it stopped, or
     /// the broker refused), unless another sweep claimed it first.
     pub(crate) async fn send_dead(&self, id: i64, retry: &Retry<'_>) -> Result<(), HandlerError> {
-        let mut conn = self.pool.acquire().await?;
-        let conn = &mut *conn;
-        let Some(held) = self.store().claim_dead(conn, id, BURY_GRACE).await? else {
+        let Some(held) = self.store().claim_dead(&self.pool, id, BURY_GRACE).await? else {
             return Ok(());
         };
         let reason = held.last_error.clone().unwrap_or_default();
-        self.store_dead_letter(conn, &held, &reason, held.attempts.max(1) as u32, retry)
+        self.store_dead_letter(&held, &reason, held.attempts.max(1) as u32, retry)
             .await;
         Ok(())
     }

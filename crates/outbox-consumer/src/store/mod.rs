@@ -498,15 +498,8 @@ impl Store<'_> {
     }
 
     /// A given-up event's dead letter is stored: its row goes.
-    pub(crate) async fn buried(
-        &self,
-        conn: &mut PgConnection,
-        id: i64,
-    ) -> Result<(), HandlerError> {
-        sqlx::query(&self.sql.buried)
-            .bind(id)
-            .execute(&mut *conn)
-            .await?;
+    pub(crate) async fn buried(&self, pool: &sqlx::PgPool, id: i64) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.buried).bind(id).execute(pool).await?;
         Ok(())
     }
 
@@ -514,7 +507,7 @@ impl Store<'_> {
     /// sweep takes it meanwhile): the event, and its reason in `last_error`.
     pub(crate) async fn claim_dead(
         &self,
-        conn: &mut PgConnection,
+        pool: &sqlx::PgPool,
         id: i64,
         grace: Duration,
     ) -> Result<Option<Held>, HandlerError> {
@@ -522,7 +515,7 @@ impl Store<'_> {
             .bind(self.consumer)
             .bind(id)
             .bind(grace.as_secs_f64())
-            .fetch_optional(&mut *conn)
+            .fetch_optional(pool)
             .await?;
         Ok(row.map(|row| Held::of(&row)).transpose()?)
     }
@@ -564,7 +557,7 @@ impl Store<'_> {
     /// failed.
     pub(crate) async fn later(
         &self,
-        conn: &mut PgConnection,
+        pool: &sqlx::PgPool,
         id: i64,
         delay: Duration,
         error: &str,
@@ -573,7 +566,7 @@ impl Store<'_> {
             .bind(id)
             .bind(delay.as_secs_f64())
             .bind(error)
-            .execute(&mut *conn)
+            .execute(pool)
             .await?;
         Ok(())
     }
