@@ -55,9 +55,15 @@ pub struct NatsConsumer {
 /// Refuses a durable consumer, created before the runner bound to it, whose settings lose
 /// messages the runner has not applied: a delivery limit (`max_deliver`: JetStream stops
 /// redelivering a message after it, so one released at a shutdown or in hand at a crash that
-/// often is never seen again) or an ack policy other than explicit (messages count as
-/// acknowledged before they are applied).
-fn bound_safely(name: &str, existing: &jetstream::consumer::Config) -> Result<(), Error> {
+/// often is never seen again), an ack policy other than explicit (messages count as
+/// acknowledged before they are applied), headers only (the payloads never reach the runner)
+/// or other subjects than the runner's `filter_subjects` (messages of the others never reach
+/// it, and nothing says so).
+fn bound_safely(
+    name: &str,
+    existing: &jetstream::consumer::Config,
+    wanted_subjects: &[String],
+) -> Result<(), Error> {
     let fix = "delete it (nats consumer rm) and let the runner create it, or edit it";
     if existing.max_deliver > 0 {
         return Err(Error::broker_message(format!(
@@ -72,6 +78,38 @@ fn bound_safely(name: &str, existing: &jetstream::consumer::Config) -> Result<()
             "nats: durable consumer {name} has ack policy {:?}: messages would count as \
              acknowledged before they are applied; {fix} to ack policy explicit",
             existing.ack_policy
+        )));
+    }
+    if existing.headers_only {
+        return Err(Error::broker_message(format!(
+            "nats: durable consumer {name} delivers headers only: the runner would apply \
+             and dead-letter events without their payloads; {fix} to deliver whole messages"
+        )));
+    }
+    let mut takes: Vec<&str> = existing
+        .filter_subjects
+        .iter()
+        .map(String::as_str)
+        .chain(Some(existing.filter_subject.as_str()).filter(|s| !s.is_empty()))
+        .collect();
+    let mut wanted: Vec<&str> = wanted_subjects.iter().map(String::as_str).collect();
+    takes.sort_unstable();
+    takes.dedup();
+    wanted.sort_unstable();
+    wanted.dedup();
+    if takes != wanted {
+        let all = |subjects: &[&str]| {
+            if subjects.is_empty() {
+                "every subject".to_owned()
+            } else {
+                subjects.join(", ")
+            }
+        };
+        return Err(Error::broker_message(format!(
+            "nats: durable consumer {name} takes {} but the runner's filter_subjects are {}: \
+             messages of the others would never reach it; {fix} to the runner's subjects",
+            all(&takes),
+            all(&wanted)
         )));
     }
     Ok(())
@@ -123,7 +161,11 @@ impl NatsConsumer {
             )
             .await
             .map_err(|e| Error::broker("nats", e))?;
-        bound_safely(&config.name, &consumer.cached_info().config)?;
+        bound_safely(
+            &config.name,
+            &consumer.cached_info().config,
+            &source.filter_subjects,
+        )?;
         let messages = consumer
             .messages()
             .await

@@ -213,17 +213,30 @@ async fn declare_dead_queue(
         QueueType::Quorum => &[Some(i32::MAX), Some(-1), None],
     };
     let mut declared = declare_queue(connection, queue, kind, limits[0]).await?;
+    let mut taken = limits[0];
     for limit in &limits[1..] {
         if declared.is_ok() {
             break;
         }
         declared = declare_queue(connection, queue, kind, *limit).await?;
+        taken = *limit;
     }
+    if declared.is_ok() && taken == Some(-1) {
+        tracing::warn!(
+            queue,
+            "the dead-letter queue has x-delivery-limit -1: a RabbitMQ before 4.0 drops each \
+             letter listed or left by a partial replay (see docs/consumers.md to repair it)"
+        );
+    }
+    let limit = match kind {
+        QueueType::Classic => "",
+        QueueType::Quorum => ", with no delivery limit or one of 2147483647",
+    };
     declared.map_err(|e| {
         Error::broker(
             format!(
-                "rabbitmq: cannot declare the dead-letter queue {queue} as a durable {kind} queue \
-                 (delete it, or set dead_letter_queue_type to the type it has)"
+                "rabbitmq: cannot declare the dead-letter queue {queue} as a durable {kind} \
+                 queue{limit} (delete it, or set dead_letter_queue_type to the type it has)"
             ),
             e,
         )

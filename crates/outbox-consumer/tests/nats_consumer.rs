@@ -643,8 +643,9 @@ async fn a_cloudevent_with_a_text_id_is_applied_once() {
 }
 
 /// A durable consumer created beforehand with a delivery limit (JetStream stops redelivering a
-/// message after it: one released at shutdowns that often would never come back) or without
-/// explicit acks is refused by name, before any message is taken from it.
+/// message after it: one released at shutdowns that often would never come back), without
+/// explicit acks, delivering headers only or taking other subjects than the runner's is
+/// refused by name, before any message is taken from it.
 #[tokio::test]
 async fn a_durable_that_would_lose_unapplied_messages_is_refused() {
     let db = TestDb::new(1).await;
@@ -661,8 +662,28 @@ async fn a_durable_that_would_lose_unapplied_messages_is_refused() {
         ack_policy: jetstream::consumer::AckPolicy::None,
         ..Default::default()
     };
+    let headers = pull::Config {
+        durable_name: Some("headers".into()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        headers_only: true,
+        ..Default::default()
+    };
+    let narrower = pull::Config {
+        durable_name: Some("narrower".into()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        filter_subject: format!("{}.order.Other", fx.prefix),
+        ..Default::default()
+    };
     let handler = Arc::new(ReserveStock::install(&db).await);
-    for (config, setting) in [(limited, "max_deliver 3"), (unacked, "ack policy None")] {
+    for (config, setting) in [
+        (limited, "max_deliver 3"),
+        (unacked, "ack policy None"),
+        (headers, "headers only"),
+        (
+            narrower,
+            "order.Other but the runner's filter_subjects are every subject",
+        ),
+    ] {
         let name = config.durable_name.clone().unwrap();
         stream.create_consumer(config).await.unwrap();
         let processor = common::processor(&db, &name, handler.clone());
