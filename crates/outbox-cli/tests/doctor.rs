@@ -512,7 +512,8 @@ async fn kafka_settings_librdkafka_refuses_are_named_with_its_reason() {
 }
 
 /// A SQLite URL whose file does not exist: `doctor` and `status` say so by the file's name and
-/// leave no file behind (they read an outbox; only `migrate` and the relay create one).
+/// leave no file behind (they read an outbox; only `migrate` and the relay create one); in
+/// the `file:` URI form too, which opens the file once it exists.
 #[test]
 fn a_missing_sqlite_file_is_named_and_not_created() {
     let path = std::env::temp_dir().join(format!("{}.db", unique("missing")));
@@ -531,4 +532,23 @@ fn a_missing_sqlite_file_is_named_and_not_created() {
     assert_ne!(status.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("does not exist"), "{stderr}");
     assert!(!path.exists(), "{} was created", path.display());
+    // A file: URI names the same file: once `migrate` created it, the commands open it.
+    let uri = format!("sqlite:file:{}", path.display());
+    let migrated = run(&["migrate", "--database-url", &uri]);
+    assert_eq!(
+        migrated.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    let status = run(&["status", "--database-url", &uri]);
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
 }

@@ -184,6 +184,12 @@ fn sqlite_locked(error: &sqlx::Error) -> bool {
 /// Opens PostgreSQL, MySQL or SQLite by the URL's scheme (a SQLite file is created if
 /// missing).
 pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> {
+    open_any(url, max_connections, true).await
+}
+
+/// Opens PostgreSQL, MySQL or SQLite by the URL's scheme; a SQLite file that does not exist
+/// is created with `create`, and otherwise an error that names it.
+async fn open_any(url: &str, max_connections: u32, create: bool) -> Result<Db, String> {
     if kind(url)? == Kind::MySql {
         return open_mysql(url, max_connections)
             .await
@@ -199,7 +205,7 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
         use std::str::FromStr;
         let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
             .map_err(|e| format!("invalid SQLite URL: {e}"))?
-            .create_if_missing(true)
+            .create_if_missing(create)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(30));
         // Opening switches the file to WAL, which takes the file's lock without waiting on
@@ -219,7 +225,18 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
                 opened => break opened,
             }
         }
-        .map_err(|e| format!("cannot open the SQLite database: {e}"))?;
+        .map_err(|e| {
+            // SQLITE_CANTOPEN: SQLite itself (file: URIs and in-memory databases included)
+            // found no file to open.
+            if !create && e.as_database_error().and_then(|d| d.code()).as_deref() == Some("14") {
+                format!(
+                    "the SQLite database file {} does not exist (or cannot be opened): {e}",
+                    options.get_filename().display()
+                )
+            } else {
+                format!("cannot open the SQLite database: {e}")
+            }
+        })?;
         return Ok(Db::Sqlite(pool));
     }
     connect(url, max_connections).await.map(Db::Postgres)
@@ -228,20 +245,7 @@ pub async fn connect_any(url: &str, max_connections: u32) -> Result<Db, String> 
 /// Like [`connect_any`], for a command that reads or changes an outbox and so creates no
 /// database: a SQLite file that does not exist is an error naming it.
 pub async fn connect_existing(url: &str, max_connections: u32) -> Result<Db, String> {
-    if kind(url)? == Kind::Sqlite {
-        use std::str::FromStr;
-        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
-            .map_err(|e| format!("invalid SQLite URL: {e}"))?;
-        let file = options.get_filename();
-        // An in-memory database has no file.
-        if !url.contains(":memory:") && !url.contains("mode=memory") && !file.exists() {
-            return Err(format!(
-                "the SQLite database file {} does not exist",
-                file.display()
-            ));
-        }
-    }
-    connect_any(url, max_connections).await
+    open_any(url, max_connections, false).await
 }
 
 /// An outbox an operator command works on, PostgreSQL, MySQL or SQLite.
