@@ -4,6 +4,7 @@
 mod bigtx;
 mod cdc;
 mod common;
+mod consumer;
 mod context;
 mod cost;
 mod dbbound;
@@ -83,6 +84,9 @@ enum Command {
     /// (l) The cost of OpenTelemetry tracing: the same drain with trace export off, exporting
     /// to a live OTLP receiver, and pointed at a dead endpoint.
     Traces,
+    /// (n) The consumer side: a NATS runner with inbox and version gate applying
+    /// `--events` messages through a no-op handler, against one-row autocommit inserts.
+    Consumer,
     /// (i) One transaction of `--big-tx-mb` MiB of large events on `--cdc-database-url`, the
     /// relay running: its peak RSS against its RSS before, polling and CDC zero-growth.
     Bigtx,
@@ -177,6 +181,9 @@ pub struct Options {
     /// Backlog of (c) naive (it publishes about 25 events/s, so a small one suffices).
     #[arg(long, global = true, default_value_t = 10_000)]
     pub naive_backlog: u64,
+    /// (n) consumer: aggregates the runner applies at once, and the floor's connections.
+    #[arg(long, global = true, default_value_t = 16)]
+    pub consumer_concurrency: usize,
     /// Concurrent writers of (d), each with its own connection.
     #[arg(long, global = true, default_value_t = 16)]
     pub writers: usize,
@@ -298,6 +305,7 @@ async fn run(cli: Cli) -> common::Result<()> {
         | Command::Mysql
         | Command::MysqlBeside
         | Command::Natsonly
+        | Command::Consumer
         | Command::Traces => true,
     };
     if cli.command == Command::Sqlite {
@@ -399,6 +407,29 @@ async fn run(cli: Cli) -> common::Result<()> {
         let results = bigtx::run(&bench).await?;
         let table = bigtx::render(&results);
         return write_cdc_report(&bench, "One large transaction", &table, "bigtx.md").await;
+    }
+    if cli.command == Command::Consumer {
+        let bench = Bench::connect(cli.options, true, false, false).await?;
+        bench.settle("consumer").await;
+        let result = consumer::run(&bench).await?;
+        let m = bench.machine().await?;
+        let text = format!(
+            "# The consumer side\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit \
+             {}), load average {} at the start; {}.\n\n{}\n`{}`\n",
+            m.nproc,
+            m.cpu_model,
+            m.postgres,
+            m.synchronous_commit,
+            m.load_average,
+            m.brokers,
+            consumer::render(&result),
+            bench.command_line()
+        );
+        println!("{text}");
+        let path = bench.out_dir().join("consumer.md");
+        std::fs::write(&path, &text)?;
+        eprintln!("results written to {}", path.display());
+        return Ok(());
     }
     if cli.command == Command::Parked {
         let bench = Bench::connect(cli.options, false, false, false).await?;
