@@ -264,14 +264,9 @@ async fn on_cdc_server(options: &Options) -> common::Result<Bench> {
     Bench::connect(options, true, false, false).await
 }
 
-/// Prints a report of a scenario on the CDC server (`title`, the machine, `table`) and writes
+/// Prints a report of a scenario (`title`, the machine and its PostgreSQL, `table`) and writes
 /// it to `file` in the output directory.
-async fn write_cdc_report(
-    bench: &Bench,
-    title: &str,
-    table: &str,
-    file: &str,
-) -> common::Result<()> {
+async fn write_report(bench: &Bench, title: &str, table: &str, file: &str) -> common::Result<()> {
     let m = bench.machine().await?;
     let text = format!(
         "# {title}\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit {}), load \
@@ -400,36 +395,20 @@ async fn run(cli: Cli) -> common::Result<()> {
     if cli.command == Command::Cdc {
         let bench = on_cdc_server(&cli.options).await?;
         let results = cdc::run(&bench).await?;
-        return write_cdc_report(&bench, "CDC comparison", &cdc::render(&results), "cdc.md").await;
+        return write_report(&bench, "CDC comparison", &cdc::render(&results), "cdc.md").await;
     }
     if cli.command == Command::Bigtx {
         let bench = on_cdc_server(&cli.options).await?;
         let results = bigtx::run(&bench).await?;
         let table = bigtx::render(&results);
-        return write_cdc_report(&bench, "One large transaction", &table, "bigtx.md").await;
+        return write_report(&bench, "One large transaction", &table, "bigtx.md").await;
     }
     if cli.command == Command::Consumer {
         let bench = Bench::connect(cli.options, true, false, false).await?;
         bench.settle("consumer").await;
         let result = consumer::run(&bench).await?;
-        let m = bench.machine().await?;
-        let text = format!(
-            "# The consumer side\n\nMachine: nproc {} ({}), PostgreSQL {} (synchronous_commit \
-             {}), load average {} at the start; {}.\n\n{}\n`{}`\n",
-            m.nproc,
-            m.cpu_model,
-            m.postgres,
-            m.synchronous_commit,
-            m.load_average,
-            m.brokers,
-            consumer::render(&result),
-            bench.command_line()
-        );
-        println!("{text}");
-        let path = bench.out_dir().join("consumer.md");
-        std::fs::write(&path, &text)?;
-        eprintln!("results written to {}", path.display());
-        return Ok(());
+        let table = consumer::render(&result);
+        return write_report(&bench, "The consumer side", &table, "consumer.md").await;
     }
     if cli.command == Command::Parked {
         let bench = Bench::connect(cli.options, false, false, false).await?;

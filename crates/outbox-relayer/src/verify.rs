@@ -33,6 +33,28 @@ pub struct Found {
     pub in_window: bool,
 }
 
+impl Found {
+    /// A row as the lookup statements return it: event id, row id, aggregate type and id, and
+    /// whether it is in the window.
+    pub(crate) fn of(
+        (event_id, id, aggregate_type, aggregate_id, in_window): (
+            String,
+            i64,
+            String,
+            String,
+            bool,
+        ),
+    ) -> Self {
+        Self {
+            event_id,
+            id,
+            aggregate_type,
+            aggregate_id,
+            in_window,
+        }
+    }
+}
+
 /// A row of the window, as the scan reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scanned {
@@ -76,10 +98,4 @@ pub trait Audited: Sync {
     fn has_cdc<'a>(&'a self, _tables: &'a Tables) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async { Ok(false) })
     }
-}
-
-/// `?`, `?`, … `n` times: the placeholders of a list of values in MySQL.
-#[cfg(feature = "mysql")]
-pub(crate) fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
 }

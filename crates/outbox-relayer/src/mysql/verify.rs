@@ -6,10 +6,15 @@ use outbox::{sql::named, Tables};
 use sqlx::MySqlPool;
 use uuid::Uuid;
 
-use crate::verify::{placeholders, Audited, Found, Scanned, Window};
+use crate::verify::{Audited, Found, Scanned, Window};
 
 fn sql(name: &str) -> &'static str {
     named(include_str!("sql/verify.sql"), name)
+}
+
+/// `?`, `?`, … `n` times: the placeholders of a list of `n` values.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
 }
 
 /// A time as MySQL's `DATETIME(6)` columns hold it (UTC).
@@ -49,15 +54,9 @@ impl Audited for MySqlPool {
             let rows = query.fetch_all(self).await?;
             Ok(rows
                 .into_iter()
-                .map(
-                    |(event_id, id, aggregate_type, aggregate_id, in_window)| Found {
-                        event_id,
-                        id,
-                        aggregate_type,
-                        aggregate_id,
-                        in_window: in_window == 1,
-                    },
-                )
+                .map(|(event_id, id, kind, aggregate, in_window)| {
+                    Found::of((event_id, id, kind, aggregate, in_window == 1))
+                })
                 .collect())
         })
     }

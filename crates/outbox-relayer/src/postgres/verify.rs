@@ -32,18 +32,7 @@ impl Audited for PgPool {
                     .bind(window.until)
                     .fetch_all(self)
                     .await?;
-            Ok(rows
-                .into_iter()
-                .map(
-                    |(event_id, id, aggregate_type, aggregate_id, in_window)| Found {
-                        event_id,
-                        id,
-                        aggregate_type,
-                        aggregate_id,
-                        in_window,
-                    },
-                )
-                .collect())
+            Ok(rows.into_iter().map(Found::of).collect())
         })
     }
 

@@ -58,15 +58,9 @@ impl Audited for SqlitePool {
             let rows = query.fetch_all(self).await?;
             Ok(rows
                 .into_iter()
-                .map(
-                    |(event_id, id, aggregate_type, aggregate_id, in_window)| Found {
-                        event_id,
-                        id,
-                        aggregate_type,
-                        aggregate_id,
-                        in_window: in_window == 1,
-                    },
-                )
+                .map(|(event_id, id, kind, aggregate, in_window)| {
+                    Found::of((event_id, id, kind, aggregate, in_window == 1))
+                })
                 .collect())
         })
     }
