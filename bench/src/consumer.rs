@@ -89,6 +89,7 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<ConsumerResult> {
     let pool = PgPoolOptions::new()
         .max_connections(concurrency as u32 + 4)
         .acquire_timeout(Duration::from_secs(30))
+        .test_before_acquire(false)
         .connect_with(
             PgConnectOptions::from_str(&bench.options.database_url)?
                 .application_name("outbox-bench-consumer"),

@@ -15,10 +15,12 @@ use bytes::Bytes;
 use common::{assert_in_order, held_rows, Ledger};
 use futures::future::BoxFuture;
 use outbox_consumer::{
-    ConsumerConfig, Count, DeadLetters, Envelope, Message, Outcome, Processor, VersionGate,
+    ConsumerConfig, Count, DeadLetters, Envelope, Handler, HandlerError, Message, Outcome,
+    Processor, VersionGate,
 };
 use outbox_testkit::{wait_until, TestDb};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 fn event(aggregate: &str, version: i64) -> Envelope {
@@ -237,4 +239,90 @@ async fn from_first_seen_waits_for_earlier_versions_then_starts_at_the_lowest() 
         "{err}"
     );
     assert_eq!(Ledger::applied(&db).await["late"], [7, 8]);
+}
+
+/// The ledger, failing once the first time each of `failing`'s (aggregate, version) comes.
+struct FailingOnce {
+    ledger: Ledger,
+    failing: Mutex<Vec<(String, i64)>>,
+}
+
+impl Handler for FailingOnce {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        event: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        let key = (
+            event.aggregate_id.clone().unwrap_or_default(),
+            event.aggregate_version.unwrap_or_default(),
+        );
+        let fail = {
+            let mut failing = self.failing.lock().unwrap();
+            let found = failing.iter().position(|k| *k == key);
+            found.map(|at| failing.remove(at)).is_some()
+        };
+        if fail {
+            return Box::pin(async move { Err(HandlerError::new(format!("{key:?} fails once"))) });
+        }
+        self.ledger.handle(tx, event)
+    }
+}
+
+/// The aggregate's last version applied, as its state row says (`None`: no row).
+async fn version_of(db: &TestDb, aggregate: &str) -> Option<Option<i64>> {
+    sqlx::query_scalar(&db.tables.render(
+        "SELECT version FROM {schema}.consumer_versions WHERE consumer = 'ledger' \
+         AND aggregate_type = 'order' AND aggregate_id = $1",
+    ))
+    .bind(aggregate)
+    .fetch_optional(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// An event whose turn has come is recorded as applied by the statement that admits it, before
+/// its handler runs. A handler that fails then leaves no trace: for an aggregate's first event
+/// (its state row inserted) and for a later one (its row advanced), the version stays where it
+/// was, the inbox forgets the event, and its next delivery applies it.
+#[tokio::test]
+async fn a_failed_handler_undoes_the_version_its_admission_recorded() {
+    let db = TestDb::new(1).await;
+    let handler = FailingOnce {
+        ledger: Ledger::install(&db).await,
+        failing: Mutex::new(vec![("a".into(), 1), ("a".into(), 3)]),
+    };
+    let processor = Processor::new(db.pool.clone(), &db.tables, "ledger", Arc::new(handler))
+        .with_version_gate(VersionGate::starting_at(1));
+    let events: Vec<Envelope> = (1..=3).map(|v| event("a", v)).collect();
+    let first = processor.apply(&events[0].to_message()).await;
+    assert!(first.is_err(), "v1 failed: {first:?}");
+    assert_eq!(
+        version_of(&db, "a").await,
+        None,
+        "no state row after v1 failed"
+    );
+    assert_eq!(
+        processor.apply(&events[0].to_message()).await.unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(
+        processor.apply(&events[1].to_message()).await.unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(version_of(&db, "a").await, Some(Some(2)));
+    let third = processor.apply(&events[2].to_message()).await;
+    assert!(third.is_err(), "v3 failed: {third:?}");
+    assert_eq!(version_of(&db, "a").await, Some(Some(2)), "v3 undone");
+    assert_eq!(
+        processor.apply(&events[2].to_message()).await.unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(
+        processor.apply(&events[2].to_message()).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(version_of(&db, "a").await, Some(Some(3)));
+    assert_eq!(held_rows(&db).await, 0);
+    assert_in_order(&Ledger::applied(&db).await, &[("a".into(), 3)]);
 }

@@ -171,6 +171,26 @@ impl Held {
     }
 }
 
+/// A gated event's version and where its gate starts an aggregate, for [`Store::admit`] to
+/// apply it at once when its turn has come.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Apply {
+    pub(crate) version: i64,
+    /// The version an aggregate without state starts at.
+    pub(crate) first: i64,
+}
+
+/// What admitting an event found.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    /// The inbox did not have it.
+    pub(crate) new: bool,
+    /// Its version was recorded as applied (see [`Store::admit`]); `state` is then the default.
+    pub(crate) applied: bool,
+    /// Its aggregate's state, locked, when not `applied`.
+    pub(crate) state: State,
+}
+
 /// How a message is to be held.
 pub(crate) struct Hold<'a> {
     /// Seconds until it may be tried; `None`: when an earlier event of its aggregate is applied.
@@ -218,12 +238,17 @@ pub(crate) struct Store<'a> {
 
 impl Store<'_> {
     /// Records the event in the inbox and returns whether it is new there, with its
-    /// aggregate's state, locked (an event without an aggregate: no state).
+    /// aggregate's state, locked (an event without an aggregate: no state). With `apply` (the
+    /// event's version and the gate's first version, when the gate orders it), a new event
+    /// whose version is the one the gate applies next, with nothing of its aggregate held, is
+    /// recorded as applied at once ([`Admitted::applied`]): the caller runs its handler and
+    /// commits without deciding or advancing.
     pub(crate) async fn admit(
         &self,
         conn: &mut PgConnection,
         event: &Envelope,
-    ) -> Result<(bool, State), HandlerError> {
+        apply: Option<Apply>,
+    ) -> Result<Admitted, HandlerError> {
         outbox::check_inbox_message(&event.message_id, Some(&event.event_type))?;
         let aggregate = Aggregate::of(event);
         let lock = aggregate.is_some();
@@ -237,20 +262,31 @@ impl Store<'_> {
             .bind(&event.message_id)
             .bind(&event.event_type);
         if let Some(aggregate) = &aggregate {
-            query = query.bind(&aggregate.kind).bind(&aggregate.id);
+            query = query
+                .bind(&aggregate.kind)
+                .bind(&aggregate.id)
+                .bind(apply.map(|a| a.version))
+                .bind(apply.map(|a| a.first));
         }
         let row = query.fetch_one(&mut *conn).await?;
         let new: bool = row.try_get("new")?;
-        let state = if lock {
+        if lock {
             let known: bool = row.try_get("known")?;
-            State::of(&row, known)?
+            Ok(Admitted {
+                new,
+                applied: row.try_get("applied")?,
+                state: State::of(&row, known)?,
+            })
         } else {
-            State {
-                held: row.try_get("held")?,
-                ..State::default()
-            }
-        };
-        Ok((new, state))
+            Ok(Admitted {
+                new,
+                applied: false,
+                state: State {
+                    held: row.try_get("held")?,
+                    ..State::default()
+                },
+            })
+        }
     }
 
     /// Locks the aggregate's state row and returns it (`None`: the aggregate has none).
