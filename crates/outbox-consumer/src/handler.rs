@@ -15,7 +15,10 @@ use crate::{Envelope, Upcasters};
 /// [`HandlerError::permanent`]. A panic counts as an `Err` of that message. An error of the
 /// infrastructure ([`HandlerError::is_infrastructure`]: the database unreachable, read-only or
 /// out of resources) spends no attempt: the runner keeps the message and retries it until the
-/// database answers.
+/// database answers. A handler that ignores the error of a statement it ran in `tx` (without a
+/// savepoint) leaves the transaction aborted: the processor notices before committing, and the
+/// message fails with PostgreSQL's "current transaction is aborted" instead of being
+/// acknowledged unapplied.
 pub trait Handler: Send + Sync + 'static {
     /// Applies `event` through `tx`.
     fn handle<'a>(

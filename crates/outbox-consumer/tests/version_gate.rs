@@ -281,12 +281,11 @@ async fn version_of(db: &TestDb, aggregate: &str) -> Option<Option<i64>> {
     .unwrap()
 }
 
-/// An event whose turn has come is recorded as applied by the statement that admits it, before
-/// its handler runs. A handler that fails then leaves no trace: for an aggregate's first event
-/// (its state row inserted) and for a later one (its row advanced), the version stays where it
-/// was, the inbox forgets the event, and its next delivery applies it.
+/// A handler that fails leaves no trace of its event: for an aggregate's first event (no state
+/// row yet) and for a later one, the version stays where it was, the inbox forgets the event,
+/// and its next delivery applies it.
 #[tokio::test]
-async fn a_failed_handler_undoes_the_version_its_admission_recorded() {
+async fn a_failed_handler_leaves_the_version_where_it_was() {
     let db = TestDb::new(1).await;
     let handler = FailingOnce {
         ledger: Ledger::install(&db).await,
@@ -325,4 +324,73 @@ async fn a_failed_handler_undoes_the_version_its_admission_recorded() {
     assert_eq!(version_of(&db, "a").await, Some(Some(3)));
     assert_eq!(held_rows(&db).await, 0);
     assert_in_order(&Ledger::applied(&db).await, &[("a".into(), 3)]);
+}
+
+/// The ledger, after a statement whose error it ignores, the first time each event comes (no
+/// savepoint: the transaction is aborted from there on).
+struct SwallowsAnError {
+    ledger: Ledger,
+    seen: Mutex<Vec<Uuid>>,
+}
+
+impl Handler for SwallowsAnError {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        event: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        let first = {
+            let mut seen = self.seen.lock().unwrap();
+            let first = !seen.contains(&event.event_id);
+            seen.push(event.event_id);
+            first
+        };
+        Box::pin(async move {
+            if first {
+                let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+                assert!(ignored.is_err());
+                return Ok(());
+            }
+            self.ledger.handle(tx, event).await
+        })
+    }
+}
+
+/// A handler that returns `Ok` after ignoring a failed statement leaves its transaction
+/// aborted, and PostgreSQL answers COMMIT with a silent rollback. The delivery must fail, not
+/// count as applied (its message would be acknowledged with nothing applied, the inbox row and
+/// the version rolled back), with a gate or without one. Before, an event without a gate was
+/// reported applied.
+#[tokio::test]
+async fn a_handler_that_ignores_a_failed_statement_fails_its_delivery() {
+    let db = TestDb::new(1).await;
+    Ledger::install(&db).await;
+    for gate in [None, Some(VersionGate::starting_at(1))] {
+        let name = if gate.is_some() { "gated" } else { "ungated" };
+        let handler = SwallowsAnError {
+            ledger: Ledger::on(&db),
+            seen: Mutex::new(Vec::new()),
+        };
+        let mut processor = Processor::new(db.pool.clone(), &db.tables, name, Arc::new(handler));
+        if let Some(gate) = gate {
+            processor = processor.with_version_gate(gate);
+        }
+        let event = event(name, 1);
+        let failed = processor.apply(&event.to_message()).await;
+        let error = failed.expect_err(name);
+        assert!(
+            error.message().contains("current transaction is aborted"),
+            "{name}: {error}"
+        );
+        assert!(!error.is_infrastructure(), "{name}: an attempt of its own");
+        assert_eq!(processor.metrics().count(name, Count::Handled), 0, "{name}");
+        assert_eq!(
+            processor.apply(&event.to_message()).await.unwrap(),
+            Outcome::Applied,
+            "{name}: its next delivery applies it"
+        );
+    }
+    let applied = Ledger::applied(&db).await;
+    assert_eq!(applied.get("ungated"), Some(&vec![1]));
+    assert_eq!(applied.get("gated"), Some(&vec![1]));
 }

@@ -16,15 +16,6 @@ pub(crate) enum Start {
 }
 
 impl Start {
-    /// The version an aggregate without state is applied from at once: where an `At` gate
-    /// starts, version 1 for a first-seen one (a later first version waits to settle).
-    pub(crate) fn first(&self) -> i64 {
-        match self {
-            Start::At(first) => *first,
-            Start::FirstSeen { .. } => 1,
-        }
-    }
-
     /// The version the gate waits for next, if it knows one.
     pub(crate) fn expected(&self, state: &State) -> Option<i64> {
         match (state.version, state.first_version, self) {

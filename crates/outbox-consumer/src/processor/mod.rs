@@ -18,7 +18,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::{
     gate::{decide, Start},
     metrics::{ConsumerMetrics, Count, Counts},
-    store::{Admitted, Aggregate, Apply, Hold, Statements, Store},
+    store::{Aggregate, Hold, Statements, Store},
     Envelope, Handler, HandlerError, Message, UpcastError, Upcasters, VersionGate,
 };
 
@@ -267,43 +267,27 @@ impl Processor {
             .as_ref()
             .filter(|_| aggregate.is_some() && event.aggregate_version.is_some());
         let store = self.store();
-        // The lowest version has no predecessor for the statement to compare with: it takes
-        // the general way.
-        let apply = gated
-            .zip(event.aggregate_version.filter(|v| *v > i64::MIN))
-            .map(|(start, version)| Apply {
-                version,
-                first: start.first(),
-            });
         let mut tx = self.pool.begin().await?;
         let result = async {
-            let Admitted {
-                new,
-                applied,
-                state,
-            } = store.admit(&mut tx, event, apply).await?;
+            let (new, state) = store.admit(&mut tx, event).await?;
             if !new {
                 return Ok(None);
-            }
-            if applied {
-                self.run_handler(&mut tx, event).await?;
-                return Ok(Some(Delivered {
-                    outcome: Outcome::Applied,
-                    drain: None,
-                }));
             }
             match decide::live(gated, &state, event.aggregate_version) {
                 decide::Decision::Apply => {
                     self.run_handler(&mut tx, event).await?;
-                    if let (Some(_), Some(aggregate), Some(version)) =
-                        (gated, &aggregate, event.aggregate_version)
-                    {
-                        if !store
-                            .advance(&mut tx, aggregate, state.known, version)
-                            .await?
-                        {
-                            return Err(HandlerError::conflict());
+                    match (gated, &aggregate, event.aggregate_version) {
+                        (Some(_), Some(aggregate), Some(version)) => {
+                            if !store
+                                .advance(&mut tx, aggregate, state.known, version)
+                                .await?
+                            {
+                                return Err(HandlerError::conflict());
+                            }
                         }
+                        // No statement of the gate follows the handler: one that ignored an
+                        // error would otherwise be committed as applied, silently rolled back.
+                        _ => store.still_open(&mut tx).await?,
                     }
                     Ok(Some(Delivered {
                         outcome: Outcome::Applied,
@@ -373,7 +357,7 @@ impl Processor {
         self.without_conflicts(|| async {
             let store = self.store();
             let mut tx = self.pool.begin().await?;
-            let Admitted { new, state, .. } = match store.admit(&mut tx, event, None).await {
+            let (new, state) = match store.admit(&mut tx, event).await {
                 Ok(admitted) => admitted,
                 Err(e) => {
                     let _ = tx.rollback().await;

@@ -45,6 +45,7 @@ pub(crate) struct Statements {
     due: String,
     gauges: String,
     purge_inbox: String,
+    still_open: String,
 }
 
 impl Statements {
@@ -80,6 +81,7 @@ impl Statements {
             due: r(include_str!("sql/due.sql")),
             gauges: r(include_str!("sql/gauges.sql")),
             purge_inbox: r(include_str!("sql/purge_inbox.sql")),
+            still_open: r(include_str!("sql/still_open.sql")),
         }
     }
 }
@@ -171,26 +173,6 @@ impl Held {
     }
 }
 
-/// A gated event's version and where its gate starts an aggregate, for [`Store::admit`] to
-/// apply it at once when its turn has come.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Apply {
-    pub(crate) version: i64,
-    /// The version an aggregate without state starts at.
-    pub(crate) first: i64,
-}
-
-/// What admitting an event found.
-#[derive(Debug)]
-pub(crate) struct Admitted {
-    /// The inbox did not have it.
-    pub(crate) new: bool,
-    /// Its version was recorded as applied (see [`Store::admit`]); `state` is then the default.
-    pub(crate) applied: bool,
-    /// Its aggregate's state, locked, when not `applied`.
-    pub(crate) state: State,
-}
-
 /// How a message is to be held.
 pub(crate) struct Hold<'a> {
     /// Seconds until it may be tried; `None`: when an earlier event of its aggregate is applied.
@@ -238,17 +220,12 @@ pub(crate) struct Store<'a> {
 
 impl Store<'_> {
     /// Records the event in the inbox and returns whether it is new there, with its
-    /// aggregate's state, locked (an event without an aggregate: no state). With `apply` (the
-    /// event's version and the gate's first version, when the gate orders it), a new event
-    /// whose version is the one the gate applies next, with nothing of its aggregate held, is
-    /// recorded as applied at once ([`Admitted::applied`]): the caller runs its handler and
-    /// commits without deciding or advancing.
+    /// aggregate's state, locked (an event without an aggregate: no state).
     pub(crate) async fn admit(
         &self,
         conn: &mut PgConnection,
         event: &Envelope,
-        apply: Option<Apply>,
-    ) -> Result<Admitted, HandlerError> {
+    ) -> Result<(bool, State), HandlerError> {
         outbox::check_inbox_message(&event.message_id, Some(&event.event_type))?;
         let aggregate = Aggregate::of(event);
         let lock = aggregate.is_some();
@@ -262,31 +239,28 @@ impl Store<'_> {
             .bind(&event.message_id)
             .bind(&event.event_type);
         if let Some(aggregate) = &aggregate {
-            query = query
-                .bind(&aggregate.kind)
-                .bind(&aggregate.id)
-                .bind(apply.map(|a| a.version))
-                .bind(apply.map(|a| a.first));
+            query = query.bind(&aggregate.kind).bind(&aggregate.id);
         }
         let row = query.fetch_one(&mut *conn).await?;
         let new: bool = row.try_get("new")?;
-        if lock {
+        let state = if lock {
             let known: bool = row.try_get("known")?;
-            Ok(Admitted {
-                new,
-                applied: row.try_get("applied")?,
-                state: State::of(&row, known)?,
-            })
+            State::of(&row, known)?
         } else {
-            Ok(Admitted {
-                new,
-                applied: false,
-                state: State {
-                    held: row.try_get("held")?,
-                    ..State::default()
-                },
-            })
-        }
+            State {
+                held: row.try_get("held")?,
+                ..State::default()
+            }
+        };
+        Ok((new, state))
+    }
+
+    /// Fails when the transaction can no longer commit (a statement in it failed).
+    pub(crate) async fn still_open(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
+        sqlx::query(&self.sql.still_open)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
 
     /// Locks the aggregate's state row and returns it (`None`: the aggregate has none).
