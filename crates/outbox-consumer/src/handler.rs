@@ -18,7 +18,10 @@ use crate::{Envelope, Upcasters};
 /// database answers. A handler that ignores the error of a statement it ran in `tx` (without a
 /// savepoint) leaves the transaction aborted: the processor notices before committing, and the
 /// message fails with PostgreSQL's "current transaction is aborted" instead of being
-/// acknowledged unapplied.
+/// acknowledged unapplied. A handler never ends or starts a transaction on `tx` itself
+/// (`COMMIT`, `ROLLBACK`, `BEGIN`, `SET TRANSACTION` after a statement): what follows would run
+/// outside the consumer's transaction, and the event could be acknowledged unapplied or applied
+/// twice. For a savepoint, `tx.begin()` gives a nested transaction.
 pub trait Handler: Send + Sync + 'static {
     /// Applies `event` through `tx`.
     fn handle<'a>(
