@@ -1,7 +1,8 @@
 //! (n) `consumer`: what applying each event once, in its aggregate's order, costs the
-//! consumer's side. The harness publishes `--events` messages to a JetStream stream of its own
-//! as the relay would (its headers, `--aggregates` aggregates, each aggregate's versions in
-//! order), then drains them through `outbox-consumer`'s NATS runner in this process: inbox on,
+//! consumer's side. The harness publishes `--events` messages as the relay would (its headers,
+//! `--aggregates` aggregates, each aggregate's versions in order) to a JetStream stream of its
+//! own (`--broker nats`) or a RabbitMQ queue of its own (`--broker rabbitmq`), then drains them
+//! through `outbox-consumer`'s runner for that broker in this process: inbox on,
 //! version gate from version 1, a handler that does nothing, one transaction per event,
 //! `--consumer-concurrency` aggregates at once. Its floor, measured in the same run on the same
 //! server: as many one-row `INSERT`s, each its own transaction (autocommit: one round trip,
@@ -21,9 +22,21 @@ use std::{
 
 use async_nats::{jetstream::message::PublishMessage, HeaderMap};
 use futures::{future::BoxFuture, stream::FuturesUnordered, StreamExt};
+use lapin::{
+    options::BasicPublishOptions,
+    types::{AMQPValue, FieldTable},
+    BasicProperties,
+};
 use outbox_consumer::{
+    kafka::{KafkaConsumer, KafkaSource},
     nats::{NatsConsumer, NatsSource},
+    rabbitmq::{RabbitMqConsumer, RabbitMqSource},
     ConsumerConfig, Count, Envelope, Handler, HandlerError, Processor, VersionGate,
+};
+use rdkafka::{
+    message::{Header, OwnedHeaders},
+    producer::{FutureProducer, FutureRecord},
+    ClientConfig,
 };
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -35,6 +48,7 @@ use crate::{
     common::{interruptible, payload, Result, Scope},
     context::Bench,
     cost::{Cpu, Meter},
+    Broker,
 };
 
 /// The consumer's name (its durable on the stream, its rows in the consumer tables).
@@ -68,19 +82,57 @@ impl Handler for Nothing {
     }
 }
 
-/// Runs both phases in a schema and on streams of their own, removed afterwards.
+/// Runs both phases in a schema and on a stream or queue of their own, removed afterwards.
 pub async fn run(bench: &Bench) -> Result<ConsumerResult> {
     let scope = bench.scope("consumer")?;
     bench.create_outbox(&scope).await?;
-    bench.create_stream(&scope).await?;
+    let broker = bench.broker_of(&scope);
+    match broker {
+        Broker::Nats => bench.create_stream(&scope).await?,
+        Broker::Rabbitmq => bench.rabbitmq()?.create(&scope.stream).await?,
+        Broker::Kafka => {
+            let kafka = bench.kafka()?;
+            kafka
+                .create_topic(&scope.topic, bench.options.kafka_partitions)
+                .await?;
+            kafka.create_topic(&dead_topic(&scope), 1).await?;
+        }
+    }
     let result = interruptible(measure(bench, &scope)).await;
-    let js = bench.js()?;
-    let _ = js.delete_stream(&scope.stream).await;
-    let _ = js
-        .delete_stream(format!("{}_DEAD_{NAME}", scope.stream))
-        .await;
+    match broker {
+        Broker::Rabbitmq => {
+            let rabbitmq = bench.rabbitmq()?;
+            rabbitmq.delete(&scope.stream).await;
+            rabbitmq
+                .delete_queue(&format!("{}.dead", queue(&scope)))
+                .await;
+        }
+        Broker::Kafka => {
+            let kafka = bench.kafka()?;
+            let _ = kafka.delete_topic(&scope.topic).await;
+            let _ = kafka.delete_topic(&dead_topic(&scope)).await;
+        }
+        Broker::Nats => {
+            let js = bench.js()?;
+            let _ = js.delete_stream(&scope.stream).await;
+            let _ = js
+                .delete_stream(format!("{}_DEAD_{NAME}", scope.stream))
+                .await;
+        }
+    }
     bench.cleanup_schema(&scope).await;
     result
+}
+
+/// The Kafka runner's dead-letter topic, of this run alone.
+fn dead_topic(scope: &Scope) -> String {
+    format!("{}.dead", scope.subjects)
+}
+
+/// The RabbitMQ queue the runner consumes: the one `RabbitAdmin::create` bound to the
+/// scenario's exchange.
+fn queue(scope: &Scope) -> String {
+    crate::rabbitmq::RabbitAdmin::queue(&scope.stream)
 }
 
 async fn measure(bench: &Bench, scope: &Scope) -> Result<ConsumerResult> {
@@ -123,14 +175,13 @@ async fn measure(bench: &Bench, scope: &Scope) -> Result<ConsumerResult> {
 }
 
 /// Publishes `events` messages as the relay would, version `n / aggregates + 1` of aggregate
-/// `n % aggregates` for the n-th, in order.
+/// `n % aggregates` for the n-th, in order, each confirmed by the broker.
 async fn publish(bench: &Bench, scope: &Scope, events: u64) -> Result<()> {
-    let js = bench.js()?.clone();
     let aggregates = bench.options.aggregates.max(1);
     let window = (bench.options.inflight * bench.options.batch_size as usize).max(1);
     let body = bytes::Bytes::from(serde_json::to_vec(&payload(1))?);
-    let subject = format!("{}.order.OrderPlaced", scope.subjects);
     let occurred_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let sender = Sender::open(bench, scope).await?;
     bench.log("consumer", format!("publishing {events} messages"));
     let mut pending = FuturesUnordered::new();
     for n in 0..events {
@@ -140,34 +191,156 @@ async fn publish(bench: &Bench, scope: &Scope, events: u64) -> Result<()> {
             }
         }
         let id = uuid::Uuid::now_v7().to_string();
-        let mut headers = HeaderMap::new();
-        headers.insert("event-id", id.as_str());
-        headers.insert("event-type", "OrderPlaced");
-        headers.insert("schema-version", "1");
-        headers.insert("aggregate-type", "order");
-        headers.insert("aggregate-id", format!("agg-{}", n % aggregates).as_str());
-        headers.insert(
-            "aggregate-version",
-            (n / aggregates + 1).to_string().as_str(),
-        );
-        headers.insert("occurred-at", occurred_at.as_str());
-        headers.insert("content-type", "application/json");
-        let message = PublishMessage::build()
-            .payload(body.clone())
-            .headers(headers)
-            .message_id(id.as_str());
-        let js = js.clone();
-        let subject = subject.clone();
-        pending.push(async move {
-            let ack = js.send_publish(subject, message).await?;
-            std::future::IntoFuture::into_future(ack).await?;
-            Ok::<(), crate::common::BoxError>(())
-        });
+        let headers = [
+            ("event-id", id.clone()),
+            ("event-type", "OrderPlaced".into()),
+            ("schema-version", "1".into()),
+            ("aggregate-type", "order".into()),
+            ("aggregate-id", format!("agg-{}", n % aggregates)),
+            ("aggregate-version", (n / aggregates + 1).to_string()),
+            ("occurred-at", occurred_at.clone()),
+            ("content-type", "application/json".into()),
+        ];
+        pending.push(sender.send(id, headers, body.clone()));
     }
     while let Some(result) = pending.next().await {
         result?;
     }
     Ok(())
+}
+
+/// Where the harness publishes: the scenario's JetStream subjects or RabbitMQ exchange.
+enum Sender {
+    Nats {
+        js: async_nats::jetstream::Context,
+        subject: String,
+    },
+    Rabbitmq {
+        _connection: lapin::Connection,
+        channel: lapin::Channel,
+        exchange: String,
+    },
+    Kafka {
+        producer: FutureProducer,
+        topic: String,
+    },
+}
+
+impl Sender {
+    async fn open(bench: &Bench, scope: &Scope) -> Result<Self> {
+        Ok(match bench.broker_of(scope) {
+            Broker::Rabbitmq => {
+                let connection = lapin::Connection::connect(
+                    &bench.options.rabbitmq_url,
+                    lapin::ConnectionProperties::default(),
+                )
+                .await?;
+                let channel = connection.create_channel().await?;
+                channel
+                    .confirm_select(lapin::options::ConfirmSelectOptions::default())
+                    .await?;
+                Self::Rabbitmq {
+                    _connection: connection,
+                    channel,
+                    exchange: scope.stream.clone(),
+                }
+            }
+            Broker::Kafka => Self::Kafka {
+                producer: ClientConfig::new()
+                    .set("bootstrap.servers", &bench.options.kafka_brokers)
+                    .set("enable.idempotence", "true")
+                    .set("acks", "all")
+                    // One record per batch: tansu 0.6.0 answers a fetch from inside a batch
+                    // with nothing, and the runner's pause and resume fetch from there.
+                    .set("batch.num.messages", "1")
+                    .create()
+                    .map_err(|e| format!("kafka producer: {e}"))?,
+                topic: scope.topic.clone(),
+            },
+            Broker::Nats => Self::Nats {
+                js: bench.js()?.clone(),
+                subject: format!("{}.order.OrderPlaced", scope.subjects),
+            },
+        })
+    }
+
+    /// Sends one message and waits for the broker's confirmation.
+    fn send(
+        &self,
+        id: String,
+        headers: [(&'static str, String); 8],
+        body: bytes::Bytes,
+    ) -> BoxFuture<'static, Result<()>> {
+        match self {
+            Self::Nats { js, subject } => {
+                let mut map = HeaderMap::new();
+                for (name, value) in &headers {
+                    map.insert(*name, value.as_str());
+                }
+                let message = PublishMessage::build()
+                    .payload(body)
+                    .headers(map)
+                    .message_id(id.as_str());
+                let (js, subject) = (js.clone(), subject.clone());
+                Box::pin(async move {
+                    let ack = js.send_publish(subject, message).await?;
+                    std::future::IntoFuture::into_future(ack).await?;
+                    Ok(())
+                })
+            }
+            Self::Rabbitmq {
+                channel, exchange, ..
+            } => {
+                let mut table = FieldTable::default();
+                for (name, value) in headers {
+                    table.insert(name.into(), AMQPValue::LongString(value.into()));
+                }
+                let properties = BasicProperties::default()
+                    .with_headers(table)
+                    .with_message_id(id.into())
+                    .with_delivery_mode(2);
+                let (channel, exchange) = (channel.clone(), exchange.clone());
+                Box::pin(async move {
+                    let confirm = channel
+                        .basic_publish(
+                            &exchange,
+                            "order.OrderPlaced",
+                            BasicPublishOptions::default(),
+                            &body,
+                            properties,
+                        )
+                        .await?
+                        .await?;
+                    if !confirm.is_ack() {
+                        return Err(format!("RabbitMQ refused a message: {confirm:?}").into());
+                    }
+                    Ok(())
+                })
+            }
+            Self::Kafka { producer, topic } => {
+                let (producer, topic) = (producer.clone(), topic.clone());
+                Box::pin(async move {
+                    let mut map = OwnedHeaders::new();
+                    for (name, value) in &headers {
+                        map = map.insert(Header {
+                            key: name,
+                            value: Some(value.as_str()),
+                        });
+                    }
+                    // Keyed by aggregate, as the relay keys them: one partition per aggregate.
+                    let record = FutureRecord::to(&topic)
+                        .key(&headers[4].1)
+                        .headers(map)
+                        .payload(body.as_ref());
+                    producer
+                        .send(record, Duration::from_secs(30))
+                        .await
+                        .map_err(|(e, _)| format!("kafka: {e}"))?;
+                    Ok(())
+                })
+            }
+        }
+    }
 }
 
 /// The floor: `events` one-row autocommit inserts from `concurrency` connections.
@@ -232,14 +405,32 @@ async fn drain(
         ..ConsumerConfig::new(NAME)
     };
     let meter = Meter::start(bench.processes(scope).await?);
-    let consumer = NatsConsumer::connect(
-        NatsSource::new(&bench.options.nats_url, &scope.stream),
-        config,
-        processor,
-    )
-    .await?;
     let stop = CancellationToken::new();
-    let task = tokio::spawn(consumer.run(stop.clone()));
+    let task = match bench.broker_of(scope) {
+        Broker::Rabbitmq => {
+            let source = RabbitMqSource {
+                // As many messages in hand as the NATS runner's durable allows.
+                prefetch: u16::try_from(config.max_in_hand).unwrap_or(u16::MAX),
+                ..RabbitMqSource::new(&bench.options.rabbitmq_url, queue(scope))
+            };
+            let consumer = RabbitMqConsumer::connect(source, config, processor).await?;
+            tokio::spawn(consumer.run(stop.clone()))
+        }
+        Broker::Kafka => {
+            let source = KafkaSource {
+                group_id: Some(scope.stream.clone()),
+                dead_letter_topic: Some(dead_topic(scope)),
+                ..KafkaSource::new(&bench.options.kafka_brokers, &[scope.topic.as_str()])
+            };
+            let consumer = KafkaConsumer::connect(source, config, processor).await?;
+            tokio::spawn(consumer.run(stop.clone()))
+        }
+        Broker::Nats => {
+            let source = NatsSource::new(&bench.options.nats_url, &scope.stream);
+            let consumer = NatsConsumer::connect(source, config, processor).await?;
+            tokio::spawn(consumer.run(stop.clone()))
+        }
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(bench.options.drain_timeout);
     let mut last_log = std::time::Instant::now();
     loop {
@@ -281,10 +472,15 @@ pub fn render(r: &ConsumerResult) -> String {
         "{} events over {} aggregates; {} connections (floor) and aggregates at once (runner).\n",
         r.runner.events, r.aggregates, r.concurrency
     );
+    let broker = r
+        .runner
+        .broker
+        .as_ref()
+        .map_or("broker", |(name, _)| name.as_str());
     let _ = writeln!(
         text,
         "| phase | events/s | ratio | wall s | harness µs/event | PostgreSQL µs/event | \
-         nats-server µs/event | machine µs/event |"
+         {broker} µs/event | machine µs/event |"
     );
     let _ = writeln!(
         text,

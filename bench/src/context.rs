@@ -114,12 +114,12 @@ impl Bench {
     }
 
     /// The Kafka admin connection.
-    fn kafka(&self) -> Result<&KafkaAdmin> {
+    pub fn kafka(&self) -> Result<&KafkaAdmin> {
         Ok(self.kafka.as_ref().ok_or("this scenario needs Kafka")?)
     }
 
     /// The RabbitMQ connection.
-    fn rabbitmq(&self) -> Result<&RabbitAdmin> {
+    pub fn rabbitmq(&self) -> Result<&RabbitAdmin> {
         Ok(self
             .rabbitmq
             .as_ref()
@@ -137,7 +137,7 @@ impl Bench {
 
     /// The broker the scenario publishes to: `--broker` for (a) drain, NATS otherwise.
     pub fn broker_of(&self, scope: &Scope) -> Broker {
-        if scope.scenario == "drain" {
+        if scope.scenario == "drain" || scope.scenario == "consumer" {
             self.options.broker
         } else {
             Broker::Nats
@@ -454,7 +454,7 @@ impl Bench {
         }
         if let Some(rabbitmq) = &self.rabbitmq {
             brokers.push(format!(
-                "{} for (a) drain, a lazy durable queue bound with #",
+                "{}, a lazy durable queue bound with #",
                 rabbitmq.description
             ));
         }

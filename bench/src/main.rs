@@ -84,8 +84,9 @@ enum Command {
     /// (l) The cost of OpenTelemetry tracing: the same drain with trace export off, exporting
     /// to a live OTLP receiver, and pointed at a dead endpoint.
     Traces,
-    /// (n) The consumer side: a NATS runner with inbox and version gate applying
-    /// `--events` messages through a no-op handler, against one-row autocommit inserts.
+    /// (n) The consumer side: a runner (`--broker nats`, `rabbitmq` or `kafka`) with inbox and version
+    /// gate applying `--events` messages through a no-op handler, against one-row autocommit
+    /// inserts.
     Consumer,
     /// (i) One transaction of `--big-tx-mb` MiB of large events on `--cdc-database-url`, the
     /// relay running: its peak RSS against its RSS before, polling and CDC zero-growth.
@@ -404,7 +405,14 @@ async fn run(cli: Cli) -> common::Result<()> {
         return write_report(&bench, "One large transaction", &table, "bigtx.md").await;
     }
     if cli.command == Command::Consumer {
-        let bench = Bench::connect(cli.options, true, false, false).await?;
+        let broker = cli.options.broker;
+        let bench = Bench::connect(
+            cli.options,
+            broker == Broker::Nats,
+            broker == Broker::Kafka,
+            broker == Broker::Rabbitmq,
+        )
+        .await?;
         bench.settle("consumer").await;
         let result = consumer::run(&bench).await?;
         let table = consumer::render(&result);

@@ -35,7 +35,8 @@ impl RabbitAdmin {
         })
     }
 
-    fn queue(exchange: &str) -> String {
+    /// The queue bound to `exchange` by [`RabbitAdmin::create`].
+    pub fn queue(exchange: &str) -> String {
         format!("{exchange}.all")
     }
 
@@ -93,6 +94,14 @@ impl RabbitAdmin {
             )
             .await?;
         Ok(u64::from(queue.message_count()))
+    }
+
+    /// Deletes `queue`; a failure is ignored (it may not exist).
+    pub async fn delete_queue(&self, queue: &str) {
+        let _ = self
+            .channel
+            .queue_delete(queue, QueueDeleteOptions::default())
+            .await;
     }
 
     /// Deletes the queue and the exchange; failures are ignored (they may not exist).
