@@ -19,9 +19,12 @@ use crate::{Envelope, Upcasters};
 /// savepoint) leaves the transaction aborted: the processor notices before committing, and the
 /// message fails with PostgreSQL's "current transaction is aborted" instead of being
 /// acknowledged unapplied. A handler never ends or starts a transaction on `tx` itself
-/// (`COMMIT`, `ROLLBACK`, `BEGIN`, `SET TRANSACTION` after a statement): what follows would run
-/// outside the consumer's transaction, and the event could be acknowledged unapplied or applied
-/// twice. For a savepoint, `tx.begin()` gives a nested transaction.
+/// (`COMMIT`, `ROLLBACK`, `BEGIN`): the processor checks, before it writes anything after the
+/// handler, that it still runs in the transaction it began, and fails the event when not. After
+/// a `ROLLBACK` the event is then tried again as after any failure. A `COMMIT` cannot be
+/// undone: the handler's writes stay, and the event may be applied again (a held event is tried
+/// again) or, with a version gate, never have its version recorded (the aggregate's later
+/// events wait for it). For a savepoint, `tx.begin()` gives a nested transaction.
 pub trait Handler: Send + Sync + 'static {
     /// Applies `event` through `tx`.
     fn handle<'a>(

@@ -326,14 +326,26 @@ async fn a_failed_handler_leaves_the_version_where_it_was() {
     assert_in_order(&Ledger::applied(&db).await, &[("a".into(), 3)]);
 }
 
-/// The ledger, after a statement whose error it ignores, the first time each event comes (no
-/// savepoint: the transaction is aborted from there on).
-struct SwallowsAnError {
+/// The ledger, misbehaving the first time each event comes: it runs `sql` on the consumer's
+/// transaction and ignores what happens (a failed statement without a savepoint aborts the
+/// transaction; `ROLLBACK` ends it).
+struct MisbehavesOnce {
     ledger: Ledger,
+    sql: &'static str,
     seen: Mutex<Vec<Uuid>>,
 }
 
-impl Handler for SwallowsAnError {
+impl MisbehavesOnce {
+    fn new(db: &TestDb, sql: &'static str) -> Self {
+        Self {
+            ledger: Ledger::on(db),
+            sql,
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Handler for MisbehavesOnce {
     fn handle<'a>(
         &'a self,
         tx: &'a mut PgConnection,
@@ -346,51 +358,123 @@ impl Handler for SwallowsAnError {
             first
         };
         Box::pin(async move {
+            self.ledger.handle(&mut *tx, event).await?;
             if first {
-                let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
-                assert!(ignored.is_err());
-                return Ok(());
+                let _ = sqlx::query(self.sql).execute(&mut *tx).await;
             }
-            self.ledger.handle(tx, event).await
+            Ok(())
         })
     }
 }
 
 /// A handler that returns `Ok` after ignoring a failed statement leaves its transaction
-/// aborted, and PostgreSQL answers COMMIT with a silent rollback. The delivery must fail, not
-/// count as applied (its message would be acknowledged with nothing applied, the inbox row and
-/// the version rolled back), with a gate or without one. Before, an event without a gate was
-/// reported applied.
+/// aborted, and PostgreSQL answers COMMIT with a silent rollback; one that runs `ROLLBACK`
+/// itself leaves the statements after it running in transactions of their own. Either way the
+/// delivery must fail, not count as applied (its message would be acknowledged with nothing
+/// applied, or its version recorded without its effect), with a gate or without one; and its
+/// next delivery applies it once. Before, an event without a gate was reported applied after an
+/// ignored error, and any event after a `ROLLBACK`.
 #[tokio::test]
-async fn a_handler_that_ignores_a_failed_statement_fails_its_delivery() {
+async fn a_handler_that_breaks_its_transaction_fails_its_delivery() {
     let db = TestDb::new(1).await;
     Ledger::install(&db).await;
-    for gate in [None, Some(VersionGate::starting_at(1))] {
-        let name = if gate.is_some() { "gated" } else { "ungated" };
-        let handler = SwallowsAnError {
-            ledger: Ledger::on(&db),
-            seen: Mutex::new(Vec::new()),
-        };
-        let mut processor = Processor::new(db.pool.clone(), &db.tables, name, Arc::new(handler));
-        if let Some(gate) = gate {
-            processor = processor.with_version_gate(gate);
+    for (sql, expected) in [
+        ("SELECT 1 / 0", "current transaction is aborted"),
+        ("ROLLBACK", "the handler ended the consumer's transaction"),
+    ] {
+        for gated in [false, true] {
+            let name = format!("{}-{}", if gated { "gated" } else { "ungated" }, sql.len());
+            let handler = MisbehavesOnce::new(&db, sql);
+            let mut processor = Processor::new(
+                db.pool.clone(),
+                &db.tables,
+                name.as_str(),
+                Arc::new(handler),
+            );
+            if gated {
+                processor = processor.with_version_gate(VersionGate::starting_at(1));
+            }
+            let event = event(&name, 1);
+            let failed = processor.apply(&event.to_message()).await;
+            let error = failed.expect_err(&name);
+            assert!(error.message().contains(expected), "{name}: {error}");
+            assert!(!error.is_infrastructure(), "{name}: an attempt of its own");
+            assert_eq!(
+                processor.metrics().count(&name, Count::Handled),
+                0,
+                "{name}"
+            );
+            assert_eq!(
+                version_of_consumer(&db, &name).await,
+                None,
+                "{name}: no version"
+            );
+            assert_eq!(
+                processor.apply(&event.to_message()).await.unwrap(),
+                Outcome::Applied,
+                "{name}: its next delivery applies it"
+            );
+            assert_eq!(
+                Ledger::applied(&db).await.get(&name),
+                Some(&vec![1]),
+                "{name}: applied once"
+            );
         }
-        let event = event(name, 1);
-        let failed = processor.apply(&event.to_message()).await;
-        let error = failed.expect_err(name);
-        assert!(
-            error.message().contains("current transaction is aborted"),
-            "{name}: {error}"
-        );
-        assert!(!error.is_infrastructure(), "{name}: an attempt of its own");
-        assert_eq!(processor.metrics().count(name, Count::Handled), 0, "{name}");
-        assert_eq!(
-            processor.apply(&event.to_message()).await.unwrap(),
-            Outcome::Applied,
-            "{name}: its next delivery applies it"
-        );
     }
-    let applied = Ledger::applied(&db).await;
-    assert_eq!(applied.get("ungated"), Some(&vec![1]));
-    assert_eq!(applied.get("gated"), Some(&vec![1]));
+}
+
+/// The same for a held event, applied by the drain: a handler that ends the transaction fails
+/// the try (held for its next attempt), writes nothing of the gate's, and the next try applies
+/// the event once, in order.
+#[tokio::test]
+async fn a_held_event_whose_handler_ends_its_transaction_is_tried_again() {
+    let db = TestDb::new(1).await;
+    Ledger::install(&db).await;
+    let handler = MisbehavesOnce::new(&db, "ROLLBACK");
+    let processor = Processor::new(db.pool.clone(), &db.tables, "ledger", Arc::new(handler))
+        .with_version_gate(VersionGate::starting_at(1));
+    let dead = Letters::default();
+    let (v1, v2) = (event("h", 1), event("h", 2));
+    assert_eq!(
+        processor.apply(&v2.to_message()).await.unwrap(),
+        Outcome::Held
+    );
+    // Behind v2 held, v1 is held too; the drain applies both in order.
+    assert_eq!(
+        processor.apply(&v1.to_message()).await.unwrap(),
+        Outcome::Held
+    );
+    let config = ConsumerConfig {
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+        ..ConsumerConfig::new("ledger")
+    };
+    // v1's first try ends its transaction: nothing of the gate's is written.
+    processor.apply_due(&config, &dead).await.unwrap();
+    assert_eq!(version_of(&db, "h").await, Some(None), "v1 not recorded");
+    assert_eq!(Ledger::count(&db).await, 0);
+    // Its next try applies it; v2's first try fails the same way, then v2 is applied.
+    wait_until("v1 and v2 applied", Duration::from_secs(10), || async {
+        processor.apply_due(&config, &dead).await.unwrap();
+        version_of(&db, "h").await == Some(Some(2))
+    })
+    .await;
+    assert_eq!(processor.metrics().count("ledger", Count::Handled), 2);
+    assert_eq!(processor.metrics().count("ledger", Count::Failures), 2);
+    assert!(dead.0.lock().unwrap().is_empty());
+    assert_eq!(held_rows(&db).await, 0);
+    assert_in_order(&Ledger::applied(&db).await, &[("h".into(), 2)]);
+}
+
+/// Consumer `consumer`'s last version of order `consumer` (each case of the test above is a
+/// consumer with an aggregate of its name).
+async fn version_of_consumer(db: &TestDb, consumer: &str) -> Option<Option<i64>> {
+    sqlx::query_scalar(&db.tables.render(
+        "SELECT version FROM {schema}.consumer_versions WHERE consumer = $1 \
+         AND aggregate_type = 'order' AND aggregate_id = $1",
+    ))
+    .bind(consumer)
+    .fetch_optional(&db.pool)
+    .await
+    .unwrap()
 }

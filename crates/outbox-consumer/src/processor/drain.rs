@@ -352,10 +352,16 @@ impl Processor {
                 .decode()
                 .map_err(|e| HandlerError::permanent(e.to_string()))
                 .and_then(|event| self.current(&event))?;
+            let xact = store.xact(&mut tx).await?;
             self.run_handler(&mut tx, &event).await?;
+            // Before anything is written: a handler that ended the transaction would leave
+            // what follows running in transactions of their own.
+            store.still_open(&mut tx, &xact).await?;
             if let (Some(_), Some(aggregate), Some(version)) = (self.gate, aggregate, held.version)
             {
-                store.advance(&mut tx, aggregate, true, version).await?;
+                store
+                    .advance(&mut tx, aggregate, true, version, &xact)
+                    .await?;
             }
             store
                 .leave(&mut tx, held.id, aggregate, Leaving::Applied)

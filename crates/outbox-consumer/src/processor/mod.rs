@@ -269,7 +269,7 @@ impl Processor {
         let store = self.store();
         let mut tx = self.pool.begin().await?;
         let result = async {
-            let (new, state) = store.admit(&mut tx, event).await?;
+            let (new, state, xact) = store.admit(&mut tx, event).await?;
             if !new {
                 return Ok(None);
             }
@@ -279,15 +279,15 @@ impl Processor {
                     match (gated, &aggregate, event.aggregate_version) {
                         (Some(_), Some(aggregate), Some(version)) => {
                             if !store
-                                .advance(&mut tx, aggregate, state.known, version)
+                                .advance(&mut tx, aggregate, state.known, version, &xact)
                                 .await?
                             {
                                 return Err(HandlerError::conflict());
                             }
                         }
                         // No statement of the gate follows the handler: one that ignored an
-                        // error would otherwise be committed as applied, silently rolled back.
-                        _ => store.still_open(&mut tx).await?,
+                        // error, or ended the transaction, would otherwise count as applied.
+                        _ => store.still_open(&mut tx, &xact).await?,
                     }
                     Ok(Some(Delivered {
                         outcome: Outcome::Applied,
@@ -357,7 +357,7 @@ impl Processor {
         self.without_conflicts(|| async {
             let store = self.store();
             let mut tx = self.pool.begin().await?;
-            let (new, state) = match store.admit(&mut tx, event).await {
+            let (new, state, _) = match store.admit(&mut tx, event).await {
                 Ok(admitted) => admitted,
                 Err(e) => {
                     let _ = tx.rollback().await;

@@ -46,6 +46,7 @@ pub(crate) struct Statements {
     gauges: String,
     purge_inbox: String,
     still_open: String,
+    xact: String,
 }
 
 impl Statements {
@@ -82,6 +83,7 @@ impl Statements {
             gauges: r(include_str!("sql/gauges.sql")),
             purge_inbox: r(include_str!("sql/purge_inbox.sql")),
             still_open: r(include_str!("sql/still_open.sql")),
+            xact: r(include_str!("sql/xact.sql")),
         }
     }
 }
@@ -173,6 +175,21 @@ impl Held {
     }
 }
 
+/// The transaction an event's work started in, as PostgreSQL names it: the statements after
+/// its handler check that they still run in it.
+#[derive(Clone, Debug)]
+pub(crate) struct Xact(String);
+
+impl Xact {
+    /// The failure of an event whose handler ended its transaction.
+    fn ended() -> HandlerError {
+        HandlerError::new(
+            "the handler ended the consumer's transaction (COMMIT or ROLLBACK on its \
+             connection): the event is not recorded as applied",
+        )
+    }
+}
+
 /// How a message is to be held.
 pub(crate) struct Hold<'a> {
     /// Seconds until it may be tried; `None`: when an earlier event of its aggregate is applied.
@@ -220,12 +237,13 @@ pub(crate) struct Store<'a> {
 
 impl Store<'_> {
     /// Records the event in the inbox and returns whether it is new there, with its
-    /// aggregate's state, locked (an event without an aggregate: no state).
+    /// aggregate's state, locked (an event without an aggregate: no state), and the transaction
+    /// it runs in (for [`Store::still_open`] and [`Store::advance`] after the handler).
     pub(crate) async fn admit(
         &self,
         conn: &mut PgConnection,
         event: &Envelope,
-    ) -> Result<(bool, State), HandlerError> {
+    ) -> Result<(bool, State, Xact), HandlerError> {
         outbox::check_inbox_message(&event.message_id, Some(&event.event_type))?;
         let aggregate = Aggregate::of(event);
         let lock = aggregate.is_some();
@@ -243,6 +261,7 @@ impl Store<'_> {
         }
         let row = query.fetch_one(&mut *conn).await?;
         let new: bool = row.try_get("new")?;
+        let xact = Xact(row.try_get("xact")?);
         let state = if lock {
             let known: bool = row.try_get("known")?;
             State::of(&row, known)?
@@ -252,15 +271,34 @@ impl Store<'_> {
                 ..State::default()
             }
         };
-        Ok((new, state))
+        Ok((new, state, xact))
     }
 
-    /// Fails when the transaction can no longer commit (a statement in it failed).
-    pub(crate) async fn still_open(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
-        sqlx::query(&self.sql.still_open)
-            .execute(&mut *conn)
+    /// The transaction `conn` is in, for [`Store::still_open`] after a handler.
+    pub(crate) async fn xact(&self, conn: &mut PgConnection) -> Result<Xact, HandlerError> {
+        let xact: String = sqlx::query_scalar(&self.sql.xact)
+            .fetch_one(&mut *conn)
             .await?;
-        Ok(())
+        Ok(Xact(xact))
+    }
+
+    /// Fails when `xact` can no longer commit after a handler: a statement in it failed (the
+    /// handler ignored the error), or the handler ended it (`COMMIT` or `ROLLBACK` on its
+    /// connection).
+    pub(crate) async fn still_open(
+        &self,
+        conn: &mut PgConnection,
+        xact: &Xact,
+    ) -> Result<(), HandlerError> {
+        let same: bool = sqlx::query_scalar(&self.sql.still_open)
+            .bind(&xact.0)
+            .fetch_one(&mut *conn)
+            .await?;
+        if same {
+            Ok(())
+        } else {
+            Err(Xact::ended())
+        }
     }
 
     /// Locks the aggregate's state row and returns it (`None`: the aggregate has none).
@@ -278,28 +316,34 @@ impl Store<'_> {
         Ok(row.map(|row| State::of(&row, true)).transpose()?)
     }
 
-    /// Records `version` as the aggregate's last applied. `Ok(false)`: its state row appeared
-    /// meanwhile (a concurrent first event): try the event again.
+    /// Records `version` as the aggregate's last applied, in `xact` (an error when a handler
+    /// ended it: see [`Store::still_open`]). `Ok(false)`: its state row appeared meanwhile (a
+    /// concurrent first event): try the event again.
     pub(crate) async fn advance(
         &self,
         conn: &mut PgConnection,
         aggregate: &Aggregate,
         known: bool,
         version: i64,
+        xact: &Xact,
     ) -> Result<bool, HandlerError> {
         let sql = if known {
             &self.sql.advance
         } else {
             &self.sql.advance_new
         };
-        let done = sqlx::query(sql)
+        let row = sqlx::query(sql)
             .bind(self.consumer)
             .bind(&aggregate.kind)
             .bind(&aggregate.id)
             .bind(version)
-            .execute(&mut *conn)
+            .bind(&xact.0)
+            .fetch_one(&mut *conn)
             .await?;
-        Ok(done.rows_affected() == 1)
+        if !row.try_get::<bool, _>("same")? {
+            return Err(Xact::ended());
+        }
+        Ok(row.try_get("done")?)
     }
 
     /// Holds `message` (decoded as `event`). Counted on its aggregate's state row: `known`

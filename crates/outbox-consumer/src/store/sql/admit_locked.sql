@@ -1,6 +1,7 @@
 -- Admits an event of an aggregate: records it in the consumer's inbox (`new` is
 -- false when the inbox had it) and locks the aggregate's version state, which it returns.
--- No state row (`known` false): nothing of the aggregate applied or held yet.
+-- No state row (`known` false): nothing of the aggregate applied or held yet. `xact` names the
+-- transaction, for the checks after the handler (`advance.sql`, `still_open.sql`).
 -- $1 consumer, $2 message id, $3 event type, $4 aggregate type, $5 aggregate id
 WITH seen AS (
     INSERT INTO {schema}.inbox (consumer, event_id, event_type) VALUES ($1, $2, $3)
@@ -17,4 +18,5 @@ SELECT EXISTS (SELECT 1 FROM seen) AS new,
        (SELECT version FROM state) AS version,
        (SELECT first_version FROM state) AS first_version,
        coalesce((SELECT seeded FROM state), false) AS seeded,
-       coalesce((SELECT held FROM state), 0) AS held
+       coalesce((SELECT held FROM state), 0) AS held,
+       pg_current_xact_id()::text AS xact
