@@ -18,13 +18,19 @@ use crate::{Envelope, Upcasters};
 /// database answers. A handler that ignores the error of a statement it ran in `tx` (without a
 /// savepoint) leaves the transaction aborted: the processor notices before committing, and the
 /// message fails with PostgreSQL's "current transaction is aborted" instead of being
-/// acknowledged unapplied. A handler never ends or starts a transaction on `tx` itself
-/// (`COMMIT`, `ROLLBACK`, `BEGIN`): the processor checks, before it writes anything after the
-/// handler, that it still runs in the transaction it began, and fails the event when not. After
-/// a `ROLLBACK` the event is then tried again as after any failure. A `COMMIT` cannot be
-/// undone: the handler's writes stay, and the event may be applied again (a held event is tried
-/// again) or, with a version gate, never have its version recorded (the aggregate's later
-/// events wait for it). For a savepoint, `tx.begin()` gives a nested transaction.
+/// acknowledged unapplied.
+///
+/// A handler never ends or starts a transaction on `tx` itself (`COMMIT`, `ROLLBACK`, `BEGIN`,
+/// `SET TRANSACTION`); for a savepoint, `tx.begin()` gives a nested transaction. The processor
+/// checks after the handler that the transaction it began is still open before it writes
+/// anything more:
+/// - After a `ROLLBACK`, the event fails and is tried again as after any failure. Whatever the
+///   handler ran after its `ROLLBACK` committed on its own, and runs again on every try.
+/// - After a `COMMIT`, the event's work (its inbox row, the handler's writes) is committed.
+///   The event counts as applied, and its version and held row follow in transactions of their
+///   own; a crash between the two leaves a gated aggregate waiting for a version it applied.
+/// - After `SET TRANSACTION READ ONLY`, what the processor writes next fails as if the database
+///   were read-only: the runner waits for it to become writable, indefinitely.
 pub trait Handler: Send + Sync + 'static {
     /// Applies `event` through `tx`.
     fn handle<'a>(

@@ -478,3 +478,52 @@ async fn version_of_consumer(db: &TestDb, consumer: &str) -> Option<Option<i64>>
     .await
     .unwrap()
 }
+
+/// A handler that runs `COMMIT` itself has committed the event's work (its effect and inbox row)
+/// by the time it returns: the event is counted applied, its version recorded after it, and a
+/// redelivery is a duplicate, with a gate or without one, and for a held event applied by the
+/// drain. Nothing is applied twice, and no aggregate waits for a version it applied.
+#[tokio::test]
+async fn a_handler_that_commits_itself_applies_its_event_once() {
+    let db = TestDb::new(1).await;
+    Ledger::install(&db).await;
+    for gated in [false, true] {
+        let name = if gated { "gated" } else { "ungated" };
+        let handler = MisbehavesOnce::new(&db, "COMMIT");
+        let mut processor = Processor::new(db.pool.clone(), &db.tables, name, Arc::new(handler));
+        if gated {
+            processor = processor.with_version_gate(VersionGate::starting_at(1));
+        }
+        let event = event(name, 1);
+        for expected in [Outcome::Applied, Outcome::Duplicate] {
+            assert_eq!(
+                processor.apply(&event.to_message()).await.unwrap(),
+                expected,
+                "{name}"
+            );
+        }
+        let version = version_of_consumer(&db, name).await;
+        assert_eq!(version, gated.then_some(Some(1)), "{name}");
+        assert_eq!(
+            Ledger::applied(&db).await.get(name),
+            Some(&vec![1]),
+            "{name}"
+        );
+    }
+    let handler = MisbehavesOnce::new(&db, "COMMIT");
+    let processor = Processor::new(db.pool.clone(), &db.tables, "ledger", Arc::new(handler))
+        .with_version_gate(VersionGate::starting_at(1));
+    let dead = Letters::default();
+    for v in [2, 1] {
+        assert_eq!(
+            processor.apply(&event("h", v).to_message()).await.unwrap(),
+            Outcome::Held
+        );
+    }
+    apply_due(&processor, &dead).await;
+    assert_eq!(version_of(&db, "h").await, Some(Some(2)));
+    assert_eq!(processor.metrics().count("ledger", Count::Handled), 2);
+    assert!(dead.0.lock().unwrap().is_empty());
+    assert_eq!(held_rows(&db).await, 0);
+    assert_eq!(Ledger::applied(&db).await.get("h"), Some(&vec![1, 2]));
+}

@@ -181,12 +181,25 @@ impl Held {
 pub(crate) struct Xact(String);
 
 impl Xact {
-    /// The failure of an event whose handler ended its transaction.
-    fn ended() -> HandlerError {
-        HandlerError::new(
-            "the handler ended the consumer's transaction (COMMIT or ROLLBACK on its \
-             connection): the event is not recorded as applied",
-        )
+    /// From a row of a checking statement (`same`, `status`): whether the transaction is still
+    /// open (`true`), or a handler committed it (`false`: logged); an error when a handler
+    /// rolled it back.
+    fn after(row: &sqlx::postgres::PgRow) -> Result<bool, HandlerError> {
+        if row.try_get::<bool, _>("same")? {
+            return Ok(true);
+        }
+        let status: Option<String> = row.try_get("status")?;
+        if status.as_deref() == Some("committed") {
+            tracing::warn!(
+                "a handler committed the consumer's transaction itself: the event's \
+                 bookkeeping follows in transactions of its own"
+            );
+            return Ok(false);
+        }
+        Err(HandlerError::new(
+            "the handler ended the consumer's transaction (ROLLBACK on its connection): \
+             the event is not recorded as applied",
+        ))
     }
 }
 
@@ -261,7 +274,11 @@ impl Store<'_> {
         }
         let row = query.fetch_one(&mut *conn).await?;
         let new: bool = row.try_get("new")?;
-        let xact = Xact(row.try_get("xact")?);
+        // None for a duplicate, which is rolled back and never checked.
+        let xact = Xact(
+            row.try_get::<Option<String>, _>("xact")?
+                .unwrap_or_default(),
+        );
         let state = if lock {
             let known: bool = row.try_get("known")?;
             State::of(&row, known)?
@@ -283,22 +300,19 @@ impl Store<'_> {
     }
 
     /// Fails when `xact` can no longer commit after a handler: a statement in it failed (the
-    /// handler ignored the error), or the handler ended it (`COMMIT` or `ROLLBACK` on its
-    /// connection).
+    /// handler ignored the error), or the handler rolled it back on its connection. A handler
+    /// that committed it passes: its work is committed, and what the caller writes next runs in
+    /// transactions of its own ([`Xact::after`]).
     pub(crate) async fn still_open(
         &self,
         conn: &mut PgConnection,
         xact: &Xact,
     ) -> Result<(), HandlerError> {
-        let same: bool = sqlx::query_scalar(&self.sql.still_open)
+        let row = sqlx::query(&self.sql.still_open)
             .bind(&xact.0)
             .fetch_one(&mut *conn)
             .await?;
-        if same {
-            Ok(())
-        } else {
-            Err(Xact::ended())
-        }
+        Xact::after(&row).map(drop)
     }
 
     /// Locks the aggregate's state row and returns it (`None`: the aggregate has none).
@@ -317,8 +331,9 @@ impl Store<'_> {
     }
 
     /// Records `version` as the aggregate's last applied, in `xact` (an error when a handler
-    /// ended it: see [`Store::still_open`]). `Ok(false)`: its state row appeared meanwhile (a
-    /// concurrent first event): try the event again.
+    /// rolled it back; after one that committed it, on its own: see [`Store::still_open`]).
+    /// `Ok(false)`: its state row appeared meanwhile (a concurrent first event): try the event
+    /// again.
     pub(crate) async fn advance(
         &self,
         conn: &mut PgConnection,
@@ -332,18 +347,22 @@ impl Store<'_> {
         } else {
             &self.sql.advance_new
         };
-        let row = sqlx::query(sql)
-            .bind(self.consumer)
-            .bind(&aggregate.kind)
-            .bind(&aggregate.id)
-            .bind(version)
-            .bind(&xact.0)
-            .fetch_one(&mut *conn)
-            .await?;
-        if !row.try_get::<bool, _>("same")? {
-            return Err(Xact::ended());
+        let mut checked = Some(&xact.0);
+        loop {
+            let row = sqlx::query(sql)
+                .bind(self.consumer)
+                .bind(&aggregate.kind)
+                .bind(&aggregate.id)
+                .bind(version)
+                .bind(checked)
+                .fetch_one(&mut *conn)
+                .await?;
+            if Xact::after(&row)? {
+                return Ok(row.try_get("done")?);
+            }
+            // The handler committed the event's work itself: the version follows on its own.
+            checked = None;
         }
-        Ok(row.try_get("done")?)
     }
 
     /// Holds `message` (decoded as `event`). Counted on its aggregate's state row: `known`

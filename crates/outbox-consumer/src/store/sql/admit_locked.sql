@@ -19,4 +19,4 @@ SELECT EXISTS (SELECT 1 FROM seen) AS new,
        (SELECT first_version FROM state) AS first_version,
        coalesce((SELECT seeded FROM state), false) AS seeded,
        coalesce((SELECT held FROM state), 0) AS held,
-       pg_current_xact_id()::text AS xact
+       CASE WHEN EXISTS (SELECT 1 FROM seen) THEN pg_current_xact_id()::text END AS xact
