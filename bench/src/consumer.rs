@@ -191,17 +191,18 @@ async fn publish(bench: &Bench, scope: &Scope, events: u64) -> Result<()> {
             }
         }
         let id = uuid::Uuid::now_v7().to_string();
+        let aggregate = format!("agg-{}", n % aggregates);
         let headers = [
             ("event-id", id.clone()),
             ("event-type", "OrderPlaced".into()),
             ("schema-version", "1".into()),
             ("aggregate-type", "order".into()),
-            ("aggregate-id", format!("agg-{}", n % aggregates)),
+            ("aggregate-id", aggregate.clone()),
             ("aggregate-version", (n / aggregates + 1).to_string()),
             ("occurred-at", occurred_at.clone()),
             ("content-type", "application/json".into()),
         ];
-        pending.push(sender.send(id, headers, body.clone()));
+        pending.push(sender.send(id, aggregate, headers, body.clone()));
     }
     while let Some(result) = pending.next().await {
         result?;
@@ -264,10 +265,11 @@ impl Sender {
         })
     }
 
-    /// Sends one message and waits for the broker's confirmation.
+    /// Sends one message of `aggregate` and waits for the broker's confirmation.
     fn send(
         &self,
         id: String,
+        aggregate: String,
         headers: [(&'static str, String); 8],
         body: bytes::Bytes,
     ) -> BoxFuture<'static, Result<()>> {
@@ -329,7 +331,7 @@ impl Sender {
                     }
                     // Keyed by aggregate, as the relay keys them: one partition per aggregate.
                     let record = FutureRecord::to(&topic)
-                        .key(&headers[4].1)
+                        .key(&aggregate)
                         .headers(map)
                         .payload(body.as_ref());
                     producer

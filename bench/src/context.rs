@@ -135,7 +135,8 @@ impl Bench {
         }
     }
 
-    /// The broker the scenario publishes to: `--broker` for (a) drain, NATS otherwise.
+    /// The broker the scenario publishes to: `--broker` for (a) drain and (n) consumer, NATS
+    /// otherwise.
     pub fn broker_of(&self, scope: &Scope) -> Broker {
         if scope.scenario == "drain" || scope.scenario == "consumer" {
             self.options.broker

@@ -84,9 +84,9 @@ enum Command {
     /// (l) The cost of OpenTelemetry tracing: the same drain with trace export off, exporting
     /// to a live OTLP receiver, and pointed at a dead endpoint.
     Traces,
-    /// (n) The consumer side: a runner (`--broker nats`, `rabbitmq` or `kafka`) with inbox and version
-    /// gate applying `--events` messages through a no-op handler, against one-row autocommit
-    /// inserts.
+    /// (n) The consumer side: a runner (`--broker nats`, `rabbitmq` or `kafka`) with inbox and
+    /// version gate applying `--events` messages through a no-op handler, against one-row
+    /// autocommit inserts.
     Consumer,
     /// (i) One transaction of `--big-tx-mb` MiB of large events on `--cdc-database-url`, the
     /// relay running: its peak RSS against its RSS before, polling and CDC zero-growth.

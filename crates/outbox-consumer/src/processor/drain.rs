@@ -354,14 +354,16 @@ impl Processor {
                 .and_then(|event| self.current(&event))?;
             let xact = store.xact(&mut tx).await?;
             self.run_handler(&mut tx, &event).await?;
-            // Before anything is written: a handler that ended the transaction would leave
-            // what follows running in transactions of their own.
-            store.still_open(&mut tx, &xact).await?;
-            if let (Some(_), Some(aggregate), Some(version)) = (self.gate, aggregate, held.version)
-            {
-                store
-                    .advance(&mut tx, aggregate, true, version, &xact)
-                    .await?;
+            // The first statement after the handler checks the transaction, before anything is
+            // written: a handler that ended it would leave what follows running in
+            // transactions of their own. The gate's advance checks it itself.
+            match (self.gate, aggregate, held.version) {
+                (Some(_), Some(aggregate), Some(version)) => {
+                    store
+                        .advance(&mut tx, aggregate, true, version, &xact)
+                        .await?;
+                }
+                _ => store.still_open(&mut tx, &xact).await?,
             }
             store
                 .leave(&mut tx, held.id, aggregate, Leaving::Applied)

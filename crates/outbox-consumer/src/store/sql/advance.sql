@@ -1,6 +1,7 @@
 -- Records version $4 as the aggregate's last applied (its state row is locked), and as its
 -- first when it had none; only in transaction $5 (`same` false: a handler ended it, and this
--- runs in one of its own: nothing is written, and `status` says how it ended). `done` false: no state row.
+-- runs in one of its own: nothing is written, and `status` says how it ended). `done` false:
+-- no state row.
 -- $1 consumer, $2 aggregate type, $3 aggregate id, $4 version, $5 the transaction (NULL: any)
 WITH same AS (
     SELECT $5::text IS NULL OR pg_current_xact_id()::text = $5 AS same
